@@ -1,0 +1,86 @@
+# vitpod: one command on a login node. `make help` lists targets and variables.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+
+# The make variables users may set, with their defaults (the one table of them).
+CLUSTER ?= local
+MODEL ?= volo_d1
+NODES ?=
+ARGS ?=
+FINETUNE_FROM ?=
+RUN ?=
+STUDY ?=
+MODE ?= strong
+GPUS ?= 1 2 4
+BATCH ?=
+ACCUM ?= 1
+IMAGE ?=
+TESTS ?= tests
+VALID_VARS := CLUSTER MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS VENV
+export CLUSTER MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE
+
+# An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
+unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
+ifneq ($(unknown),)
+$(error unknown variable(s) $(unknown); valid variables: $(VALID_VARS))
+endif
+
+WF := $(PY) -m workflows
+STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args "$$ARGS"
+
+.PHONY: help setup test lint render pretrain finetune pipeline demo status scaling report \
+        container slurm-up slurm-down bench
+
+help:
+	@echo "targets: setup test lint render pretrain finetune pipeline demo status scaling report container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE="
+
+setup:
+	bash scripts/setup.sh
+
+test:
+	$(PY) -m pytest -q $(TESTS)
+
+lint:
+	$(PY) -m ruff check workflows trainer analysis tests benchmarks
+	$(PY) -m ruff format --check workflows trainer analysis tests benchmarks
+	$(PY) -m mypy
+
+render:
+	$(WF) render --stage pretrain $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
+
+pretrain:
+	$(WF) submit --stage pretrain $(STAGE_ARGS)
+
+finetune:
+	$(WF) submit --stage finetune $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
+
+pipeline:
+	$(WF) pipeline $(STAGE_ARGS)
+
+demo:
+	$(WF) demo --cluster "$$CLUSTER"
+
+status:
+	$(WF) status --run "$$RUN"
+
+scaling:
+	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM"
+
+report:
+	$(PY) -m analysis report "$$STUDY"
+
+container:
+	bash containers/build.sh
+
+slurm-up:
+	bash workflows/localslurm/up.sh
+
+slurm-down:
+	bash workflows/localslurm/down.sh
+
+bench:
+	$(PY) benchmarks/checkpoint_stall.py
+	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/loader.py

@@ -1,0 +1,1 @@
+"""Run directories and logs -> scaling tables, plots, memory planner, communication cost model."""

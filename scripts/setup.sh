@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything the demo and the tests need on a fresh Debian machine (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PIP=("$VENV/bin/pip" install --quiet -c constraints.txt)
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  for p in slurmctld slurmd slurm-client slurmdbd munge mariadb-server shellcheck numactl squashfs-tools; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install --quiet -U pip
+"${PIP[@]}" torch torchvision
+"${PIP[@]}" -e '.[train,analysis,dev]'
+# DeepSpeed builds from its sdist against the torch above: no isolated build env.
+"$VENV/bin/python" -c 'import deepspeed' 2>/dev/null || "${PIP[@]}" --no-build-isolation deepspeed
+echo "setup done: $VENV"

@@ -1,0 +1,1 @@
+"""Fixtures for real image data (owned by the data area)."""

@@ -1,0 +1,1 @@
+"""Fixtures for the real local Slurm cluster (owned by the cluster area)."""

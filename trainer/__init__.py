@@ -1,0 +1,1 @@
+"""What runs inside one job on every rank: distributed init, model, precision, optimizer, checkpoints."""

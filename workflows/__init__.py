@@ -1,0 +1,1 @@
+"""Login-node side of vitpod: cluster profiles, stage recipes, rendering, submission (no torch)."""
