@@ -1,1 +1,62 @@
 """Fixtures for the real local Slurm cluster (owned by the cluster area)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+UP = REPO / "workflows" / "localslurm" / "up.sh"
+STATE = Path(os.environ.get("VITPOD_SLURM_STATE", REPO / ".slurm"))
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+@dataclass(frozen=True)
+class LocalSlurm:
+    """The running two-node test cluster (nodes node1, node2; partitions pretrain, finetune)."""
+
+    conf: Path
+    state: Path
+
+    def sacct_state(self, job_id: str) -> str | None:
+        """The job's state in accounting ('COMPLETED', ...), or None if not recorded yet."""
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        lines = out.stdout.split()
+        return lines[0].split()[0] if out.returncode == 0 and lines else None
+
+    def wait(self, job_id: str, timeout: float = 120) -> str:
+        """Poll until the job has finished (per sacct); returns its final state."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.sacct_state(job_id)
+            if state in FINISHED:
+                return state
+            time.sleep(1)
+        subprocess.run(["scancel", job_id], check=False)
+        raise TimeoutError(f"job {job_id} not finished after {timeout} s (last: {state})")
+
+
+@pytest.fixture(scope="session")
+def local_slurm() -> LocalSlurm:
+    """Start (or confirm) the local Slurm with workflows/localslurm/up.sh; skips only if not root."""
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm needs root (it starts munged, mariadbd, slurmdbd, slurmctld)")
+    if shutil.which("slurmctld") is None and not Path("/usr/sbin/slurmctld").exists():
+        pytest.fail("Slurm is not installed: run `make setup` (installs Debian's slurm packages)")
+    out = subprocess.run(["bash", str(UP)], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        pytest.fail(f"workflows/localslurm/up.sh failed:\n{out.stderr[-3000:]}")
+    conf = STATE / "etc" / "slurm.conf"
+    os.environ["SLURM_CONF"] = str(conf)
+    return LocalSlurm(conf=conf, state=STATE)

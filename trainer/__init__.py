@@ -1,1 +1,1 @@
-"""What runs inside one job on every rank: distributed init, model, precision, optimizer, checkpoints."""
+"""What runs inside one job on every rank: dist init, model, precision, optimizer, checkpoints."""

@@ -1,0 +1,335 @@
+"""Alpha-beta cost model of gradient exchange: ring, tree, parameter servers (pure arithmetic)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+ALLREDUCE = "ring"
+PARAMETER_SERVER = "ps"
+# Each modelled algorithm and the trainer's --topology value that runs it (NCCL picks ring or
+# tree itself once all-reduce is chosen; the trainer's parameter server is the DDP hook).
+TRAINER_TOPOLOGY = {
+    "ring": ALLREDUCE,
+    "hierarchical": ALLREDUCE,
+    "tree": ALLREDUCE,
+    "ps_colocated": PARAMETER_SERVER,
+    "ps_dedicated": PARAMETER_SERVER,
+}
+
+_UNITS = {
+    "": 1.0,
+    "B/s": 1.0,
+    "kB/s": 1e3,
+    "MB/s": 1e6,
+    "GB/s": 1e9,
+    "TB/s": 1e12,
+    "Mb/s": 1e6 / 8,
+    "Gb/s": 1e9 / 8,
+    "Gbit/s": 1e9 / 8,
+    "Gbps": 1e9 / 8,
+    "s": 1.0,
+    "ms": 1e-3,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ns": 1e-9,
+}
+_QUANTITY = re.compile(r"^\s*([0-9.eE+-]+)\s*([A-Za-zµ/]*)\s*$")
+
+
+def parse_quantity(value: Any, name: str) -> float:
+    """A number, or a string such as '200 Gb/s', '25 GB/s', '2 us' -> bytes/s or seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"fabric.{name}: expected a number, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _QUANTITY.match(str(value))
+    scale = _UNITS.get(match.group(2)) if match else None
+    number = _to_float(match.group(1)) if match else None
+    if scale is None or number is None:
+        raise ValueError(
+            f"fabric.{name}: cannot read {value!r}; give bytes/s or seconds as a number, or a "
+            f"number with a unit from {sorted(u for u in _UNITS if u)} (Gb/s bits, GB/s bytes)"
+        )
+    return number * scale
+
+
+def _to_float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Fabric:
+    """The interconnect of one cluster partition, in bytes/s and seconds."""
+
+    gpus_per_node: int
+    """GPUs (ranks) per node."""
+    intra_bw: float
+    """Per-GPU all-reduce bus bandwidth inside a node (NVLink/NVSwitch), bytes/s."""
+    intra_latency: float
+    """Latency of one message between GPUs of a node, seconds."""
+    nic_bw: float
+    """Usable bandwidth of one inter-node NIC (InfiniBand HCA), bytes/s, each direction."""
+    nics_per_node: int
+    """NICs per node; all-reduce rings use them as parallel rails."""
+    inter_latency: float
+    """Latency of one message between nodes, seconds."""
+    ps_servers: int = 0
+    """Dedicated CPU parameter-server machines available (0: none)."""
+    ps_bw: float = 0.0
+    """Network bandwidth of one dedicated parameter-server machine, bytes/s, each direction."""
+
+    def __post_init__(self) -> None:
+        for name in ("gpus_per_node", "nics_per_node"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"fabric.{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("intra_bw", "nic_bw"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"fabric.{name} must be > 0 bytes/s, got {getattr(self, name)!r}")
+        for name in ("intra_latency", "inter_latency", "ps_bw"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"fabric.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.ps_servers < 0:
+            raise ValueError(f"fabric.ps_servers must be >= 0, got {self.ps_servers!r}")
+        if self.ps_servers > 0 and self.ps_bw <= 0:
+            raise ValueError("fabric.ps_servers > 0 needs fabric.ps_bw (bytes/s) > 0")
+
+    @property
+    def node_bw(self) -> float:
+        """Aggregate inter-node bandwidth of one node (all NIC rails), bytes/s."""
+        return self.nic_bw * self.nics_per_node
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Fabric:
+        """Build from a profile's `fabric:` block; unknown keys raise with the valid ones."""
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(valid))
+        if unknown:
+            raise ValueError(f"fabric: unknown key(s) {unknown}; valid keys: {valid}")
+        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
+        if missing:
+            raise ValueError(f"fabric: missing key(s) {missing}; valid keys: {valid}")
+        values: dict[str, Any] = {}
+        for name, value in data.items():
+            if name in ("gpus_per_node", "nics_per_node", "ps_servers"):
+                values[name] = _as_count(value, name)
+            else:
+                values[name] = parse_quantity(value, name)
+        return cls(**values)
+
+
+def _as_count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"fabric.{name}: expected a whole number, got {value!r}")
+    return value
+
+
+# DGX A100: ~230 GB/s NCCL all-reduce bus bandwidth in a node; 8 HDR HCAs (8 x 200 Gb/s) give
+# ~192 GB/s across nodes (96% of the 200 GB/s line rate).
+DGX_A100 = Fabric(
+    gpus_per_node=8,
+    intra_bw=230e9,
+    intra_latency=2e-6,
+    nic_bw=24e9,
+    nics_per_node=8,
+    inter_latency=5e-6,
+)
+# DGX-2: 16 V100 on NVSwitch (~130 GB/s bus bandwidth), 8 EDR HCAs (8 x 100 Gb/s).
+DGX2 = Fabric(
+    gpus_per_node=16,
+    intra_bw=130e9,
+    intra_latency=2e-6,
+    nic_bw=12e9,
+    nics_per_node=8,
+    inter_latency=5e-6,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The cheapest algorithm, its predicted seconds per gradient exchange, and the others'."""
+
+    name: str
+    predicted_s: float
+    reason: str
+    costs: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def topology(self) -> str:
+        """The trainer's --topology value (ring|ps) that runs this algorithm."""
+        return TRAINER_TOPOLOGY[self.name]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How n ranks sit on nodes: `nodes` nodes with `per_node` ranks each."""
+
+    nodes: int
+    per_node: int
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.per_node
+
+
+def layout(fabric: Fabric, nodes: int, gpus: int | None = None) -> Layout:
+    """Ranks spread evenly over nodes; gpus defaults to every GPU of every node."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise ValueError(f"nodes must be a whole number >= 1, got {nodes!r}")
+    total = nodes * fabric.gpus_per_node if gpus is None else gpus
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"gpus must be a whole number >= 1, got {gpus!r}")
+    if total % nodes:
+        raise ValueError(f"gpus={total} does not divide evenly over nodes={nodes}")
+    per_node = total // nodes
+    if per_node > fabric.gpus_per_node:
+        raise ValueError(
+            f"gpus={total} over nodes={nodes} is {per_node} per node, but the fabric has "
+            f"gpus_per_node={fabric.gpus_per_node}; add nodes or lower gpus"
+        )
+    return Layout(nodes=nodes, per_node=per_node)
+
+
+def ring_bytes_per_gpu(grad_bytes: float, ranks: int) -> float:
+    """Bytes each GPU sends in a ring all-reduce: 2(n-1)/n x M."""
+    return 2.0 * (ranks - 1) / ranks * grad_bytes
+
+
+def _bus_bw(fabric: Fabric, lay: Layout) -> float:
+    """Per-GPU bandwidth of the slowest ring hop: NVLink, or the node's rails across nodes."""
+    return fabric.intra_bw if lay.nodes == 1 else min(fabric.intra_bw, fabric.node_bw)
+
+
+def _hop_latency(fabric: Fabric, lay: Layout) -> float:
+    return fabric.intra_latency if lay.nodes == 1 else fabric.inter_latency
+
+
+def ring_s(fabric: Fabric, grad_bytes: float, lay: Layout) -> float:
+    """Flat ring (NCCL Ring): 2(n-1) steps; 2(n-1)/n x M per GPU through the slowest hop.
+
+    Across nodes each ring crosses a node boundary once, so with one ring per NIC rail the
+    node's aggregate NIC bandwidth bounds the bus bandwidth (not NIC bandwidth / GPUs).
+    """
+    n = lay.ranks
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * _hop_latency(fabric, lay) + ring_bytes_per_gpu(grad_bytes, n) / _bus_bw(
+        fabric, lay
+    )
+
+
+def hierarchical_s(fabric: Fabric, grad_bytes: float, lay: Layout) -> float:
+    """2-D ring: reduce-scatter in each node, all-reduce of the 1/g shards across nodes
+    over the rails, all-gather in each node (phases run one after another)."""
+    g, nodes = lay.per_node, lay.nodes
+    if lay.ranks == 1:
+        return 0.0
+    intra = 2 * (g - 1) * fabric.intra_latency + ring_bytes_per_gpu(grad_bytes, g) / fabric.intra_bw
+    if nodes == 1:
+        return intra
+    # g shard-rings of M/g each share the node's rails: 2(N-1)/N x M leaves each node.
+    inter = (
+        2 * (nodes - 1) * fabric.inter_latency
+        + ring_bytes_per_gpu(grad_bytes, nodes) / fabric.node_bw
+    )
+    return intra + inter
+
+
+def tree_s(fabric: Fabric, grad_bytes: float, lay: Layout) -> float:
+    """Pipelined (double binary) tree: reduce up and broadcast down, 2 log2(n) latencies,
+    about 2 x M through the slowest hop."""
+    n = lay.ranks
+    if n == 1:
+        return 0.0
+    latency = 2 * (
+        math.ceil(math.log2(lay.per_node)) * fabric.intra_latency
+        + math.ceil(math.log2(lay.nodes)) * fabric.inter_latency
+    )
+    return latency + 2.0 * grad_bytes / _bus_bw(fabric, lay)
+
+
+def ps_colocated_s(fabric: Fabric, grad_bytes: float, lay: Layout) -> float:
+    """Every rank also serves M/n: it pushes (n-1)/n x M and replies (n-1)/n x M.
+
+    Traffic to ranks on the same node uses NVLink; to other nodes it shares the node's rails,
+    so a node sends 2 g (n-g)/n x M off-node. Each rank issues n-1 pushes and n-1 replies.
+    """
+    n, g = lay.ranks, lay.per_node
+    if n == 1:
+        return 0.0
+    intra = 2.0 * (g - 1) / n * grad_bytes / fabric.intra_bw
+    inter = 2.0 * g * (n - g) / n * grad_bytes / fabric.node_bw
+    return 2 * (n - 1) * _hop_latency(fabric, lay) + max(intra, inter)
+
+
+def ps_dedicated_s(fabric: Fabric, grad_bytes: float, lay: Layout, servers: int) -> float:
+    """S dedicated CPU servers: max(M/B, nM/(S B_s)) with push and pull overlapped (full duplex).
+
+    A worker's B is its share of the node's rails: a node pushes g x M over them. Each worker
+    sends one shard to, and receives one from, each server.
+    """
+    if servers < 1:
+        raise ValueError(f"ps_servers must be >= 1 for a dedicated parameter server, got {servers}")
+    if fabric.ps_bw <= 0:
+        raise ValueError("a dedicated parameter server needs fabric.ps_bw (bytes/s) > 0")
+    workers = lay.per_node * grad_bytes / fabric.node_bw
+    server = lay.ranks * grad_bytes / (servers * fabric.ps_bw)
+    return 2 * servers * fabric.inter_latency + max(workers, server)
+
+
+def costs(
+    fabric: Fabric,
+    grad_bytes: float,
+    nodes: int,
+    ps_servers: int | None = None,
+    gpus: int | None = None,
+) -> dict[str, float]:
+    """Seconds per gradient exchange of each algorithm (dedicated PS only when servers exist)."""
+    if isinstance(grad_bytes, bool) or not grad_bytes >= 0:
+        raise ValueError(f"grad_bytes must be >= 0, got {grad_bytes!r}")
+    lay = layout(fabric, nodes, gpus)
+    result = {
+        "ring": ring_s(fabric, grad_bytes, lay),
+        "hierarchical": hierarchical_s(fabric, grad_bytes, lay),
+        "tree": tree_s(fabric, grad_bytes, lay),
+        "ps_colocated": ps_colocated_s(fabric, grad_bytes, lay),
+    }
+    servers = fabric.ps_servers if ps_servers is None else ps_servers
+    if servers:
+        result["ps_dedicated"] = ps_dedicated_s(fabric, grad_bytes, lay, servers)
+    return result
+
+
+def choose_topology(
+    fabric: Fabric,
+    grad_bytes: float,
+    nodes: int,
+    ps_servers: int | None = None,
+    gpus: int | None = None,
+) -> Choice:
+    """The cheapest algorithm for exchanging grad_bytes of gradients among `gpus` ranks on
+    `nodes` nodes (default: all GPUs of those nodes); ties go to the ring."""
+    table = costs(fabric, grad_bytes, nodes, ps_servers, gpus)
+    best = min(table, key=lambda name: (table[name], name != "ring"))
+    ranks = layout(fabric, nodes, gpus).ranks
+    runner_up = sorted((t, name) for name, t in table.items() if name != best)
+    versus = f", next {runner_up[0][1]} {_fmt_s(runner_up[0][0])}" if runner_up else ""
+    reason = (
+        f"{best} predicted {_fmt_s(table[best])} per step for {_fmt_bytes(grad_bytes)} of "
+        f"gradients over {ranks} GPUs on {nodes} node(s){versus}"
+    )
+    return Choice(name=best, predicted_s=table[best], reason=reason, costs=table)
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 1e6:.4g} MB"

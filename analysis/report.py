@@ -1,0 +1,150 @@
+"""Write a study's scaling report: PNG plots, table.json and one self-contained HTML page."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from analysis import plots
+from analysis.scaling import DEFINITIONS, Row, Study, baseline, rows_as_json, scaling_table
+
+# Published figures shown beside ours; efficiency computed with the same arithmetic as our table.
+REFERENCES: list[dict[str, Any]] = [
+    {
+        "name": "VOLO-D5 pretraining, DGX A100 POD, parameter server (NVIDIA)",
+        "short": "VOLO-D5 (NVIDIA)",
+        "base_gpus": 8,
+        "base_images_per_s": 500.0,
+        "gpus": 40,
+        "images_per_s": 2100.0,
+    },
+    {
+        "name": "DeepSpeed ViT-B/16 on CIFAR-10 (7.41x on 8 GPUs)",
+        "short": "DeepSpeed ViT-B/16",
+        "base_gpus": 1,
+        "base_images_per_s": 1.0,
+        "gpus": 8,
+        "images_per_s": 7.41,
+    },
+]
+
+TEMPLATE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>vitpod scaling report: {{ title }}</title>
+<style>
+body { font-family: sans-serif; margin: 2em; max-width: 70em; }
+table { border-collapse: collapse; margin: 1em 0; }
+td, th { border: 1px solid #bbb; padding: 0.25em 0.6em; text-align: right; }
+tr.failed td { background: #fde2e2; color: #900; }
+img { max-width: 32em; margin: 0.5em; border: 1px solid #ddd; }
+</style></head><body>
+<h1>Scaling report: {{ title }}</h1>
+<p>Mode: <b>{{ mode }}</b>. Model: {{ model or "n/a" }}. Baseline: {{ base }}.
+{% if failed %}<b style="color:#900">{{ failed }} point(s) failed and are excluded from
+speedup and efficiency.</b>{% endif %}</p>
+<h2>Definitions</h2>
+<p>{{ definition }}</p>
+<p>Images/s is the trainer's global throughput with warmup steps excluded. The breakdown is
+the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
+comm / step time. Predicted communication comes from the alpha-beta cost model
+(analysis/commcost.py) for the topology the run used; ratio = measured / predicted.</p>
+<h2>Table</h2>
+<table><tr><th>GPUs</th><th>nodes</th><th>state</th><th>global batch</th><th>images/s</th>
+<th>images/s per GPU</th><th>speedup</th><th>ideal</th><th>efficiency</th>
+<th>data ms</th><th>compute ms</th><th>comm ms</th><th>optimizer ms</th><th>step ms</th>
+<th>comm %</th><th>topology</th><th>predicted comm ms</th><th>measured/predicted</th></tr>
+{% for r in rows %}{% if r.state == "ok" %}<tr><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td>
+<td>ok</td><td>{{ r.global_batch }}</td><td>{{ "%.1f"|format(r.images_per_s) }}</td>
+<td>{{ "%.1f"|format(r.images_per_s_per_gpu) }}</td><td>{{ "%.2f"|format(r.speedup) }}</td>
+<td>{{ "%.2f"|format(r.ideal_speedup) }}</td><td>{{ "%.1f%%"|format(100 * r.efficiency) }}</td>
+{% for part in ("data", "compute", "comm", "optimizer", "step") %}
+<td>{{ "%.2f"|format(1000 * r.time[part]) }}</td>{% endfor %}
+<td>{{ "%.1f"|format(r.comm_pct) if r.comm_pct is not none else "n/a" }}</td>
+<td>{{ r.topology or "n/a" }}</td>
+<td>{{ "%.3f"|format(1000 * r.predicted_comm_s) if r.predicted_comm_s is not none else "n/a" }}</td>
+<td>{{ "%.2f"|format(r.comm_ratio) if r.comm_ratio is not none else "n/a" }}</td></tr>
+{% else %}<tr class="failed"><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td><td>FAILED</td>
+<td colspan="15" style="text-align:left">{{ r.error }} ({{ r.run_dir }})</td></tr>
+{% endif %}{% endfor %}</table>
+<h2>Plots</h2>
+{% for name, data in images %}<img alt="{{ name }}" src="data:image/png;base64,{{ data }}">
+{% endfor %}
+<h2>Reference figures</h2>
+<table><tr><th>reference</th><th>baseline GPUs</th><th>GPUs</th><th>speedup</th>
+<th>efficiency</th></tr>
+{% for ref in references %}<tr><td style="text-align:left">{{ ref.name }}</td>
+<td>{{ ref.base_gpus }}</td><td>{{ ref.gpus }}</td><td>{{ "%.2f"|format(ref.speedup) }}</td>
+<td>{{ "%.1f%%"|format(100 * ref.efficiency) }}</td></tr>{% endfor %}</table>
+<p>VOLO-D5: about 500 images/s on one DGX A100 (8 GPUs) and about 2100 on five.</p>
+</body></html>
+"""
+
+
+def references() -> list[dict[str, Any]]:
+    """REFERENCES with speedup and efficiency filled in."""
+    out = []
+    for ref in REFERENCES:
+        speedup = ref["images_per_s"] / ref["base_images_per_s"]
+        out.append(
+            {**ref, "speedup": speedup, "efficiency": speedup / (ref["gpus"] / ref["base_gpus"])}
+        )
+    return out
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temp file beside `path`, fsync, then rename over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def render_html(study: Study, rows: list[Row], images: dict[str, bytes]) -> str:
+    base = baseline(rows)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    return env.from_string(TEMPLATE).render(
+        title=study.model or study.root.name,
+        mode=study.mode,
+        model=study.model,
+        base=f"{base.gpus} GPU(s)" if base else "none (every point failed)",
+        failed=sum(r.state != "ok" for r in rows),
+        definition=DEFINITIONS[study.mode],
+        rows=rows,
+        images=[(name, base64.b64encode(png).decode("ascii")) for name, png in images.items()],
+        references=references(),
+    )
+
+
+def make_images(study: Study, rows: list[Row]) -> dict[str, bytes]:
+    return {
+        "speedup.png": plots.speedup_plot(rows, study.mode),
+        "efficiency.png": plots.efficiency_plot(rows, study.mode, references()),
+        "breakdown.png": plots.breakdown_plot(rows),
+        "comm.png": plots.comm_plot(rows),
+    }
+
+
+def write_report(study: Study, out_dir: Path | None = None) -> Path:
+    """Compute the table, write PNGs, table.json and report.html under out_dir; return the HTML."""
+    rows = scaling_table(study)
+    out = Path(out_dir) if out_dir else study.root / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    images = make_images(study, rows)
+    for name, png in images.items():
+        write_atomic(out / name, png)
+    table = {"mode": study.mode, "model": study.model, "rows": rows_as_json(rows)}
+    write_atomic(out / "table.json", json.dumps(table, indent=2).encode("utf-8"))
+    html = out / "report.html"
+    write_atomic(html, render_html(study, rows, images).encode("utf-8"))
+    return html

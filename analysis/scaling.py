@@ -1,0 +1,215 @@
+"""Scaling study -> throughput, speedup, efficiency, step-time breakdown and predicted comm."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analysis import commcost
+from analysis.runlogs import TIME_PARTS, RunLog, read_run
+
+MODES = ("strong", "weak")
+STUDY_FILE = "study.json"
+# Topology a run used (summary "topology") -> the cost-model algorithm that predicts it.
+MODEL_OF_TOPOLOGY = {"ring": "ring", "deepspeed": "ring", "ps": "ps_colocated"}
+
+DEFINITIONS = {
+    "strong": (
+        "Strong scaling: the global batch is fixed and split over more GPUs. "
+        "Speedup S(N) = X(N)/X(N0), the images/s at N GPUs over the images/s of the smallest "
+        "successful point N0 (equal to T(N0)/T(N) for the step time T, since the work per step "
+        "is fixed). Efficiency E(N) = S(N)/(N/N0); ideal is 1."
+    ),
+    "weak": (
+        "Weak scaling: the batch per GPU is fixed, so the global batch grows with N. "
+        "Speedup S(N) = X(N)/X(N0) (scaled speedup); efficiency E(N) = (X(N)/N)/(X(N0)/N0), "
+        "the images/s per GPU relative to the baseline (equal to T(N0)/T(N) for the step time "
+        "T); ideal is 1."
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One sweep point: its GPU count, nodes, run directory, and the state the sweep saw."""
+
+    gpus: int
+    run_dir: Path
+    nodes: int = 1
+    state: str | None = None
+
+
+@dataclass(slots=True)
+class Study:
+    """What study.json says: mode, model, batch, accumulation, points, and the fabric."""
+
+    root: Path
+    mode: str
+    points: list[Point]
+    model: str = ""
+    batch: int | None = None
+    accum: int = 1
+    fabric: dict[str, Any] | None = None
+    grad_bytes: float | None = None
+
+
+@dataclass(slots=True)
+class Row:
+    """One line of the scaling table; numbers are None for a failed point."""
+
+    gpus: int
+    nodes: int
+    run_dir: str
+    state: str = "ok"
+    error: str | None = None
+    global_batch: int | None = None
+    images_per_s: float | None = None
+    images_per_s_per_gpu: float | None = None
+    speedup: float | None = None
+    ideal_speedup: float | None = None
+    efficiency: float | None = None
+    time: dict[str, float] = field(default_factory=dict)
+    comm_pct: float | None = None
+    topology: str | None = None
+    predicted_comm_s: float | None = None
+    comm_ratio: float | None = None
+
+
+_STUDY_KEYS = {"mode", "points", "model", "batch", "accum", "fabric", "grad_bytes", "cluster"}
+_POINT_KEYS = {"gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index"}
+
+
+def load_study(root: Path) -> Study:
+    """Read STUDY_DIR/study.json; unknown keys and a bad mode raise naming the field."""
+    root = Path(root)
+    path = root / STUDY_FILE
+    data = json.loads(path.read_text(encoding="utf-8"))
+    _reject_unknown(data, _STUDY_KEYS, str(path))
+    if data.get("mode") not in MODES:
+        raise ValueError(f"{path}: mode must be one of {MODES}, got {data.get('mode')!r}")
+    points = []
+    for i, raw in enumerate(data.get("points") or []):
+        _reject_unknown(raw, _POINT_KEYS, f"{path}: points[{i}]")
+        points.append(
+            Point(
+                gpus=int(raw["gpus"]),
+                nodes=int(raw.get("nodes", 1)),
+                run_dir=root / raw["run_dir"],
+                state=raw.get("state"),
+            )
+        )
+    if not points:
+        raise ValueError(f"{path}: points is empty; a study needs at least one sweep point")
+    return Study(
+        root=root,
+        mode=data["mode"],
+        points=points,
+        model=data.get("model", ""),
+        batch=data.get("batch"),
+        accum=int(data.get("accum", 1)),
+        fabric=data.get("fabric"),
+        grad_bytes=data.get("grad_bytes"),
+    )
+
+
+def _reject_unknown(data: dict[str, Any], valid: set[str], where: str) -> None:
+    unknown = sorted(set(data) - valid)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
+
+
+def study_from_runs(run_dirs: list[Path], mode: str) -> Study:
+    """A study over loose run directories; GPU counts come from each run's own logs."""
+    if mode not in MODES:
+        raise ValueError(f"--mode must be one of {MODES}, got {mode!r}")
+    points = []
+    for run_dir in run_dirs:
+        run = read_run(Path(run_dir))
+        gpus = _logged_world_size(run)
+        if gpus is None:
+            raise ValueError(f"{run_dir}: no step or summary line tells its GPU count")
+        points.append(Point(gpus=gpus, run_dir=Path(run_dir)))
+    return Study(root=Path(run_dirs[0]).parent, mode=mode, points=points)
+
+
+def _logged_world_size(run: RunLog) -> int | None:
+    if run.summary and "world_size" in run.summary:
+        return int(run.summary["world_size"])
+    return run.steps[0].world_size if run.steps else None
+
+
+def speedup_efficiency(
+    gpus: int, images_per_s: float, base_gpus: int, base_images_per_s: float
+) -> tuple[float, float]:
+    """(speedup, efficiency) of a point against the baseline: X/X0 and (X/X0)/(N/N0)."""
+    speedup = images_per_s / base_images_per_s
+    return speedup, speedup / (gpus / base_gpus)
+
+
+def mean_times(run: RunLog) -> dict[str, float]:
+    """Mean seconds per optimizer step of each part over the timed steps of all ranks."""
+    steps = run.timed_steps
+    return {part: sum(s.time[part] for s in steps) / len(steps) for part in (*TIME_PARTS, "step")}
+
+
+def predicted_comm_s(study: Study, point: Point, topology: str | None) -> float | None:
+    """Cost-model seconds per step for the algorithm the run used (None without a fabric)."""
+    if study.fabric is None or study.grad_bytes is None or topology not in MODEL_OF_TOPOLOGY:
+        return None
+    fabric = commcost.Fabric.from_mapping(study.fabric)
+    table = commcost.costs(fabric, float(study.grad_bytes), nodes=point.nodes, gpus=point.gpus)
+    return table[MODEL_OF_TOPOLOGY[str(topology)]]
+
+
+def _measured_row(study: Study, point: Point, run: RunLog) -> Row:
+    row = Row(gpus=point.gpus, nodes=point.nodes, run_dir=str(point.run_dir))
+    summary = run.summary or {}
+    logged = _logged_world_size(run)
+    if point.state not in (None, "ok", "COMPLETED", "completed"):
+        row.error = f"sweep reported state {point.state}"
+    elif run.error:
+        row.error = run.error
+    elif logged != point.gpus:
+        row.error = f"ran on {logged} ranks, the study expected {point.gpus}"
+    if row.error:
+        row.state = "failed"
+        return row
+    timed = run.timed_steps
+    row.global_batch = int(summary.get("global_batch") or timed[0].batch_size * point.gpus)
+    row.images_per_s = float(summary["images_per_s"])
+    row.images_per_s_per_gpu = row.images_per_s / point.gpus
+    row.time = mean_times(run)
+    row.comm_pct = 100.0 * row.time["comm"] / row.time["step"] if row.time["step"] else None
+    row.topology = summary.get("topology")
+    row.predicted_comm_s = predicted_comm_s(study, point, row.topology)
+    if row.predicted_comm_s:
+        row.comm_ratio = row.time["comm"] / row.predicted_comm_s
+    return row
+
+
+def scaling_table(study: Study) -> list[Row]:
+    """One row per point, sorted by GPUs; speedup/efficiency against the smallest good point."""
+    rows = [_measured_row(study, p, read_run(p.run_dir)) for p in study.points]
+    rows.sort(key=lambda r: (r.gpus, r.run_dir))
+    good = [r for r in rows if r.state == "ok"]
+    if good:
+        base = good[0]
+        assert base.images_per_s is not None
+        for row in good:
+            assert row.images_per_s is not None
+            row.speedup, row.efficiency = speedup_efficiency(
+                row.gpus, row.images_per_s, base.gpus, base.images_per_s
+            )
+            row.ideal_speedup = row.gpus / base.gpus
+    return rows
+
+
+def baseline(rows: list[Row]) -> Row | None:
+    """The smallest successful point, the one speedups are measured against."""
+    return next((r for r in rows if r.state == "ok"), None)
+
+
+def rows_as_json(rows: list[Row]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,87 @@
+"""Batched job state against the real local Slurm, with and without accounting (slurmdbd)."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from workflows import jobstate
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("VITPOD_SLURM_STATE", REPO / ".slurm"))
+
+
+def _sbatch(*args: str) -> str:
+    cmd = ["sbatch", "--parsable", "-o", "/dev/null", "-J", "jobstate-test", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _count_calls(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = jobstate._run
+
+    def counting(cmd):
+        calls.append(cmd[0])
+        return real(cmd)
+
+    monkeypatch.setattr(jobstate, "_run", counting)
+    return calls
+
+
+def _stop_slurmdbd() -> None:
+    pid = int((STATE / "run" / "slurmdbd.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slurm
+def test_one_squeue_per_poll_and_completed_state(local_slurm, monkeypatch):
+    first = _sbatch("-p", "pretrain", "--wrap", "true")
+    second = _sbatch("-p", "finetune", f"--dependency=afterok:{first}", "--wrap", "true")
+    calls = _count_calls(monkeypatch)
+    poller = jobstate.JobStatePoller([first, second])
+    infos = jobstate.wait_jobs(poller, timeout=90, poll_s=0.5)
+    assert [i.state for i in infos.values()] == ["COMPLETED", "COMPLETED"]
+    polls = calls.count("squeue")
+    assert polls >= 1 and calls.count("sacct") == 0  # squeue still knew both jobs
+    assert len(calls) == polls
+
+
+@pytest.mark.slurm
+def test_cancelled_job_fails_wait_without_accounting(local_slurm, monkeypatch):
+    job = _sbatch("-p", "pretrain", "--wrap", "sleep 300")
+    dependent = _sbatch("-p", "finetune", f"--dependency=afterok:{job}", "--wrap", "true")
+    _stop_slurmdbd()
+    try:
+        assert jobstate.sacct([job]) is None  # accounting really is down
+        calls = _count_calls(monkeypatch)
+        poller = jobstate.JobStatePoller([job, dependent, "999999"], sacct_retry_s=3600)
+        infos = poller.poll()
+        assert infos[job].state in ("PENDING", "RUNNING")
+        assert infos[dependent].reason == "Dependency"
+        assert infos["999999"].state == jobstate.GONE and poller.accounting is False
+
+        subprocess.run(["scancel", job], check=True)
+        poller.job_ids = [job, dependent]
+        start = time.monotonic()
+        with pytest.raises(jobstate.JobFailedError, match=f"job {job} ended CANCELLED"):
+            jobstate.wait_jobs(poller, timeout=60, poll_s=1)
+        assert time.monotonic() - start < 60
+        assert calls.count("sacct") == 1  # tried once, then left alone: no hammering
+
+        # A job nobody knows any more ends the wait too, instead of hanging.
+        with pytest.raises(jobstate.JobFailedError, match="final state is unknown"):
+            jobstate.wait_jobs(jobstate.JobStatePoller(["999999"]), timeout=30, poll_s=0.2)
+    finally:
+        subprocess.run(["scancel", job, dependent], check=False)
+        subprocess.run(["bash", str(REPO / "workflows/localslurm/up.sh")], check=True)
+    assert jobstate.sacct([job]) is not None

@@ -1,0 +1,94 @@
+"""Rank discovery from Slurm/torchrun variables, plus the local launcher the trainer tests share."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer import dist as tdist
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(nproc: int, args: list[str], log_dir: Path) -> list[subprocess.Popen]:
+    """`python -m trainer ARGS` once per rank with torchrun-style variables (gloo on CPU)."""
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank in range(nproc):
+        env = {
+            **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+            "PYTHONWARNINGS": "ignore",
+        }  # fmt: skip
+        log = open(log_dir / f"rank{rank}.log", "a")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "trainer", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        )
+    return procs
+
+
+def wait_ranks(procs: list[subprocess.Popen], log_dir: Path, timeout: float = 240) -> list[int]:
+    codes = []
+    try:
+        for proc in procs:
+            codes.append(proc.wait(timeout=timeout))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return codes
+
+
+def run_ranks(nproc: int, args: list[str], log_dir: Path, timeout: float = 240) -> list[int]:
+    return wait_ranks(start_ranks(nproc, args, log_dir), log_dir, timeout)
+
+
+def logs(log_dir: Path) -> str:
+    return "\n".join(p.read_text()[-3000:] for p in sorted(log_dir.glob("rank*.log")))
+
+
+@pytest.mark.parametrize(
+    "nodelist,host",
+    [("gpu[07-09,12],login1", "gpu07"), ("node1", "node1"), ("dgx[001-040]", "dgx001"),
+     ("a-b[3,5]", "a-b3")],
+)  # fmt: skip
+def test_first_host_of_slurm_nodelist(nodelist: str, host: str) -> None:
+    assert tdist.first_host(nodelist) == host
+
+
+def test_slurm_variables_give_ranks_and_a_job_derived_port() -> None:
+    env = tdist.detect(
+        {"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16",
+         "SLURM_JOB_NODELIST": "dgx[03-04]", "SLURM_JOB_ID": "12345"}
+    )  # fmt: skip
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr) == (9, 1, 16, "dgx03")
+    assert env.master_port == 20000 + 12345 % 20000 and env.source == "slurm"
+
+
+def test_torchrun_variables_win_over_slurm() -> None:
+    env = tdist.detect(
+        {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "7",
+         "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    )  # fmt: skip
+    assert (env.rank, env.world_size, env.master_addr, env.master_port) == (3, 8, "h", 7)
+
+
+def test_no_variables_is_a_single_process() -> None:
+    env = tdist.detect({})
+    assert (env.rank, env.world_size, env.source) == (0, 1, "single")

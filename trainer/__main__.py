@@ -1,0 +1,56 @@
+"""`python -m trainer DATA_DIR [flags]`: validate, train this rank, exit with a launcher status."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from trainer import dist as tdist
+from trainer.config import ConfigError, parse_args, problems
+from trainer.exitcodes import OK, USAGE
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"[rank{rank}] %(asctime)s %(name)s %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def usage_error(messages: list[str]) -> int:
+    for message in messages:
+        print(f"error: {message}", file=sys.stderr)
+    return USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    env = tdist.detect()
+    try:
+        cfg = parse_args(argv, world_size=env.world_size)
+    except ConfigError as exc:
+        return usage_error([str(exc)])
+    if cfg.print_config:
+        print(cfg.to_json())
+        for message in problems(cfg, for_training=False):
+            print(f"warning: training would refuse this: {message}", file=sys.stderr)
+        return OK
+    found = problems(cfg)
+    if found:
+        return usage_error(found)
+    setup_logging(env.rank)
+    from trainer.train import Trainer, startup_errors
+
+    try:
+        trainer = Trainer(cfg, env)
+    except startup_errors() as exc:
+        tdist.teardown_quietly()
+        return usage_error([str(exc)])
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Asynchronous, atomic, verified checkpoints: the loop waits only for the copy to host memory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+STEP_PREFIX = "step_"
+
+
+class _HashingWriter:
+    """File-like sink that hashes what torch.save writes, so the checksum costs no re-read."""
+
+    def __init__(self, fh) -> None:
+        self.fh = fh
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> dict[str, Any]:
+    """torch.save under a temp name, fsync, rename; returns sha256 and size of what was written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            writer = _HashingWriter(fh)
+            torch.save(obj, writer)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return {"file": path.name, "sha256": writer.sha.hexdigest(), "bytes": writer.size}
+
+
+def atomic_write_json(data: dict[str, Any], path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def sha256_of(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+class HostStager:
+    """Copies (possibly GPU) state into reused host buffers (no page faults on fresh memory)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def stage(self, obj: Any, path: tuple = ()) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._copy(obj, path)
+        if isinstance(obj, dict):
+            return {k: self.stage(v, (*path, k)) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return type(obj)(self.stage(v, (*path, i)) for i, v in enumerate(obj))
+        return obj
+
+    def _copy(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
+        buf = self.buffers.get(path)
+        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+            buf = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+            self.buffers[path] = buf
+        return buf.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
+
+
+def rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class Checkpointer:
+    """save (async) / wait / latest_valid / load over RUN_DIR/checkpoints/step_N/rank{R}.pt."""
+
+    def __init__(self, root: Path, rank: int, world_size: int, keep_last: int = 3,
+                 milestone_every: int = 0, use_async: bool = True) -> None:  # fmt: skip
+        if keep_last < 1:
+            raise ValueError(
+                "--keep-last must be at least 1 (the newest checkpoint is the resume point)"
+            )
+        self.root = Path(root)
+        self.rank = rank
+        self.world_size = world_size
+        self.keep_last = keep_last
+        self.milestone_every = milestone_every
+        self.use_async = use_async
+        self.stager = HostStager()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_stall_s = 0.0
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"{STEP_PREFIX}{step:09d}"
+
+    def save(self, step: int, epoch: int, state: dict[str, Any], epoch_end: bool = False) -> None:
+        """Stage `state` to host memory now; write, fsync, rename and prune in the background."""
+        self.wait()  # the stager's buffers are reused: the previous write must be finished
+        start = time.perf_counter()
+        host = self.stager.stage(state)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.last_stall_s = time.perf_counter() - start
+        milestone = bool(
+            epoch_end and self.milestone_every and (epoch + 1) % self.milestone_every == 0
+        )
+        meta = {"step": step, "epoch": epoch, "rank": self.rank, "world_size": self.world_size,
+                "milestone": milestone, "epoch_end": epoch_end}  # fmt: skip
+        if self.use_async:
+            self._thread = threading.Thread(target=self._write, args=(host, meta), daemon=False)
+            self._thread.start()
+        else:
+            self._write(host, meta)
+            self._raise_pending()
+
+    def _write(self, host: dict[str, Any], meta: dict[str, Any]) -> None:
+        try:
+            directory = self.step_dir(meta["step"])
+            info = atomic_torch_save(host, directory / f"rank{self.rank}.pt")
+            atomic_write_json(
+                {**meta, **info, "time": time.time()}, directory / f"rank{self.rank}.json"
+            )
+            if self.rank == 0:
+                self._prune()
+        except BaseException as exc:  # surfaced on the training thread by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise_pending()
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"checkpoint write failed: {error}") from error
+
+    def _complete(self, directory: Path) -> bool:
+        return all((directory / f"rank{r}.json").is_file() for r in range(self.world_size))
+
+    def step_dirs(self) -> list[Path]:
+        """Step directories, newest first."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)]
+        return sorted(found, key=lambda p: p.name, reverse=True)
+
+    def _prune(self) -> None:
+        complete = [d for d in self.step_dirs() if self._complete(d)]
+        if len(complete) <= self.keep_last:
+            return
+        oldest_kept = complete[self.keep_last - 1].name
+        for directory in self.step_dirs():
+            if directory.name < oldest_kept and not self._is_milestone(directory):
+                shutil.rmtree(directory, ignore_errors=True)
+
+    def _is_milestone(self, directory: Path) -> bool:
+        try:
+            return bool(json.loads((directory / "rank0.json").read_text()).get("milestone"))
+        except (OSError, ValueError):
+            return False
+
+    def verify(self, directory: Path) -> str | None:
+        """None if every rank's file matches its manifest, else the reason it is unusable."""
+        for r in range(self.world_size):
+            manifest_file = directory / f"rank{r}.json"
+            try:
+                manifest = json.loads(manifest_file.read_text())
+            except (OSError, ValueError) as exc:
+                return f"{manifest_file.name}: {exc}"
+            data = directory / manifest["file"]
+            if not data.is_file() or sha256_of(data) != manifest["sha256"]:
+                return f"{data.name}: missing or checksum mismatch"
+        return None
+
+    def latest_valid(self) -> Path | None:
+        """Newest checkpoint whose files all verify; corrupt ones are skipped with a warning."""
+        for directory in self.step_dirs():
+            reason = self.verify(directory)
+            if reason is None:
+                return directory
+            log.warning("skipping checkpoint %s: %s", directory, reason)
+        return None
+
+    def agree_on_latest(self) -> Path | None:
+        """Rank 0 picks (it reads the shared storage once) and tells every rank."""
+        choice = [str(self.latest_valid()) if self.rank == 0 else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(choice, src=0)
+        return None if choice[0] in (None, "None") else Path(choice[0])
+
+    def load(self, directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(rank 0's shared training state, this rank's own state)."""
+        shared = torch.load(directory / "rank0.pt", map_location="cpu", weights_only=False)
+        own_file = directory / f"rank{self.rank}.pt"
+        own = (
+            shared
+            if self.rank == 0
+            else torch.load(own_file, map_location="cpu", weights_only=False)
+        )
+        return shared, own
+
+    def close(self) -> None:
+        self.wait()
+
+
+def save_final(
+    run_dir: Path, model_state: dict[str, torch.Tensor], manifest: dict[str, Any]
+) -> Path:
+    """RUN_DIR/final/model.pt and manifest.json (written last, so its presence means complete)."""
+    final = Path(run_dir) / "final"
+    info = atomic_torch_save(
+        {k: v.detach().cpu() for k, v in model_state.items()}, final / "model.pt"
+    )
+    atomic_write_json({**manifest, **info}, final / "manifest.json")
+    return final / "model.pt"

@@ -1,0 +1,332 @@
+"""Trainer configuration: grouped timm/VOLO-style flags and YAML -> one typed dataclass."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+# Per-model recipe defaults used when a flag is not given. Source: VOLO paper table (drop path,
+# crop) and VOLO's published training commands for LRbase at batch 1024 (d1 1.6e-3, d2..d5
+# 1e-3); the table's own LRbase row disagrees with its text, so the commands win.
+VOLO_RECIPES: dict[str, dict[str, float]] = {
+    "volo_d1": {"drop_path": 0.1, "crop_pct": 0.96, "lr_base": 1.6e-3},
+    "volo_d2": {"drop_path": 0.2, "crop_pct": 0.96, "lr_base": 1e-3},
+    "volo_d3": {"drop_path": 0.5, "crop_pct": 0.96, "lr_base": 1e-3},
+    "volo_d4": {"drop_path": 0.5, "crop_pct": 1.15, "lr_base": 1e-3},
+    "volo_d5": {"drop_path": 0.75, "crop_pct": 1.15, "lr_base": 1e-3},
+}
+GENERIC_RECIPE = {"drop_path": 0.1, "crop_pct": 0.875, "lr_base": 1e-3}
+
+
+class ConfigError(ValueError):
+    """A bad flag or config key; the message names the flag and the fix."""
+
+
+def _arg(group: str, help: str, *flags: str, **kwargs: Any) -> dict[str, Any]:
+    return {"group": group, "help": help, "flags": flags, **kwargs}
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Everything one training run needs; field names are the YAML keys."""
+
+    # Data
+    data_dir: str | None = field(default=None, metadata=_arg("data", "dataset root"))
+    dataset: str = field(
+        default="folder",
+        metadata=_arg(
+            "data", "data source", choices=("folder", "cifar10", "cifar100", "digits", "synthetic")
+        ),
+    )
+    loader: str = field(
+        default="auto", metadata=_arg("data", "loader", choices=("dali", "torch", "auto"))
+    )
+    workers: int = field(
+        default=4, metadata=_arg("data", "loader workers per rank", "-j", "--workers")
+    )
+    img_size: int = field(default=224, metadata=_arg("data", "input image size (pixels)"))
+    crop_pct: float | None = field(
+        default=None, metadata=_arg("data", "eval crop ratio (model default)")
+    )
+    num_classes: int = field(default=1000, metadata=_arg("data", "number of classes"))
+    aa: str | None = field(
+        default="rand-m9-mstd0.5-inc1", metadata=_arg("data", "RandAugment policy ('' = off)")
+    )
+    scale: tuple[float, float] = field(
+        default=(0.08, 1.0), metadata=_arg("data", "random-resized-crop area range", nargs=2)
+    )
+    reprob: float = field(default=0.25, metadata=_arg("data", "random-erase (CutOut) probability"))
+    hflip: float = field(default=0.5, metadata=_arg("data", "horizontal flip probability"))
+    corrupt: str = field(
+        default="skip", metadata=_arg("data", "corrupt images", choices=("skip", "fail"))
+    )
+    token_label: bool = field(default=False, metadata=_arg("data", "token labeling with MixToken"))
+    token_label_size: int | None = field(
+        default=None, metadata=_arg("data", "token-label grid size (must be img_size/16)")
+    )
+    token_label_data: str | None = field(
+        default=None, metadata=_arg("data", "token-label directory")
+    )
+    ground_truth: bool = field(
+        default=False, metadata=_arg("data", "add the ground-truth class loss")
+    )
+    # Model
+    model: str = field(default="volo_d1", metadata=_arg("model", "volo_d1..d5, volo_tiny, vit_*"))
+    drop_path: float | None = field(
+        default=None, metadata=_arg("model", "stochastic depth (model default)")
+    )
+    finetune: str | None = field(
+        default=None, metadata=_arg("model", "checkpoint file/dir or run dir")
+    )
+    channels_last: bool | None = field(
+        default=None, metadata=_arg("model", "NHWC (default: on GPU)")
+    )
+    compile: bool = field(default=False, metadata=_arg("model", "torch.compile the model"))
+    # Precision
+    amp: bool = field(default=False, metadata=_arg("precision", "torch.amp autocast"))
+    apex_amp: bool = field(default=False, metadata=_arg("precision", "accepted; means torch.amp"))
+    amp_dtype: str = field(
+        default="bf16", metadata=_arg("precision", "autocast dtype", choices=("bf16", "fp16"))
+    )
+    # Optimizer and schedule
+    opt: str = field(
+        default="adamw", metadata=_arg("optim", "optimizer", choices=("adamw", "lamb"))
+    )
+    batch_size: int = field(
+        default=64, metadata=_arg("optim", "batch per rank", "-b", "--batch-size")
+    )
+    global_batch: int | None = field(
+        default=None, metadata=_arg("optim", "global batch; sets -b = global/(ranks*accum)")
+    )
+    lr: float | None = field(
+        default=None, metadata=_arg("optim", "absolute LR (wins over --lr-base)")
+    )
+    lr_base: float | None = field(
+        default=None, metadata=_arg("optim", "LR at --lr-base-size (model default)")
+    )
+    lr_base_size: int = field(default=1024, metadata=_arg("optim", "global batch of --lr-base"))
+    weight_decay: float = field(default=0.05, metadata=_arg("optim", "AdamW weight decay"))
+    epochs: int = field(default=300, metadata=_arg("optim", "training epochs"))
+    warmup_epochs: int = field(default=20, metadata=_arg("optim", "linear warmup epochs"))
+    warmup_lr: float = field(default=1e-6, metadata=_arg("optim", "LR at the start of warmup"))
+    min_lr: float = field(default=1e-5, metadata=_arg("optim", "cosine floor"))
+    smoothing: float = field(default=0.1, metadata=_arg("optim", "label smoothing"))
+    clip_grad: float | None = field(
+        default=None, metadata=_arg("optim", "clip grad norm (off if unset)")
+    )
+    accum_steps: int = field(default=1, metadata=_arg("optim", "micro-batches per optimizer step"))
+    max_steps: int | None = field(
+        default=None, metadata=_arg("optim", "stop after N optimizer steps")
+    )
+    # Parallelism
+    topology: str = field(
+        default="auto", metadata=_arg("parallel", "gradient path", choices=("ring", "ps", "auto"))
+    )
+    ps_servers: int = field(default=1, metadata=_arg("parallel", "parameter-server ranks"))
+    deepspeed: bool = field(default=False, metadata=_arg("parallel", "train with DeepSpeed"))
+    deepspeed_config: str | None = field(default=None, metadata=_arg("parallel", "DeepSpeed JSON"))
+    zero_stage: int = field(
+        default=1, metadata=_arg("parallel", "ZeRO stage 0-3 (generated config)")
+    )
+    # Run
+    output: str = field(default="runs/train", metadata=_arg("run", "run directory"))
+    resume: str = field(default="auto", metadata=_arg("run", "auto | none | checkpoint path"))
+    checkpoint_every: int = field(
+        default=500, metadata=_arg("run", "checkpoint every N steps (0 = epoch ends)")
+    )
+    keep_last: int = field(default=3, metadata=_arg("run", "checkpoints kept (plus milestones)"))
+    milestone_every: int = field(
+        default=50, metadata=_arg("run", "keep epoch-end checkpoints every N epochs")
+    )
+    log_interval: int = field(default=50, metadata=_arg("run", "metrics line every N steps"))
+    warmup_steps_excluded: int = field(
+        default=5, metadata=_arg("run", "steps left out of throughput")
+    )
+    seed: int = field(default=42, metadata=_arg("run", "random seed"))
+    config: str | None = field(default=None, metadata=_arg("run", "YAML file of these keys"))
+    print_config: bool = field(
+        default=False, metadata=_arg("run", "print resolved config and exit")
+    )
+    # Resolved at startup (not flags).
+    world_size: int = field(default=1, metadata={"derived": True})
+
+    @property
+    def use_amp(self) -> bool:
+        return self.amp or self.apex_amp
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.accum_steps * self.world_size
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {**dataclasses.asdict(self), "global_batch_size": self.global_batch_size}, indent=2
+        )
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return "--" + f.name.replace("_", "-")
+
+
+def _cli_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(TrainConfig) if not f.metadata.get("derived")]
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    text = str(f.type)
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("tuple[float", float)):
+        if text.startswith(name):
+            return kind
+    return str
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer", description="Train a timm VOLO/ViT model on every rank."
+    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in _cli_fields():
+        meta = f.metadata
+        group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        if f.name == "data_dir":
+            group.add_argument("data_dir", nargs="?", default=None, help=meta["help"])
+            continue
+        flags = meta["flags"] or (flag_name(f),)
+        kind = _field_type(f)
+        if kind is bool:
+            action = argparse.BooleanOptionalAction
+            group.add_argument(
+                *flags, dest=f.name, action=action, default=f.default, help=meta["help"]
+            )
+        else:
+            group.add_argument(
+                *flags, dest=f.name, type=kind, default=f.default, choices=meta.get("choices"),
+                nargs=meta.get("nargs"), help=meta["help"],
+            )  # fmt: skip
+    return parser
+
+
+def _yaml_defaults(path: str) -> dict[str, Any]:
+    import yaml
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config {path}: no such file; pass a YAML file of trainer keys")
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of keys to values")
+    valid = {f.name for f in _cli_fields()} - {"config", "print_config"}
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(data) - valid)
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
+    return data
+
+
+def parse_args(argv: list[str] | None = None, world_size: int = 1) -> TrainConfig:
+    """Parse flags (YAML first, flags win), fill model defaults; raises ConfigError on bad input."""
+    parser = build_parser()
+    pre, _ = parser.parse_known_args(argv)
+    if pre.config:
+        parser.set_defaults(**_yaml_defaults(pre.config))
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its message
+        raise ConfigError("invalid command line (see message above)") from exc
+    cfg = TrainConfig(**vars(ns), world_size=world_size)
+    return resolve(cfg)
+
+
+def resolve(cfg: TrainConfig) -> TrainConfig:
+    """Fill recipe defaults, the per-rank batch from --global-batch, and the LR."""
+    recipe = VOLO_RECIPES.get(cfg.model, GENERIC_RECIPE)
+    for name in ("drop_path", "crop_pct", "lr_base"):
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, recipe[name])
+    if cfg.token_label and cfg.token_label_size is None:
+        cfg.token_label_size = cfg.img_size // 16
+    if cfg.global_batch is not None:
+        ranks = cfg.world_size * cfg.accum_steps
+        if cfg.global_batch % ranks:
+            raise ConfigError(
+                f"--global-batch {cfg.global_batch} does not divide over {cfg.world_size} rank(s)"
+                f" x --accum-steps {cfg.accum_steps}; pick a multiple of {ranks}"
+            )
+        cfg.batch_size = cfg.global_batch // ranks
+    if cfg.lr is None:
+        cfg.lr = cfg.lr_base * cfg.global_batch_size / cfg.lr_base_size
+    if cfg.apex_amp:
+        cfg.amp = True
+    return cfg
+
+
+def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
+    """Every inconsistency in cfg, each naming its flag and the fix (empty list = valid)."""
+    from trainer.models import known_model
+
+    out: list[str] = []
+    if not known_model(cfg.model):
+        out.append(
+            f"--model {cfg.model}: unknown; use volo_d1..volo_d5, volo_tiny or a timm vit_* name"
+        )
+    if cfg.img_size <= 0 or cfg.img_size % 16:
+        out.append(f"--img-size {cfg.img_size}: must be a positive multiple of 16")
+    if cfg.token_label:
+        expected = cfg.img_size // 16
+        if cfg.token_label_size != expected:
+            out.append(
+                f"--token-label-size {cfg.token_label_size} does not match --img-size"
+                f" {cfg.img_size} / 16 = {expected}; pass --token-label-size {expected} or omit it"
+            )
+        if not cfg.model.startswith("volo"):
+            out.append(f"--token-label needs a VOLO model, not --model {cfg.model}")
+    for name in (
+        "batch_size",
+        "accum_steps",
+        "epochs",
+        "num_classes",
+        "lr_base_size",
+        "ps_servers",
+    ):
+        if getattr(cfg, name) < 1:
+            out.append(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.lr is not None and cfg.lr <= 0:
+        out.append(f"--lr {cfg.lr}: must be positive")
+    if cfg.warmup_epochs < 0 or cfg.warmup_epochs >= cfg.epochs and cfg.warmup_epochs > 0:
+        out.append(f"--warmup-epochs {cfg.warmup_epochs}: must be in [0, --epochs {cfg.epochs})")
+    if cfg.topology == "ps" and cfg.ps_servers > cfg.world_size:
+        out.append(
+            f"--ps-servers {cfg.ps_servers} exceeds the {cfg.world_size} rank(s); use at most that"
+        )
+    if cfg.deepspeed and cfg.topology == "ps":
+        out.append("--deepspeed and --topology ps both choose the gradient path; drop one")
+    if not 0 <= cfg.zero_stage <= 3:
+        out.append(f"--zero-stage {cfg.zero_stage}: must be 0, 1, 2 or 3")
+    if cfg.resume not in ("auto", "none") and for_training and not os.path.exists(cfg.resume):
+        out.append(f"--resume {cfg.resume}: no such checkpoint; use auto, none or an existing path")
+    if for_training:
+        out += _path_problems(cfg)
+    return out
+
+
+def _path_problems(cfg: TrainConfig) -> list[str]:
+    out: list[str] = []
+    needs_dir = cfg.dataset == "folder"
+    if needs_dir and not cfg.data_dir:
+        out.append("DATA_DIR missing: pass the dataset root as the first argument")
+    elif needs_dir and not os.path.isdir(str(cfg.data_dir)):
+        out.append(f"DATA_DIR {cfg.data_dir}: no such directory; pass the dataset root")
+    checks = (
+        ("token_label_data", cfg.token_label and cfg.dataset == "folder"),
+        ("finetune", cfg.finetune is not None),
+        ("deepspeed_config", cfg.deepspeed_config is not None),
+    )
+    for name, needed in checks:
+        value = getattr(cfg, name)
+        if needed and (not value or not os.path.exists(value)):
+            out.append(f"--{name.replace('_', '-')} {value}: no such path; pass an existing one")
+    return out

@@ -1,0 +1,134 @@
+"""Per-rank JSONL metrics, TensorBoard scalars (rank 0), a progress bar or plain lines, accuracy."""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+PHASES = ("data", "compute", "comm", "optimizer", "step")
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """CUDA max allocated on GPU, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def topk_correct(
+    logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...] = (1, 5)
+) -> list[int]:
+    """Number of samples whose target is among the top-k logits, for each k."""
+    maxk = min(max(ks), logits.shape[1])
+    top = logits.topk(maxk, dim=1).indices
+    hits = top.eq(targets.view(-1, 1))
+    return [int(hits[:, : min(k, maxk)].any(dim=1).sum()) for k in ks]
+
+
+class StepTimer:
+    """Wall-clock phases of one optimizer step (CUDA-synchronised so GPU time is not misplaced)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.times = dict.fromkeys(PHASES, 0.0)
+        self._mark = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.times[phase] += now - self._mark
+        self._mark = now
+
+    def finish(self, comm_s: float) -> dict[str, float]:
+        self.times["comm"] = comm_s
+        self.times["step"] = sum(self.times[p] for p in ("data", "compute", "optimizer"))
+        return dict(self.times)
+
+
+class MetricsLogger:
+    """Writes RUN_DIR/metrics/rank{R}.jsonl on every rank; TensorBoard and console on rank 0."""
+
+    def __init__(self, run_dir: Path, rank: int, world_size: int, total_steps: int,
+                 log_interval: int, device: torch.device) -> None:  # fmt: skip
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.log_interval = max(1, log_interval)
+        path = Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a", buffering=1)  # line-buffered: a killed job keeps its lines
+        self.tb = self._tensorboard(Path(run_dir) / "tb") if rank == 0 else None
+        self.bar = self._bar(total_steps) if rank == 0 and sys.stderr.isatty() else None
+
+    @staticmethod
+    def _tensorboard(path: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(path))
+
+    @staticmethod
+    def _bar(total: int):
+        from tqdm import tqdm
+
+        return tqdm(total=total, dynamic_ncols=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+
+    def step(self, step: int, epoch: int, batch_size: int, loss: float, lr: float,
+             times: dict[str, float], warmup: bool) -> None:  # fmt: skip
+        rate = batch_size / times["step"] if times["step"] > 0 else 0.0
+        record = {
+            "kind": "step", "step": step, "epoch": epoch, "rank": self.rank,
+            "world_size": self.world_size, "batch_size": batch_size, "loss": loss, "lr": lr,
+            "images_per_s": rate, "time": times, "peak_mem_bytes": peak_memory_bytes(self.device),
+            "warmup": warmup,
+        }  # fmt: skip
+        self.write(record)
+        if self.rank != 0:
+            return
+        if self.tb is not None:
+            for name, value in (("loss", loss), ("lr", lr), ("images_per_s", rate)):
+                self.tb.add_scalar(f"train/{name}", value, step)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", ips=f"{rate:.0f}")
+        elif step % self.log_interval == 0:
+            log.info(
+                "epoch %d step %d loss %.4f lr %.3e %.1f img/s/rank", epoch, step, loss, lr, rate
+            )
+
+    def eval(self, epoch: int, step: int, top1: float, top5: float, loss: float) -> None:
+        self.write(
+            {"kind": "eval", "epoch": epoch, "step": step, "top1": top1, "top5": top5, "loss": loss}
+        )
+        if self.rank == 0:
+            log.info("epoch %d eval top1 %.2f top5 %.2f loss %.4f", epoch, top1, top5, loss)
+            if self.tb is not None:
+                for name, value in (("top1", top1), ("top5", top5), ("loss", loss)):
+                    self.tb.add_scalar(f"eval/{name}", value, step)
+
+    def summary(self, record: dict[str, Any], run_dir: Path) -> None:
+        """Rank 0: the summary line and RUN_DIR/summary.json."""
+        from trainer.checkpoint import atomic_write_json
+
+        record = {"kind": "summary", **record}
+        self.write(record)
+        atomic_write_json(record, Path(run_dir) / "summary.json")
+        log.info("summary %s", json.dumps(record))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        self.file.close()

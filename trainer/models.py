@@ -1,0 +1,118 @@
+"""Model factory (timm VOLO/ViT and a tiny test VOLO) and fine-tune loading across image sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import timm
+import torch
+from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc
+from timm.models.volo import VOLO
+from torch import nn
+
+VOLO_NAMES = tuple(f"volo_d{i}" for i in range(1, 6))
+HEAD_PREFIXES = ("head.", "aux_head.")
+
+
+class ModelLoadError(ValueError):
+    """A fine-tune checkpoint that cannot be loaded into the model; the message says why."""
+
+
+def known_model(name: str) -> bool:
+    return name in VOLO_NAMES or name == "volo_tiny" or name in timm.list_models("vit_*")
+
+
+def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -> nn.Module:
+    """Build `name` (no pretrained weights: nothing is downloaded inside a job)."""
+    if name == "volo_tiny":
+        return VOLO(
+            img_size=img_size, layers=(1, 1), embed_dims=(32, 64), num_heads=(1, 2), patch_size=8,
+            stem_hidden_dim=16, num_classes=num_classes, drop_path_rate=drop_path,
+        )  # fmt: skip
+    if not known_model(name):
+        raise ModelLoadError(f"--model {name}: unknown; use volo_d1..volo_d5, volo_tiny or vit_*")
+    timm_name = f"{name}_224" if name in VOLO_NAMES else name
+    return timm.create_model(
+        timm_name, pretrained=False, img_size=img_size, num_classes=num_classes,
+        drop_path_rate=drop_path,
+    )  # fmt: skip
+
+
+def resolve_finetune_file(path: str) -> Path:
+    """A file, a checkpoint directory, or a run directory (its final model) -> the weights file."""
+    p = Path(path)
+    for candidate in (p, p / "final" / "model.pt", p / "model.pt"):
+        if candidate.is_file():
+            return candidate
+    raise ModelLoadError(
+        f"--finetune {path}: no weights found (looked for the file, final/model.pt, model.pt)"
+    )
+
+
+def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """State dict and its manifest (empty if none) from a finetune path."""
+    file = resolve_finetune_file(path)
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    manifest_file = file.parent / "manifest.json"
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    return state, manifest
+
+
+def load_finetune(model: nn.Module, path: str, model_name: str) -> list[str]:
+    """Load weights trained at another size/class count; returns the keys left at init."""
+    state, manifest = read_weights(path)
+    saved_name = manifest.get("model")
+    if saved_name and saved_name != model_name:
+        raise ModelLoadError(
+            f"--finetune {path}: checkpoint is a {saved_name}, not --model {model_name}; "
+            f"pass --model {saved_name} or another checkpoint"
+        )
+    own = model.state_dict()
+    _check_architecture(own, state, path, model_name)
+    state = _resample_pos_embed(model, own, state)
+    skipped = [k for k in state if k.startswith(HEAD_PREFIXES) and state[k].shape != own[k].shape]
+    for key in skipped:
+        del state[key]
+    model.load_state_dict(state, strict=False)
+    return skipped
+
+
+def _check_architecture(own: dict, state: dict, path: str, model_name: str) -> None:
+    missing = sorted(set(own) - set(state))
+    extra = sorted(set(state) - set(own))
+    bad_shapes = [
+        k for k in own if k in state and own[k].shape != state[k].shape
+        and k != "pos_embed" and not k.startswith(HEAD_PREFIXES)
+    ]  # fmt: skip
+    if missing or extra or bad_shapes:
+        detail = (missing or extra or bad_shapes)[:3]
+        raise ModelLoadError(
+            f"--finetune {path}: weights are not a {model_name} ({len(missing)} missing, "
+            f"{len(extra)} unexpected, {len(bad_shapes)} mismatched keys, e.g. {detail}); "
+            "pass the --model it was trained with"
+        )
+
+
+def _resample_pos_embed(model: nn.Module, own: dict, state: dict) -> dict:
+    if "pos_embed" not in state or state["pos_embed"].shape == own["pos_embed"].shape:
+        return state
+    target = own["pos_embed"]
+    if isinstance(model, VOLO):  # NHWC grid (1, H, W, C)
+        new = resample_abs_pos_embed_nhwc(state["pos_embed"], list(target.shape[1:3]))
+    else:
+        grid = model.patch_embed.grid_size
+        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
+        new = resample_abs_pos_embed(state["pos_embed"], list(grid), num_prefix_tokens=prefix)
+    return {**state, "pos_embed": new}
+
+
+def model_manifest(name: str, img_size: int, num_classes: int) -> dict:
+    return {"model": name, "img_size": img_size, "num_classes": num_classes, "format": "state_dict"}
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,235 @@
+"""Gradient engines behind one interface: DDP ring all-reduce, DDP parameter server, DeepSpeed."""
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer.precision import Precision
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CommState:
+    """Per-step communication clock shared with the DDP comm hooks (callbacks run off-thread)."""
+
+    world_size: int
+    servers: tuple[int, ...] = ()
+    seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, start: float) -> None:
+        with self.lock:
+            self.seconds += time.perf_counter() - start
+
+    def pop(self) -> float:
+        with self.lock:
+            value, self.seconds = self.seconds, 0.0
+        return value
+
+
+def _scale_like_builtin(bucket: dist.GradBucket, world_size: int) -> torch.Tensor:
+    # DDP's built-in reducer multiplies each gradient by 1/world_size (a wrapped double scalar)
+    # while copying it into the bucket, then sums; doing the same keeps results bit-identical.
+    return bucket.buffer().mul_(1.0 / world_size)
+
+
+def ring_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The built-in all-reduce arithmetic, timed."""
+    start = time.perf_counter()
+    buffer = _scale_like_builtin(bucket, state.world_size)
+    fut = dist.all_reduce(buffer, async_op=True).get_future()
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        state.record(start)
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+def ps_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Parameter server: reduce the bucket to its server rank, which broadcasts the sum back."""
+    start = time.perf_counter()
+    buffer = _scale_like_builtin(bucket, state.world_size)
+    server = state.servers[bucket.index() % len(state.servers)]
+    fut = dist.reduce(buffer, dst=server, async_op=True).get_future()
+
+    def broadcast(_: torch.futures.Future) -> torch.Tensor:
+        dist.broadcast(buffer, src=server, async_op=True).get_future().wait()
+        state.record(start)
+        return buffer
+
+    return fut.then(broadcast)
+
+
+def server_ranks(world_size: int, servers: int) -> tuple[int, ...]:
+    """S server ranks spread evenly over the ranks (so over nodes, not all on the first one)."""
+    return tuple(i * world_size // servers for i in range(servers))
+
+
+class TrainForward(nn.Module):
+    """Routes training passes through VOLO's forward_train (token labeling, MixToken)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, images: torch.Tensor) -> Any:
+        return self.inner.forward_train(images) if self.training else self.inner(images)
+
+
+class DDPEngine:
+    """DDP with a ring or parameter-server comm hook; AMP scaling, clipping, accumulation."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
+                 topology: str, ps_servers: int, accum_steps: int, clip_grad: float | None,
+                 token_label: bool = False) -> None:  # fmt: skip
+        world = dist.get_world_size()
+        self.name = topology
+        self.model = model
+        self.optimizer = optimizer
+        self.precision = precision
+        self.accum_steps = accum_steps
+        self.clip_grad = clip_grad
+        device_ids = [precision.device.index] if precision.device.type == "cuda" else None
+        wrapped = TrainForward(model) if token_label else model
+        self.ddp = DDP(wrapped, device_ids=device_ids)
+        self.comm = CommState(world, server_ranks(world, ps_servers) if topology == "ps" else ())
+        self.ddp.register_comm_hook(self.comm, ps_hook if topology == "ps" else ring_hook)
+
+    def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
+        """Gradients are exchanged only on the last micro-batch of an accumulation."""
+        return contextlib.nullcontext() if last else self.ddp.no_sync()
+
+    def forward(self, images: torch.Tensor) -> Any:
+        return self.ddp(images)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss = loss / self.accum_steps
+        scaler = self.precision.scaler
+        (scaler.scale(loss) if scaler else loss).backward()
+
+    def step(self) -> None:
+        scaler = self.precision.scaler
+        if self.clip_grad:
+            if scaler:
+                scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
+        if scaler:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def comm_seconds(self) -> float:
+        return self.comm.pop()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.precision.scaler:
+            state["scaler"] = self.precision.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.precision.scaler and "scaler" in state:
+            self.precision.scaler.load_state_dict(state["scaler"])
+
+
+def deepspeed_config(
+    batch_size: int, accum_steps: int, world_size: int, lr: float, weight_decay: float,
+    zero_stage: int, amp_dtype: str | None, clip_grad: float | None,
+) -> dict[str, Any]:  # fmt: skip
+    """A DeepSpeed JSON config generated from our flags (torch AdamW: no JIT-built Adam op)."""
+    return {
+        "train_micro_batch_size_per_gpu": batch_size,
+        "gradient_accumulation_steps": accum_steps,
+        "train_batch_size": batch_size * accum_steps * world_size,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": lr, "weight_decay": weight_decay, "torch_adam": True},
+        },
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": amp_dtype == "bf16"},
+        "fp16": {"enabled": amp_dtype == "fp16"},
+        "gradient_clipping": clip_grad or 0.0,
+        "steps_per_print": 10**9,
+    }
+
+
+class DeepSpeedEngine:
+    """DeepSpeed's engine (ZeRO 0-3) behind the same calls; it scales, clips and accumulates."""
+
+    name = "deepspeed"
+
+    def __init__(self, model: nn.Module, param_groups: list[dict], config: dict[str, Any],
+                 token_label: bool = False) -> None:  # fmt: skip
+        import deepspeed
+
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=param_groups, config=config, dist_init_required=False
+        )
+        self.model = self.engine.module
+        self.token_label = token_label
+        self.dtype = next(self.model.parameters()).dtype
+        self.accum_steps = config["gradient_accumulation_steps"]
+
+    def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # DeepSpeed knows the accumulation boundary itself
+
+    def forward(self, images: torch.Tensor) -> Any:
+        if self.token_label:  # ZeRO-3 would need the engine's own forward here
+            return self.model.forward_train(images.to(self.dtype))
+        return self.engine(images.to(self.dtype))
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def comm_seconds(self) -> float:
+        return 0.0  # inside DeepSpeed's reducer; not separable here
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError("DeepSpeed states go through trainer.checkpoint.save_deepspeed")
+
+
+def parallelize(model: nn.Module, optimizer_factory, precision: Precision, cfg) -> Any:
+    """Apply the gradient engine chosen by cfg (ring | ps | deepspeed) to a model on its device."""
+    if cfg.deepspeed:
+        if cfg.deepspeed_config:
+            with open(cfg.deepspeed_config) as fh:
+                ds_cfg = json.load(fh)
+        else:
+            dtype = cfg.amp_dtype if cfg.use_amp else None
+            ds_cfg = deepspeed_config(
+                cfg.batch_size, cfg.accum_steps, cfg.world_size, cfg.lr, cfg.weight_decay,
+                cfg.zero_stage, dtype, cfg.clip_grad,
+            )  # fmt: skip
+        log.info("gradient engine: deepspeed ZeRO-%s", ds_cfg.get("zero_optimization", {}))
+        from trainer.optim import param_groups
+
+        return DeepSpeedEngine(
+            model, param_groups(model, cfg.weight_decay), ds_cfg, cfg.token_label
+        )
+    topology = "ring" if cfg.topology == "auto" else cfg.topology
+    log.info(
+        "gradient engine: DDP %s%s", topology, f" ({cfg.ps_servers} servers)" * (topology == "ps")
+    )
+    optimizer = optimizer_factory(model)
+    return DDPEngine(
+        model, optimizer, precision, topology, cfg.ps_servers, cfg.accum_steps, cfg.clip_grad,
+        cfg.token_label,
+    )  # fmt: skip

@@ -1,0 +1,43 @@
+"""Preemption: SIGUSR2/SIGTERM set a flag; all ranks agree on it at each step boundary."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import types
+
+import torch
+import torch.distributed as dist
+
+from trainer.exitcodes import PREEMPT_SIGNALS
+
+log = logging.getLogger(__name__)
+
+
+class Preemption:
+    """Install with `install()`; ask `agreed()` at every step boundary (a collective)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name: str | None = None
+
+    def install(self) -> None:
+        for name in PREEMPT_SIGNALS:
+            signal.signal(getattr(signal, name), self._handle)
+
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+        # Only set a flag: checkpointing inside a signal handler would race the training step.
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+    def agreed(self) -> bool:
+        """True on every rank as soon as any rank received a preemption signal."""
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            if dist.get_backend() == "nccl":
+                flag = flag.cuda()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        stop = bool(flag.item())
+        if stop and not self.requested:
+            log.warning("another rank was preempted; stopping here too")
+        return stop

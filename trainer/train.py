@@ -1,0 +1,294 @@
+"""The Trainer, built in order: dist, model, parallelize, optimizer, data, LR, checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer import checkpoint as ckpt
+from trainer import dist as tdist
+from trainer.config import TrainConfig
+from trainer.exitcodes import OK, REQUEUE
+from trainer.metrics import MetricsLogger, StepTimer, topk_correct
+from trainer.models import create_model, load_finetune, model_manifest
+from trainer.optim import create_optimizer, create_schedule, current_lr
+from trainer.parallel import parallelize
+from trainer.precision import make_precision, prepare_model
+from trainer.preempt import Preemption
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def data_config(cfg: TrainConfig):
+    from trainer.data import DataConfig
+
+    return DataConfig(
+        data_dir=cfg.data_dir or "", dataset=cfg.dataset, img_size=cfg.img_size,
+        batch_size=cfg.batch_size, workers=cfg.workers, loader=cfg.loader,
+        crop_pct=cfg.crop_pct or 0.875, scale=tuple(cfg.scale), hflip=cfg.hflip, auto_augment=cfg.aa or None,
+        reprob=cfg.reprob, num_classes=cfg.num_classes, token_label=cfg.token_label,
+        token_label_data=cfg.token_label_data or "",
+        token_label_size=cfg.token_label_size or cfg.img_size // 16,
+        ground_truth=cfg.ground_truth, corrupt=cfg.corrupt, seed=cfg.seed,
+    )  # fmt: skip
+
+
+def make_criterion(cfg: TrainConfig) -> nn.Module:
+    if cfg.token_label:
+        from trainer.data.token_label import TokenLabelCriterion
+
+        return TokenLabelCriterion(ground_truth=cfg.ground_truth)
+    return nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
+
+
+class Trainer:
+    """One rank of a training run; `run()` returns an exit status from trainer.exitcodes."""
+
+    def __init__(self, cfg: TrainConfig, env: tdist.DistEnv) -> None:
+        self.cfg, self.env = cfg, env
+        self.run_dir = Path(cfg.output)
+        self.device = tdist.init(env)
+        seed_everything(cfg.seed)
+        self.model = self._build_model()
+        self.precision = make_precision(
+            self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, cfg.channels_last
+        )
+        self.model = prepare_model(self.model, self.precision, cfg.compile)
+        self.engine = parallelize(self.model, self._optimizer, self.precision, cfg)
+        self.train_loader, self.val_loader = self._build_data()
+        self.steps_per_epoch = max(1, len(self.train_loader) // cfg.accum_steps)
+        self.scheduler = create_schedule(
+            self.engine.optimizer, cfg.epochs, cfg.warmup_epochs, cfg.warmup_lr, cfg.min_lr,
+            self.steps_per_epoch,
+        )  # fmt: skip
+        self.criterion = make_criterion(cfg)
+        self.checkpointer = ckpt.Checkpointer(
+            self.run_dir / "checkpoints", env.rank, env.world_size, cfg.keep_last,
+            cfg.milestone_every,
+        )  # fmt: skip
+        total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
+        self.metrics = MetricsLogger(
+            self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device
+        )
+        self.preemption = Preemption()
+        self.step, self.epoch = 0, 0
+        self.last_eval: dict[str, float] = {}
+        self.throughput = {"images": 0.0, "seconds": 0.0}
+        self.steps_this_process = 0
+
+    def _build_model(self) -> nn.Module:
+        cfg = self.cfg
+        model = create_model(cfg.model, cfg.img_size, cfg.num_classes, cfg.drop_path or 0.0)
+        if cfg.finetune:
+            reset = load_finetune(model, cfg.finetune, cfg.model)
+            log.info("fine-tuning from %s (re-initialised: %s)", cfg.finetune, reset or "none")
+        return model
+
+    def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        optimizer, _ = create_optimizer(model, cfg.opt, cfg.lr, cfg.weight_decay, self.device)
+        return optimizer
+
+    def _build_data(self):
+        from trainer.data import create_loader
+
+        data_cfg = data_config(self.cfg)
+        rank, world = self.env.rank, self.env.world_size
+        return (
+            create_loader(data_cfg, "train", rank, world),
+            create_loader(dataclasses.replace(data_cfg, token_label=False), "val", rank, world),
+        )
+
+    # ----------------------------------------------------------------------------- the loop
+    def run(self) -> int:
+        cfg = self.cfg
+        self.preemption.install()
+        if self.env.is_main:
+            ckpt.atomic_write_json(dataclasses.asdict(cfg), _mkdir(self.run_dir) / "config.json")
+        self._restore()
+        while self.epoch < cfg.epochs and not self._reached_max_steps():
+            self.train_loader.set_epoch(self.epoch)
+            if self._train_epoch() == "preempted":
+                self._save(epoch_end=False, wait=True)
+                log.warning(
+                    "preempted (%s): checkpointed at step %d",
+                    self.preemption.signal_name,
+                    self.step,
+                )
+                return REQUEUE
+            if not self._reached_max_steps():  # a run cut by --max-steps ends without an epoch end
+                self._evaluate()
+                self.epoch += 1
+                self._save(epoch_end=True)
+        self._finish()
+        return OK
+
+    def _train_epoch(self) -> str:
+        cfg, engine = self.cfg, self.engine
+        self.model.train()
+        timer, micro = StepTimer(self.device), 0
+        for images, targets in self.train_loader:
+            timer.lap("data")
+            last = micro + 1 == cfg.accum_steps
+            with engine.micro_step(last), self.precision.autocast():
+                output = engine.forward(self.precision.prepare_input(images))
+                loss = self.criterion(output, _to_device(targets, self.device))
+            engine.backward(loss)
+            timer.lap("compute")
+            micro += 1
+            if not last:
+                continue
+            self.scheduler.step_update(num_updates=self.step)
+            engine.step()
+            timer.lap("optimizer")
+            self._record_step(loss.item(), timer.finish(engine.comm_seconds()))
+            micro, timer = 0, StepTimer(self.device)
+            if self.preemption.agreed():
+                return "preempted"
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self._save(epoch_end=False)
+            if self._reached_max_steps():
+                return "max_steps"
+        engine.optimizer.zero_grad(set_to_none=True)  # an incomplete accumulation is dropped
+        return "epoch_end"
+
+    def _record_step(self, loss: float, times: dict[str, float]) -> None:
+        cfg = self.cfg
+        self.step += 1
+        # Counted per process, so the warm-up after a restart is left out too.
+        warmup = self.steps_this_process < cfg.warmup_steps_excluded
+        self.steps_this_process += 1
+        images = cfg.batch_size * cfg.accum_steps
+        if not warmup:
+            self.throughput["images"] += images
+            self.throughput["seconds"] += times["step"]
+        lr = current_lr(self.engine.optimizer)
+        self.metrics.step(self.step, self.epoch, images, loss, lr, times, warmup)
+
+    def _reached_max_steps(self) -> bool:
+        return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
+
+    @torch.no_grad()
+    def _evaluate(self) -> None:
+        model = self.engine.model
+        model.eval()
+        dtype = next(model.parameters()).dtype
+        totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top1, top5, count
+        for images, targets in self.val_loader:
+            with self.precision.autocast():
+                logits = model(self.precision.prepare_input(images).to(dtype)).float()
+            targets = targets.to(self.device)
+            top1, top5 = topk_correct(logits, targets)
+            loss = nn.functional.cross_entropy(logits, targets, reduction="sum")
+            totals += torch.tensor([loss.item(), top1, top5, len(targets)], dtype=torch.float64)
+        totals = totals.to(self.device)
+        dist.all_reduce(totals)
+        loss_sum, top1, top5, count = totals.tolist()
+        count = max(count, 1.0)
+        self.last_eval = {
+            "top1": 100 * top1 / count,
+            "top5": 100 * top5 / count,
+            "loss": loss_sum / count,
+        }
+        self.metrics.eval(self.epoch, self.step, **self.last_eval)
+        model.train()
+
+    # ----------------------------------------------------------------------------- state
+    def _state(self, epoch_end: bool) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "step": self.step, "epoch": self.epoch, "epoch_end": epoch_end,
+            "rng": ckpt.rng_state(), "loader": self.train_loader.state_dict(),
+        }  # fmt: skip
+        if self.env.is_main:
+            state.update(self.engine.state_dict(), scheduler=self.scheduler.state_dict())
+        return state
+
+    def _save(self, epoch_end: bool, wait: bool = False) -> None:
+        self.checkpointer.save(self.step, self.epoch, self._state(epoch_end), epoch_end=epoch_end)
+        if wait:
+            self.checkpointer.wait()
+
+    def _restore(self) -> None:
+        cfg = self.cfg
+        if cfg.resume == "none":
+            return
+        directory = (
+            self.checkpointer.agree_on_latest() if cfg.resume == "auto" else Path(cfg.resume)
+        )
+        if directory is None:
+            return
+        shared, own = self.checkpointer.load(directory)
+        self.engine.load_state_dict(shared)
+        self.scheduler.load_state_dict(shared["scheduler"])
+        self.step, self.epoch = own["step"], own["epoch"]
+        if not own["epoch_end"]:
+            self.train_loader.load_state_dict(own["loader"])
+        ckpt.set_rng_state(own["rng"])
+        log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
+
+    def _finish(self) -> None:
+        self.checkpointer.wait()
+        if not self.last_eval:
+            self._evaluate()
+        rate = torch.tensor(
+            [self.throughput["images"], self.throughput["seconds"]], dtype=torch.float64
+        )
+        images = rate.clone()
+        dist.all_reduce(images)
+        dist.all_reduce(rate, op=dist.ReduceOp.MAX)
+        seconds = float(rate[1])
+        if self.env.is_main:
+            cfg = self.cfg
+            manifest = model_manifest(cfg.model, cfg.img_size, cfg.num_classes)
+            manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
+            ckpt.save_final(self.run_dir, self.engine.model.state_dict(), manifest)
+            self.metrics.summary(
+                {
+                    "top1": self.last_eval["top1"], "top5": self.last_eval["top5"],
+                    "steps": self.step, "images_per_s": float(images[0]) / max(seconds, 1e-9),
+                    "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
+                    "topology": self.engine.name,
+                },
+                self.run_dir,
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Flush checkpoints and metrics, release DDP/optimizer objects, leave the group."""
+        self.checkpointer.close()
+        self.metrics.close()
+        del self.engine, self.model, self.scheduler, self.train_loader, self.val_loader
+        tdist.teardown()
+
+
+def _to_device(targets: Any, device: torch.device) -> Any:
+    if isinstance(targets, torch.Tensor):
+        return targets.to(device, non_blocking=True)
+    return targets
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def startup_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean bad input (exit USAGE), raised while the Trainer is built."""
+    from trainer.config import ConfigError
+    from trainer.data import DataConfigError, DataSourceError
+    from trainer.models import ModelLoadError
+
+    return (ConfigError, DataConfigError, DataSourceError, ModelLoadError)

@@ -1,0 +1,213 @@
+"""Batched Slurm job state: one squeue (plus sacct when accounting works) per poll for all jobs."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+#: States after which a job never runs again (a requeued job goes back to PENDING instead).
+TERMINAL = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
+#: Reported when neither squeue nor accounting knows the job (it left the controller's memory).
+GONE = "GONE"
+
+_SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:"
+_SACCT_FIELDS = "JobIDRaw,State,ExitCode,Reason"
+_CMD_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What one poll knows about one job."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    restarts: int = 0
+    exit_code: str = ""
+    source: str = "squeue"
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL or self.state == GONE
+
+
+class SlurmCommandError(RuntimeError):
+    """squeue itself failed (no controller reachable): the state of every job is unknown."""
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, check=False)
+
+
+def _base_state(state: str) -> str:
+    # sacct writes "CANCELLED by 0"; squeue may add flags such as "+" on some versions.
+    return state.split()[0].rstrip("+") if state else ""
+
+
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """Parse `squeue -h -O JobID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:` output."""
+    jobs = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) < 4 or not parts[0]:
+            continue
+        job_id, state, reason, restarts = parts[:4]
+        exit_code = parts[4] if len(parts) > 4 else ""
+        jobs[job_id] = JobInfo(
+            job_id=job_id,
+            state=_base_state(state),
+            reason="" if reason == "None" else reason,
+            restarts=int(restarts) if restarts.isdigit() else 0,
+            exit_code=exit_code,
+            source="squeue",
+        )
+    return jobs
+
+
+def parse_sacct(text: str) -> dict[str, JobInfo]:
+    """Parse `sacct -n -P -X -o JobIDRaw,State,ExitCode,Reason` output (allocation lines only)."""
+    jobs = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 3 or not parts[0] or "." in parts[0]:
+            continue
+        reason = parts[3] if len(parts) > 3 else ""
+        jobs[parts[0]] = JobInfo(
+            job_id=parts[0],
+            state=_base_state(parts[1]),
+            reason="" if reason == "None" else reason,
+            exit_code=parts[2],
+            source="sacct",
+        )
+    return jobs
+
+
+def squeue(job_ids: list[str]) -> dict[str, JobInfo]:
+    """One squeue call for all jobs, including finished ones still in the controller's memory."""
+    cmd = ["squeue", "-h", "--states=all", "-j", ",".join(job_ids), "-O", _SQUEUE_FIELDS]
+    proc = _run(cmd)
+    if proc.returncode != 0:
+        # squeue fails with "Invalid job id" when none of the ids is still known: not an error.
+        if "invalid job id" in proc.stderr.lower():
+            return {}
+        raise SlurmCommandError(f"squeue failed ({proc.returncode}): {proc.stderr.strip()}")
+    return parse_squeue(proc.stdout)
+
+
+def sacct(job_ids: list[str]) -> dict[str, JobInfo] | None:
+    """One sacct call for all jobs, or None when accounting does not answer."""
+    cmd = ["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", _SACCT_FIELDS]
+    try:
+        proc = _run(cmd)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return parse_sacct(proc.stdout)
+
+
+@dataclass
+class JobStatePoller:
+    """Polls the state of a set of jobs with one squeue per poll and sacct only when it works.
+
+    sacct is consulted only for jobs that squeue no longer lists; after it fails once it is
+    retried at most every `sacct_retry_s` seconds, so a cluster without accounting costs one
+    squeue call per poll.
+    """
+
+    job_ids: list[str]
+    sacct_retry_s: float = 60.0
+    accounting: bool | None = None
+    _sacct_failed_at: float = field(default=-1e9, repr=False)
+
+    def poll(self) -> dict[str, JobInfo]:
+        ids = [str(j) for j in self.job_ids]
+        if not ids:
+            return {}
+        known = squeue(ids)
+        missing = [j for j in ids if j not in known]
+        if missing and self._sacct_allowed():
+            found = sacct(missing)
+            self.accounting = found is not None
+            if found is None:
+                self._sacct_failed_at = time.monotonic()
+            else:
+                known.update({j: found[j] for j in missing if j in found})
+        return {j: known.get(j, JobInfo(job_id=j, state=GONE, source="none")) for j in ids}
+
+    def _sacct_allowed(self) -> bool:
+        return time.monotonic() - self._sacct_failed_at >= self.sacct_retry_s
+
+
+def poll_once(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+    """Convenience: the state of these jobs right now."""
+    return JobStatePoller(list(job_ids)).poll()
+
+
+class JobFailedError(RuntimeError):
+    """A job ended in a state other than COMPLETED, or left the queue with no trace."""
+
+    def __init__(self, info: JobInfo, message: str) -> None:
+        super().__init__(message)
+        self.info = info
+
+
+def failure(info: JobInfo) -> str | None:
+    """Why this job will never complete, or None while it may still."""
+    if info.state == GONE:
+        return (
+            f"job {info.job_id} is no longer known to squeue and accounting (sacct) does not "
+            "answer, so its final state is unknown; check its logs"
+        )
+    if info.state in TERMINAL and info.state != "COMPLETED":
+        why = f" ({info.reason})" if info.reason else ""
+        code = f", exit code {info.exit_code}" if info.exit_code else ""
+        return f"job {info.job_id} ended {info.state}{why}{code}"
+    return None
+
+
+def wait_jobs(
+    poller: JobStatePoller,
+    timeout: float | None = None,
+    poll_s: float = 2.0,
+    on_poll: Callable[[dict[str, JobInfo]], None] | None = None,
+) -> dict[str, JobInfo]:
+    """Poll until every job is COMPLETED; raise JobFailedError as soon as one cannot complete.
+
+    A job must be missing from squeue on two polls in a row before it counts as gone, so a
+    job between queue states is not mistaken for a vanished one.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    gone_before: set[str] = set()
+    while True:
+        infos = poller.poll()
+        if on_poll is not None:
+            on_poll(infos)
+        for info in infos.values():
+            if info.state == GONE and info.job_id not in gone_before:
+                continue
+            if (reason := failure(info)) is not None:
+                raise JobFailedError(info, reason)
+        gone_before = {j for j, i in infos.items() if i.state == GONE}
+        if all(i.state == "COMPLETED" for i in infos.values()):
+            return infos
+        if deadline is not None and time.monotonic() >= deadline:
+            states = ", ".join(f"{j}={i.state}" for j, i in infos.items())
+            raise TimeoutError(f"jobs not finished after {timeout:.0f} s: {states}")
+        time.sleep(poll_s)

@@ -1,0 +1,285 @@
+"""Cluster profiles: typed, validated YAML describing one cluster's partitions, nodes and fabric."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from workflows.errors import ConfigError, Strict, describe
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("pretrain", "finetune")
+
+_SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re.IGNORECASE)
+_HCA = re.compile(r"^[A-Za-z0-9_]+:\d+$")
+_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+# Characters that would break an #SBATCH line or a Slurm filename pattern.
+_UNSAFE_PATH = re.compile(r'["\n\r%\\]')
+
+
+class Partition(Strict):
+    """The Slurm partition a stage runs on, and its wall-clock limit."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    time: str = Field(description="Slurm time limit: MM, HH:MM:SS or D-HH:MM:SS")
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not _SLURM_TIME.match(value):
+            raise ValueError(f"{value!r} is not a Slurm time; write HH:MM:SS or D-HH:MM:SS")
+        return value
+
+
+class Gpu(Strict):
+    """The accelerator model, and its memory for the memory planner."""
+
+    model: str
+    memory_bytes: int = Field(ge=0)
+
+
+class Binding(Strict):
+    """Where one local rank runs: its GPU's NUMA node, that node's CPUs, the nearest HCA."""
+
+    local_rank: int = Field(ge=0)
+    numa: int = Field(ge=0)
+    cpus: str | None = None
+    hca: str | None = None
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, value: str | None) -> str | None:
+        if value is not None and not _CPU_LIST.match(value):
+            raise ValueError(f"{value!r} is not a CPU list; write e.g. '48-63,176-191'")
+        return value
+
+    @field_validator("hca")
+    @classmethod
+    def _hca_port(cls, value: str | None) -> str | None:
+        if value is not None and not _HCA.match(value):
+            raise ValueError(f"{value!r} is not DEVICE:PORT; write e.g. 'mlx5_0:1'")
+        return value
+
+
+class Mount(Strict):
+    """One pyxis mount; relative paths are relative to the repository (on shared storage)."""
+
+    src: str
+    dst: str
+    readonly: bool = False
+
+    @field_validator("src", "dst")
+    @classmethod
+    def _no_separator(cls, value: str) -> str:
+        if ":" in value or "," in value or _UNSAFE_PATH.search(value):
+            raise ValueError(f"{value!r}: pyxis mounts cannot contain ':', ',', quotes or newlines")
+        return value
+
+
+class Container(Strict):
+    """The enroot image each rank runs in (through pyxis)."""
+
+    image: str = Field(
+        description="squashfs path (/abs or ./rel) or a registry ref (nvcr.io#nvidia/pytorch:TAG)"
+    )
+    mounts: list[Mount] = []
+    workdir: str = "."
+    mount_home: bool = False
+    python: str = "python"
+
+    @field_validator("image")
+    @classmethod
+    def _pyxis_image(cls, value: str) -> str:
+        if any(c.isspace() for c in value) or not value:
+            raise ValueError(f"{value!r}: an image name cannot be empty or contain whitespace")
+        if value.endswith(".sqsh") and not value.startswith(("/", "./")):
+            raise ValueError(f"{value!r}: pyxis needs a squashfs path starting with '/' or './'")
+        return value
+
+
+class Storage(Strict):
+    """Shared-storage paths seen by every node; relative ones are relative to the repository."""
+
+    data: str
+    code: str = "."
+    checkpoints: str | None = None
+    results: str | None = None
+    runs: str = "runs"
+
+    @field_validator("data", "code", "checkpoints", "results", "runs")
+    @classmethod
+    def _safe_path(cls, value: str | None) -> str | None:
+        if value is not None and _UNSAFE_PATH.search(value):
+            raise ValueError(
+                f"{value!r}: paths cannot contain double quotes, '%', '\\' or newlines"
+            )
+        return value
+
+
+class Preemption(Strict):
+    """Signal sent before the time limit (never USR1: NCCL uses it) and whether to requeue."""
+
+    signal: Literal["USR2", "TERM"] = "USR2"
+    grace_s: int = Field(default=120, ge=10, le=65535)
+    requeue: bool = True
+
+
+class Profile(Strict):
+    """One cluster. Field names are the YAML keys; `load_profile` reads and validates them."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    scheduler: Literal["slurm", "local"]
+    partitions: dict[Literal["pretrain", "finetune"], Partition]
+    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(ge=0)
+    tasks_per_node: int | None = Field(default=None, ge=1, description="default: gpus_per_node")
+    cpus_per_node: int = Field(ge=1)
+    mem: str = Field(default="0", pattern=r"^\d+[KMGT]?$", description="--mem; 0 = all of it")
+    gpu: Gpu | None = None
+    binding: list[Binding] = []
+    container: Container | None = None
+    storage: Storage
+    env: dict[str, str] = {}
+    secrets: list[str] = Field(default=[], description="names of variables passed, never values")
+    mpi: Literal["pmix", "pmi2", "none"] = "none"
+    account: str | None = None
+    qos: str | None = None
+    preemption: Preemption = Preemption()
+    exclusive: bool = True
+    backend: Literal["nccl", "gloo"] = "nccl"
+    python: str | None = Field(default=None, description="interpreter when no container")
+    fabric: dict[str, Any]
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tasks_per_node or self.gpus_per_node or 1
+
+    @property
+    def cpus_per_task(self) -> int:
+        return max(1, self.cpus_per_node // self.ranks_per_node)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if _SECRET_NAME.search(name):
+                raise ValueError(
+                    f"{name!r} looks like a secret: never put its value in a profile; list the "
+                    f"variable's NAME under `secrets:` and export it in your shell"
+                )
+        return env
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r}: list variable NAMES (e.g. WANDB_API_KEY), not values")
+        return names
+
+    @field_validator("fabric")
+    @classmethod
+    def _fabric(cls, block: dict[str, Any]) -> dict[str, Any]:
+        from analysis.commcost import Fabric  # pure arithmetic, no torch
+
+        Fabric.from_mapping(block)
+        return block
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Profile:
+        if self.binding:
+            ranks = sorted(b.local_rank for b in self.binding)
+            if ranks != list(range(self.ranks_per_node)):
+                raise ValueError(
+                    f"binding: local ranks {ranks} must be exactly 0..{self.ranks_per_node - 1} "
+                    f"(one entry per task on a node)"
+                )
+        if self.fabric.get("gpus_per_node") not in (None, self.ranks_per_node):
+            raise ValueError(
+                f"fabric.gpus_per_node={self.fabric['gpus_per_node']} disagrees with the "
+                f"profile's {self.ranks_per_node} ranks per node"
+            )
+        if self.scheduler == "local" and self.container is not None:
+            raise ValueError("container: a local profile runs without a container; remove it")
+        self._storage_is_mounted()
+        return self
+
+    def _storage_is_mounted(self) -> None:
+        if self.container is None:
+            return
+        dsts = [resolve_path(m.dst) for m in self.container.mounts]
+        for field in ("data", "code", "checkpoints", "results", "runs"):
+            value = getattr(self.storage, field)
+            if value is None:
+                continue
+            path = resolve_path(value)
+            if not any(path == d or d in path.parents for d in dsts):
+                raise ValueError(
+                    f"storage.{field}={value!r} is not under any container.mounts dst; mount it "
+                    f"(e.g. {{src: {path}, dst: {path}}})"
+                )
+
+    def fabric_model(self) -> Any:
+        """The `analysis.commcost.Fabric` for this cluster (the topology choice uses it)."""
+        from analysis.commcost import Fabric
+
+        return Fabric.from_mapping(self.fabric)
+
+    def binding_for(self, local_rank: int) -> Binding | None:
+        return next((b for b in self.binding if b.local_rank == local_rank), None)
+
+
+def resolve_path(value: str) -> Path:
+    """A profile path as an absolute path; relative ones are relative to the repository."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (REPO_ROOT / path).resolve()
+
+
+def bundled_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def profile_path(name_or_path: str) -> Path:
+    """`dgxpod` -> the bundled file; `./my.yaml`, `/abs.yaml`, `x/y.yml` -> that file."""
+    if not name_or_path:
+        raise ConfigError(f"cluster: give a profile name {bundled_profiles()} or a YAML path")
+    looks_like_path = "/" in name_or_path or name_or_path.endswith((".yaml", ".yml"))
+    path = Path(name_or_path) if looks_like_path else PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        if looks_like_path:
+            raise ConfigError(f"cluster: profile file {name_or_path!r} does not exist")
+        raise ConfigError(
+            f"cluster: unknown profile {name_or_path!r}; bundled: {bundled_profiles()}, or give "
+            f"a path such as CLUSTER=./my.yaml"
+        )
+    return path
+
+
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    """A YAML mapping, or a ConfigError naming the file."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path}: expected a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Read and validate a profile; any problem raises ConfigError naming the field and the fix."""
+    path = profile_path(name_or_path)
+    try:
+        return Profile.model_validate(read_yaml(path, "profile"))
+    except ValidationError as exc:
+        raise describe(exc, f"profile {path}") from None

@@ -1,0 +1,138 @@
+"""Stage recipes (pretrain/finetune per model): typed values with their sources -> trainer flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from workflows.errors import ConfigError, Strict, describe
+from workflows.profile import read_yaml
+
+RECIPE_DIR = Path(__file__).parent / "recipes"
+Stage = Literal["pretrain", "finetune"]
+TOKEN_LABEL_STRIDE = 16  # VOLO's token-label grid is one label per 16x16 pixels
+
+# Recipe field -> trainer flag (contract 1). Booleans become bare flags when true.
+_FLAGS = {
+    "img_size": "--img-size",
+    "batch_size": "-b",
+    "lr": "--lr",
+    "lr_base": "--lr-base",
+    "lr_base_size": "--lr-base-size",
+    "drop_path": "--drop-path",
+    "crop_pct": "--crop-pct",
+    "epochs": "--epochs",
+    "warmup_epochs": "--warmup-epochs",
+    "weight_decay": "--weight-decay",
+    "num_classes": "--num-classes",
+    "dataset": "--dataset",
+    "token_label": "--token-label",
+    "token_label_size": "--token-label-size",
+    "ground_truth": "--ground-truth",
+    "amp": "--apex-amp",
+}
+
+
+class StageRecipe(Strict):
+    """One stage's hyper-parameters; `sources` names where each value comes from."""
+
+    img_size: int = Field(gt=0)
+    batch_size: int = Field(gt=0, description="per GPU (per rank)")
+    lr: float | None = Field(default=None, gt=0, description="absolute LR; wins over lr_base")
+    lr_base: float | None = Field(default=None, gt=0, description="LR at global batch lr_base_size")
+    lr_base_size: int | None = Field(default=None, gt=0)
+    drop_path: float = Field(ge=0, lt=1)
+    crop_pct: float = Field(gt=0)
+    epochs: int = Field(gt=0)
+    warmup_epochs: int = Field(ge=0)
+    weight_decay: float = Field(ge=0)
+    dataset: Literal["folder", "cifar10", "cifar100", "digits", "synthetic"] = "folder"
+    data: str | None = Field(
+        default=None, description="dataset dir under the profile's storage.data"
+    )
+    num_classes: int = Field(default=1000, gt=1)
+    token_label: bool = False
+    token_label_size: int | None = None
+    token_label_data: str | None = Field(default=None, description="relative to storage.data")
+    ground_truth: bool = False
+    amp: bool = True
+    finetune: bool = Field(default=False, description="needs the pretrain stage's model")
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StageRecipe:
+        if (self.lr is None) == (self.lr_base is None):
+            raise ValueError("give exactly one of lr (absolute) or lr_base (scaled by batch)")
+        if self.token_label:
+            check_token_label_size(self.img_size, self.token_label_size, "token_label_size")
+            if not self.token_label_data:
+                raise ValueError("token_label: true needs token_label_data (a directory)")
+        unsourced = sorted(k for k in self.model_fields_set - {"sources"} if k not in self.sources)
+        if unsourced:
+            raise ValueError(f"sources: no source given for {unsourced}; every value names one")
+        extra = sorted(set(self.sources) - set(self.model_fields_set))
+        if extra:
+            raise ValueError(f"sources: {extra} name no value of this stage")
+        return self
+
+    def trainer_flags(self) -> list[str]:
+        """The stage as `python -m trainer` flags, in a stable order."""
+        flags: list[str] = []
+        for field, flag in _FLAGS.items():
+            value = getattr(self, field)
+            if field == "lr_base_size" and self.lr_base is None:
+                continue
+            if isinstance(value, bool):
+                flags += [flag] if value else []
+            elif value is not None and (field != "dataset" or value != "folder"):
+                flags += [flag, _number(value)]
+        return flags
+
+
+class Recipe(Strict):
+    """A model's stages."""
+
+    model: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    stages: dict[Stage, StageRecipe]
+
+    def stage(self, name: str) -> StageRecipe:
+        if name not in self.stages:
+            raise ConfigError(
+                f"stage: recipe {self.model!r} has no stage {name!r}; stages: {list(self.stages)}"
+            )
+        return self.stages[name]  # type: ignore[index]
+
+
+def check_token_label_size(img_size: int, size: int | None, field: str) -> None:
+    """Token labels are one per 16x16 patch: size must be img_size/16 (14 at 224, 32 at 512)."""
+    if img_size % TOKEN_LABEL_STRIDE:
+        raise ValueError(f"img_size={img_size} must be a multiple of 16 for token labeling")
+    want = img_size // TOKEN_LABEL_STRIDE
+    if size != want:
+        raise ValueError(f"{field}={size} must be img_size/16 = {want} at img_size={img_size}")
+
+
+def _number(value: object) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def bundled_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+
+
+def load_recipe(model: str) -> Recipe:
+    """The bundled recipe for `model` (or a YAML path); ConfigError names the field and the fix."""
+    looks_like_path = "/" in model or model.endswith((".yaml", ".yml"))
+    path = Path(model) if looks_like_path else RECIPE_DIR / f"{model}.yaml"
+    if not model or not path.is_file():
+        raise ConfigError(
+            f"model: no recipe for {model!r}; choose one of {bundled_recipes()} (MODEL=...) or "
+            f"give a recipe YAML path"
+        )
+    try:
+        return Recipe.model_validate(read_yaml(path, "recipe"))
+    except ValidationError as exc:
+        raise describe(exc, f"recipe {path}") from None

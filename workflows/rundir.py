@@ -1,0 +1,94 @@
+"""Run directories: a unique private directory per job, atomic files, and the run manifest."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from workflows.profile import REPO_ROOT, Profile
+
+DIR_MODE = 0o750  # group may read a run; nobody else, and never world-writable
+IMAGE_RECORD = REPO_ROOT / "containers" / "image.json"  # written by containers/build.sh
+
+
+def new_run_path(root: Path, model: str, stage: str) -> Path:
+    """A fresh, not yet existing path `<root>/<UTC time>-<model>-<stage>-<random>`."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return root / f"{stamp}-{model}-{stage}-{secrets.token_hex(3)}"
+
+
+def create_run_dir(path: Path) -> None:
+    """Create the run dir and its logs/ with mode 0750 (not world-writable, whatever the umask)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=DIR_MODE)
+    os.chmod(path, DIR_MODE)
+    (path / "logs").mkdir(mode=DIR_MODE)
+    os.chmod(path / "logs", DIR_MODE)
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o640) -> None:
+    """Write to a temp name in the same directory, fsync, chmod, then rename over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def remove_run_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def git_info() -> dict[str, Any]:
+    """Commit and dirtiness of the code that rendered the job (None outside a git checkout)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(status) if status is not None else None,
+    }
+
+
+def image_info(profile: Profile) -> dict[str, Any] | None:
+    """The profile's image and, if containers/build.sh recorded that image, its sha256 digest."""
+    if profile.container is None:
+        return None
+    record: dict[str, Any] = {}
+    if IMAGE_RECORD.is_file():
+        try:
+            record = json.loads(IMAGE_RECORD.read_text())
+        except json.JSONDecodeError:
+            record = {}
+    image = profile.container.image
+    same = record.get("path") == image
+    return {
+        "image": image,
+        "sha256": record.get("sha256") if same else None,
+        "record": str(IMAGE_RECORD) if same else None,
+    }

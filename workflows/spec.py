@@ -1,0 +1,308 @@
+"""Profile + recipe + overrides -> a frozen JobSpec, and the one LaunchPlan (srun, env, binding)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trainer.exitcodes import REQUEUE
+from workflows.errors import ConfigError
+from workflows.profile import Profile, resolve_path
+from workflows.recipe import Recipe, check_token_label_size
+from workflows.templating import render
+
+Entry = Literal["trainer", "rankinfo"]
+MASTER_PORT_BASE = 20000  # MASTER_PORT = base + job id % span: concurrent jobs on a node differ
+MASTER_PORT_SPAN = 20000
+# Flags vitpod sets itself; giving them in ARGS would silently fight the run layout.
+_RESERVED = {
+    "--output": "the run directory is created by vitpod",
+    "--finetune": "use FINETUNE_FROM=",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """Everything the templates and the submitit path need; nothing is computed in Jinja."""
+
+    profile: Profile
+    model: str
+    stage: str
+    job_name: str
+    run_dir: str
+    log_dir: str
+    partition: str
+    time: str
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: int
+    mem: str
+    account: str | None
+    qos: str | None
+    signal: str
+    requeue: bool
+    exclusive: bool
+    dependency: str | None
+    python: str
+    code_dir: str
+    """Where ranks start when there is no container (the repository on shared storage)."""
+    command: tuple[str, ...]
+    """The per-rank command after the binding step (python -m trainer DATA_DIR flags...)."""
+    extra_args: tuple[str, ...]
+    requeue_exit: int = REQUEUE
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def bind_path(self) -> str:
+        return str(Path(self.run_dir) / "bind.sh")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How each rank is started, for both the sbatch template and submitit.
+
+    Submitit use (the orchestrator):
+        plan = launch_plan(spec); plan.write_bind_script()
+        SlurmExecutor(folder, python=plan.python_command)
+        executor.update_parameters(srun_args=list(plan.srun_args), setup=list(plan.setup_lines))
+    `srun_args` are complete single arguments (submitit and the template quote them);
+    `setup_lines` are shell lines run once in the batch script before srun (environment,
+    MASTER_ADDR/PORT); `bind_script` is the text of RUN_DIR/bind.sh, which every rank runs as
+    `bash bind.sh <command...>`: it picks NUMA node, CPUs and HCA by SLURM_LOCALID, prints
+    what it bound, sets RANK/LOCAL_RANK/WORLD_SIZE and execs the command.
+    """
+
+    srun_args: tuple[str, ...]
+    env: dict[str, str]
+    setup_lines: tuple[str, ...]
+    bind_script: str
+    bind_path: str
+    python: str
+    argv: tuple[str, ...]
+    """What srun runs on every task: bash bind.sh <python> <args...>."""
+    container_env: tuple[str, ...] = field(default=())
+
+    @property
+    def launcher(self) -> tuple[str, ...]:
+        """Command prefix of every rank: the binding step, then the job's python."""
+        return ("bash", self.bind_path, self.python)
+
+    @property
+    def python_command(self) -> str:
+        """`launcher` as one shell string, for submitit's `python=` parameter."""
+        return shlex.join(self.launcher)
+
+    def write_bind_script(self) -> Path:
+        """Write bind.sh atomically (mode 0750)."""
+        from workflows.rundir import write_atomic
+
+        path = Path(self.bind_path)
+        write_atomic(path, self.bind_script, mode=0o750)
+        return path
+
+
+def build_spec(
+    profile: Profile,
+    recipe: Recipe,
+    stage: str,
+    *,
+    run_dir: Path,
+    nodes: int | str | None = None,
+    args: str = "",
+    finetune_from: str | None = None,
+    dependency: str | None = None,
+    entry: Entry = "trainer",
+) -> JobSpec:
+    """Validate the overrides and resolve one stage's job; raises ConfigError naming the field."""
+    stage_recipe = recipe.stage(stage)
+    n_nodes = _nodes(nodes, profile)
+    extra = _extra_args(args)
+    partition = profile.partitions.get(stage)  # type: ignore[call-overload]
+    if partition is None:
+        raise ConfigError(
+            f"profile {profile.name}: partitions.{stage} is missing; add "
+            f"`{stage}: {{name: <partition>, time: HH:MM:SS}}` under partitions"
+        )
+    finetune = _finetune_source(stage_recipe.finetune, finetune_from, dependency)
+    python = _python(profile)
+    data_dir = resolve_path(profile.storage.data)
+    if stage_recipe.data:
+        data_dir = data_dir / stage_recipe.data
+    flags = stage_recipe.trainer_flags()
+    if stage_recipe.token_label and stage_recipe.token_label_data:
+        flags += [
+            "--token-label-data",
+            str(resolve_path(profile.storage.data) / stage_recipe.token_label_data),
+        ]
+    if finetune:
+        flags += ["--finetune", finetune]
+    flags += ["--output", str(run_dir), "--resume", "auto"]
+    flags += extra
+    _check_final_flags(flags)
+    if entry == "trainer":
+        command = (python, "-m", "trainer", str(data_dir), "--model", recipe.model, *flags)
+    else:
+        command = (python, "-m", "workflows.rankinfo")
+    return JobSpec(
+        profile=profile,
+        model=recipe.model,
+        stage=stage,
+        job_name=f"vitpod-{recipe.model}-{stage}",
+        run_dir=str(run_dir),
+        log_dir=str(run_dir / "logs"),
+        partition=partition.name,
+        time=partition.time,
+        nodes=n_nodes,
+        tasks_per_node=profile.ranks_per_node,
+        gpus_per_node=profile.gpus_per_node,
+        cpus_per_task=profile.cpus_per_task,
+        mem=profile.mem,
+        account=profile.account,
+        qos=profile.qos,
+        signal=f"{profile.preemption.signal}@{profile.preemption.grace_s}",
+        requeue=profile.preemption.requeue,
+        exclusive=profile.exclusive,
+        dependency=dependency,
+        python=python,
+        code_dir=str(resolve_path(profile.storage.code)),
+        command=command,
+        extra_args=tuple(extra),
+    )
+
+
+def _nodes(value: int | str | None, profile: Profile) -> int:
+    if value in (None, ""):
+        return profile.nodes
+    try:
+        nodes = int(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise ConfigError(f"NODES={value!r} is not a whole number; write e.g. NODES=5") from None
+    if nodes < 1:
+        raise ConfigError(f"NODES={nodes}: need at least 1 node")
+    if profile.scheduler == "local" and nodes != 1:
+        raise ConfigError(f"NODES={nodes}: profile {profile.name} runs on this machine only; use 1")
+    return nodes
+
+
+def _extra_args(args: str) -> list[str]:
+    try:
+        extra = shlex.split(args or "")
+    except ValueError as exc:
+        raise ConfigError(f"ARGS={args!r}: {exc}; balance the quotes") from None
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in _RESERVED:
+            raise ConfigError(f"ARGS: {flag} is set by vitpod ({_RESERVED[flag]}); remove it")
+    return extra
+
+
+def _finetune_source(needs: bool, finetune_from: str | None, dependency: str | None) -> str | None:
+    if not finetune_from:
+        if needs:
+            raise ConfigError(
+                "FINETUNE_FROM: the finetune stage needs the pretrain run directory (or a "
+                "checkpoint); e.g. make finetune FINETUNE_FROM=runs/<pretrain run>"
+            )
+        return None
+    path = Path(finetune_from).expanduser().resolve()
+    if dependency is None and not path.exists():
+        raise ConfigError(f"FINETUNE_FROM={finetune_from!r} does not exist; give a run dir or file")
+    return str(path)
+
+
+def _python(profile: Profile) -> str:
+    if profile.container is not None:
+        return profile.container.python
+    return profile.python or sys.executable
+
+
+def _last_value(flags: list[str], *names: str) -> str | None:
+    value = None
+    for i, arg in enumerate(flags):
+        key, _, inline = arg.partition("=")
+        if key in names:
+            value = inline if inline else (flags[i + 1] if i + 1 < len(flags) else None)
+    return value
+
+
+def _check_final_flags(flags: list[str]) -> None:
+    """Re-check what ARGS may have changed: token-label grid = img_size/16."""
+    if "--token-label" not in flags:
+        return
+    img, size = _last_value(flags, "--img-size"), _last_value(flags, "--token-label-size")
+    try:
+        check_token_label_size(int(img or 0), int(size) if size else None, "--token-label-size")
+    except ValueError as exc:
+        raise ConfigError(f"ARGS/recipe: {exc}") from None
+
+
+def environment(profile: Profile) -> dict[str, str]:
+    """Variables exported before srun: the profile's env plus the backend's defaults."""
+    env = {"VITPOD_BACKEND": profile.backend, **profile.env}
+    env.setdefault("OMP_NUM_THREADS", str(profile.cpus_per_task))
+    return env
+
+
+def _container_args(profile: Profile, env_names: list[str]) -> list[str]:
+    container = profile.container
+    if container is None:
+        return []
+    mounts = ",".join(
+        f"{resolve_path(m.src)}:{resolve_path(m.dst)}" + (":ro" if m.readonly else "")
+        for m in container.mounts
+    )
+    args = [f"--container-image={container.image}"]
+    args += [f"--container-mounts={mounts}"] if mounts else []
+    args += [f"--container-workdir={resolve_path(container.workdir)}"]
+    args += ["--container-mount-home" if container.mount_home else "--no-container-mount-home"]
+    # pyxis: image variables win over the job's unless named here.
+    args += [f"--container-env={','.join(env_names)}"]
+    return args
+
+
+def launch_plan(spec: JobSpec) -> LaunchPlan:
+    """The single source of srun flags, environment and per-rank binding for one job."""
+    profile = spec.profile
+    env = environment(profile)
+    env_names = sorted({*env, "MASTER_ADDR", "MASTER_PORT", *profile.secrets})
+    srun_args = [f"--mpi={profile.mpi}", "--kill-on-bad-exit=1", "--cpu-bind=none"]
+    if profile.container is None:  # ranks start in the code directory (in a container: workdir)
+        srun_args.append(f"--chdir={spec.code_dir}")
+    srun_args += _container_args(profile, env_names)
+    context = {
+        "env": env,
+        "secrets": profile.secrets,
+        "slurm": profile.scheduler == "slurm",
+        "master_port": master_port_expr(),
+    }
+    setup = render("partials/env.sh.j2", context).strip("\n").splitlines()
+    bind = render("bind.sh.j2", {"spec": spec, "bindings": _bindings(profile)})
+    return LaunchPlan(
+        srun_args=tuple(srun_args),
+        env=env,
+        setup_lines=tuple(setup),
+        bind_script=bind,
+        bind_path=spec.bind_path,
+        python=spec.python,
+        argv=("bash", spec.bind_path, *spec.command),
+        container_env=tuple(env_names),
+    )
+
+
+def _bindings(profile: Profile) -> list[dict[str, Any]]:
+    return [
+        {"local_rank": b.local_rank, "numa": b.numa, "cpus": b.cpus or "", "hca": b.hca or ""}
+        for b in sorted(profile.binding, key=lambda b: b.local_rank)
+    ]
+
+
+def master_port_expr() -> str:
+    """Shell arithmetic for MASTER_PORT from the job id (one place for the formula)."""
+    return f"$(( {MASTER_PORT_BASE} + SLURM_JOB_ID % {MASTER_PORT_SPAN} ))"

@@ -1,0 +1,246 @@
+"""Run status: per stage state, job ids, restarts, progress, and the root-cause traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from workflows import jobstate
+
+PIPELINE_FILE = "pipeline.json"
+_TRACEBACK_START = "Traceback (most recent call last):"
+_CHAIN_LINES = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+# A failing rank makes its peers' collectives fail; those tracebacks are symptoms, not causes.
+_COMM_PATTERNS = re.compile(
+    r"NCCL|ProcessGroupNCCL|DistBackendError|ProcessGroupGloo|gloo|Connection (reset|closed) "
+    r"by peer|collective operation timeout|Watchdog caught|ChildFailedError|DistNetworkError|"
+    r"SignalException|Broken pipe",
+    re.IGNORECASE,
+)
+# srun --label and similar prefixes ("3: ") in front of every line.
+_LABEL = re.compile(r"^\s*\d+:\s?")
+_RESTART = re.compile(r"restart[_-]?(\d+)", re.IGNORECASE)
+_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Traceback:
+    """One Python traceback found in a log file, with the exception line that ends it."""
+
+    path: str
+    line: int
+    text: str
+    exception: str
+    communication: bool
+
+
+@dataclass
+class StageStatus:
+    """What `make status` shows for one stage of a run."""
+
+    stage: str
+    run_dir: str
+    state: str
+    job_ids: list[str]
+    restarts: int
+    last_step: int | None
+    images_per_s: float | None
+    top1: float | None
+    traceback: Traceback | None
+
+    def line(self) -> str:
+        jobs = ",".join(self.job_ids) or "-"
+        step = "-" if self.last_step is None else str(self.last_step)
+        ips = "-" if self.images_per_s is None else f"{self.images_per_s:.1f}"
+        top1 = "" if self.top1 is None else f" top1={self.top1:.2f}%"
+        return (
+            f"{self.stage:9s} {self.state:11s} jobs={jobs} restarts={self.restarts} "
+            f"step={step} images/s={ips}{top1}  {self.run_dir}"
+        )
+
+
+def _strip(line: str) -> str:
+    return _LABEL.sub("", line.rstrip("\n"), count=1)
+
+
+def find_tracebacks(path: Path) -> list[Traceback]:
+    """Every traceback in a log file; chained exceptions stay one block ending in the last one."""
+    lines = [_strip(x) for x in path.read_text(errors="replace").splitlines()]
+    found, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() != _TRACEBACK_START:
+            i += 1
+            continue
+        start, i = i, i + 1
+        while i < len(lines):
+            line = lines[i]
+            if not line.strip() or line.startswith((" ", "\t")) or line.strip() == _TRACEBACK_START:
+                i += 1
+                continue
+            # The exception line; a chained exception continues the same block.
+            exc_end = i
+            j = i + 1
+            while j < len(lines) and not lines[j].strip():
+                j += 1
+            if j < len(lines) and lines[j].strip() in _CHAIN_LINES:
+                i = j + 1
+                continue
+            i = exc_end + 1
+            break
+        text = "\n".join(lines[start:i])
+        exception = lines[i - 1].strip() if i - 1 > start else ""
+        found.append(
+            Traceback(str(path), start + 1, text, exception, bool(_COMM_PATTERNS.search(text)))
+        )
+    return found
+
+
+def _log_order(path: Path) -> tuple[int, int, str]:
+    restart = _RESTART.search(path.name)
+    rank = _RANK.search(path.name)
+    # The newest restart is the one that failed; within it, lower ranks first.
+    return (
+        -int(restart.group(1)) if restart else 0,
+        int(rank.group(1)) if rank else 0,
+        path.name,
+    )
+
+
+def root_cause(log_dir: Path) -> Traceback | None:
+    """The first non-communication traceback across the rank logs (else the first one at all)."""
+    if not log_dir.is_dir():
+        return None
+    tracebacks = [
+        tb
+        for p in sorted(log_dir.iterdir(), key=_log_order)
+        if p.is_file()
+        for tb in find_tracebacks(p)
+    ]
+    real = [tb for tb in tracebacks if not tb.communication]
+    return (real or tracebacks or [None])[0]
+
+
+def restarts_from_logs(log_dir: Path) -> int:
+    """Highest restart count found in the log names (they carry SLURM_RESTART_COUNT)."""
+    if not log_dir.is_dir():
+        return 0
+    counts = [int(m.group(1)) for p in log_dir.iterdir() if (m := _RESTART.search(p.name))]
+    return max(counts, default=0)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+    return records
+
+
+def progress(run_dir: Path) -> tuple[int | None, float | None, float | None]:
+    """(last step, images/s, top-1) from the trainer's metrics JSONL (contract 3)."""
+    last_step, rank_ips, summary = None, {}, None
+    for path in sorted((run_dir / "metrics").glob("rank*.jsonl")):
+        for rec in _read_jsonl(path):
+            if rec.get("kind") == "step":
+                last_step = max(last_step or 0, int(rec["step"]))
+                rank_ips[path.name] = float(rec.get("images_per_s", 0.0))
+            elif rec.get("kind") == "summary":
+                summary = rec
+    if summary is not None:
+        return (
+            int(summary.get("steps", last_step or 0)),
+            summary.get("images_per_s"),
+            summary.get("top1"),
+        )
+    images_per_s = sum(rank_ips.values()) if rank_ips else None
+    return last_step, images_per_s, None
+
+
+def stage_status(
+    stage: str,
+    run_dir: Path,
+    job_ids: list[str],
+    info: list[jobstate.JobInfo],
+    recorded_state: str = "",
+) -> StageStatus:
+    """Combine the scheduler's view of a stage's jobs with what its run directory holds."""
+    if info:
+        state = info[-1].state
+        restarts = max(i.restarts for i in info)
+    else:
+        state = recorded_state or ("NOT_SUBMITTED" if not job_ids else jobstate.GONE)
+        restarts = 0
+    if state == jobstate.GONE and (run_dir / "summary.json").is_file():
+        state = "COMPLETED"
+    restarts = max(restarts, restarts_from_logs(run_dir / "logs"))
+    last_step, ips, top1 = progress(run_dir)
+    failed = state in jobstate.TERMINAL and state != "COMPLETED"
+    tb = root_cause(run_dir / "logs") if failed else None
+    return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb)
+
+
+def _stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
+    """(stage, run_dir, job ids, recorded state) for a pipeline directory or a single run dir."""
+    if (run / PIPELINE_FILE).is_file():
+        record = json.loads((run / PIPELINE_FILE).read_text())
+        return [
+            (name, Path(s["run_dir"]), [str(j) for j in s.get("job_ids", [])], s.get("state", ""))
+            for name, s in record["stages"].items()
+        ]
+    manifest = json.loads((run / "manifest.json").read_text())
+    ids = manifest.get("job_ids") or ([manifest["job_id"]] if manifest.get("job_id") else [])
+    return [(str(manifest.get("stage", run.name)), run, [str(j) for j in ids], "")]
+
+
+def run_status(run: Path, executor: str | None = None) -> list[StageStatus]:
+    """Status of every stage of a run; one batched scheduler poll for all of its jobs."""
+    stages = _stages_of(run)
+    all_ids = [j for _, _, ids, _ in stages for j in ids]
+    record_path = run / PIPELINE_FILE
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    uses_slurm = (executor or record.get("executor", "slurm")) == "slurm"
+    polled = jobstate.poll_once(all_ids) if all_ids and uses_slurm else {}
+    return [
+        stage_status(name, rd, ids, [polled[j] for j in ids if j in polled], recorded)
+        for name, rd, ids, recorded in stages
+    ]
+
+
+def format_status(statuses: list[StageStatus]) -> str:
+    out = []
+    for s in statuses:
+        out.append(s.line())
+        if s.traceback is not None:
+            out.append(f"  root cause ({s.traceback.path}:{s.traceback.line}):")
+            out.extend("    " + line for line in s.traceback.text.splitlines())
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workflows status", description=__doc__)
+    parser.add_argument("--run", required=True, help="pipeline directory or stage run directory")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    run = Path(args.run) if args.run else None
+    if run is None or not ((run / PIPELINE_FILE).is_file() or (run / "manifest.json").is_file()):
+        print(
+            f"error: RUN={args.run!r} is not a run directory (no {PIPELINE_FILE} or manifest.json);"
+            " pass the directory printed by `make pipeline`/`make pretrain`",
+            file=sys.stderr,
+        )
+        return 2
+    statuses = run_status(run)
+    if args.json:
+        print(json.dumps([asdict(s) for s in statuses], indent=2))
+    else:
+        print(format_status(statuses))
+    return 0

@@ -1,0 +1,163 @@
+"""Gradient topology per run: the cost model's choice from the profile's fabric, or --topology."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analysis.commcost import TRAINER_TOPOLOGY, Fabric, choose_topology
+
+# Trainable parameters at the default size with 1000 classes, counted with timm 1.0 (a test
+# recounts them on the meta device). Gradients are fp32 in DDP buckets: 4 bytes a parameter.
+PARAM_COUNTS = {
+    "volo_d1": 26_632_040,
+    "volo_d2": 58_678_336,
+    "volo_d3": 86_325_072,
+    "volo_d4": 192_961_520,
+    "volo_d5": 295_455_584,
+    "vit_small_patch16_224": 22_050_664,
+    "vit_base_patch16_224": 86_567_656,
+    "volo_tiny": 161_045,  # the test VOLO of DESIGN.md with 10 classes (digits)
+}
+GRAD_BYTES_PER_PARAM = 4
+TRAINER_CHOICES = ("ring", "ps")
+
+
+@dataclass(frozen=True)
+class TopologyDecision:
+    """What goes into the run manifest and the log."""
+
+    topology: str
+    """The trainer's --topology value (ring|ps)."""
+    algorithm: str
+    """The modelled algorithm behind it (ring, hierarchical, tree, ps_colocated, ps_dedicated)."""
+    predicted_s: float
+    """Predicted communication seconds per optimizer step."""
+    reason: str
+    source: str
+    """'cost model' or 'override (--topology in ARGS)'."""
+    grad_bytes: int
+    ranks: int
+    costs: dict[str, float] = field(default_factory=dict)
+
+    def log_line(self) -> str:
+        return (
+            f"topology: {self.topology} ({self.algorithm}, {self.source}), predicted "
+            f"{self.predicted_s * 1e3:.3g} ms of communication per step: {self.reason}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def grad_bytes(model: str) -> int:
+    """Gradient bytes of one optimizer step for a model name (no torch needed)."""
+    name = model if model in PARAM_COUNTS else model.removesuffix("_224")  # volo_d5_224 too
+    if name not in PARAM_COUNTS:
+        raise ValueError(
+            f"model {model!r} has no parameter count for the topology cost model; "
+            f"known models: {sorted(PARAM_COUNTS)} (add it to workflows/topology.py PARAM_COUNTS)"
+        )
+    return PARAM_COUNTS[name] * GRAD_BYTES_PER_PARAM
+
+
+def as_fabric(fabric: Fabric | Mapping[str, Any] | Any) -> Fabric:
+    """A Fabric from the profile's `fabric:` block (a mapping, a pydantic model, or a Fabric)."""
+    if isinstance(fabric, Fabric):
+        return fabric
+    if hasattr(fabric, "model_dump"):
+        fabric = fabric.model_dump(exclude_none=True)
+    return Fabric.from_mapping(fabric)
+
+
+def topology_override(args: str | Sequence[str]) -> str | None:
+    """The --topology value given in ARGS, or None (also None for 'auto')."""
+    tokens = shlex.split(args) if isinstance(args, str) else list(args)
+    value = None
+    for i, tok in enumerate(tokens):
+        if tok == "--topology":
+            if i + 1 >= len(tokens):
+                raise ValueError("ARGS: --topology needs a value: ring, ps or auto")
+            value = tokens[i + 1]
+        elif tok.startswith("--topology="):
+            value = tok.split("=", 1)[1]
+    if value is not None and value not in (*TRAINER_CHOICES, "auto"):
+        raise ValueError(f"ARGS: --topology {value!r} is not one of ring, ps, auto")
+    return None if value == "auto" else value
+
+
+def decide(
+    fabric: Fabric | Mapping[str, Any] | Any,
+    model: str,
+    nodes: int,
+    gpus: int | None = None,
+    args: str | Sequence[str] = (),
+    ps_servers: int | None = None,
+) -> TopologyDecision:
+    """Choose ring or parameter server for `gpus` ranks on `nodes` nodes; --topology wins."""
+    fab = as_fabric(fabric)
+    nbytes = grad_bytes(model)
+    choice = choose_topology(fab, nbytes, nodes, ps_servers=ps_servers, gpus=gpus)
+    ranks = gpus or nodes * fab.gpus_per_node
+    forced = topology_override(args)
+    if forced is None:
+        return TopologyDecision(
+            choice.topology, choice.name, choice.predicted_s, choice.reason, "cost model",
+            nbytes, ranks, dict(choice.costs),
+        )  # fmt: skip
+    # The cheapest modelled algorithm the forced trainer topology can run.
+    algos = {a: t for a, t in choice.costs.items() if TRAINER_TOPOLOGY[a] == forced}
+    algorithm = min(algos, key=algos.__getitem__)
+    reason = f"--topology {forced} given in ARGS; the cost model would choose {choice.topology}"
+    return TopologyDecision(
+        forced, algorithm, algos[algorithm], reason, "override (--topology in ARGS)",
+        nbytes, ranks, dict(choice.costs),
+    )  # fmt: skip
+
+
+def with_topology(args: Sequence[str], decision: TopologyDecision) -> list[str]:
+    """Trainer arguments that run the decision (unchanged if ARGS already names a topology)."""
+    tokens = list(args)
+    if any(t == "--topology" or t.startswith("--topology=") for t in tokens):
+        if topology_override(tokens) is not None:
+            return tokens
+        tokens = _drop_topology(tokens)
+    return [*tokens, "--topology", decision.topology]
+
+
+def _drop_topology(tokens: list[str]) -> list[str]:
+    out, skip = [], False
+    for tok in tokens:
+        if skip:
+            skip = False
+        elif tok == "--topology":
+            skip = True
+        elif not tok.startswith("--topology="):
+            out.append(tok)
+    return out
+
+
+def measured_comm_s(run_dir: Path) -> float | None:
+    """Median communication seconds per step the trainer measured (non-warmup steps, all ranks)."""
+    values = []
+    for path in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("kind") == "step" and not rec.get("warmup", False):
+                values.append(float(rec["time"]["comm"]))
+    return statistics.median(values) if values else None
+
+
+def compare(decision: TopologyDecision, run_dir: Path) -> dict[str, float | None]:
+    """Predicted vs measured communication per step, and measured / predicted."""
+    measured = measured_comm_s(run_dir)
+    ratio = measured / decision.predicted_s if measured and decision.predicted_s > 0 else None
+    return {"predicted_s": decision.predicted_s, "measured_s": measured, "ratio": ratio}
