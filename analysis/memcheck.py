@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.memory import ARCHS, plan
+from analysis.memory import ARCHS, Volo, plan
 
 
 def _rss_bytes(field: str = "VmRSS") -> int:
@@ -25,18 +25,20 @@ def _reset_peak() -> None:
 
 
 def build_model(model: str, img_size: int, num_classes: int) -> Any:
+    """The timm model the trainer builds for this name (volo_tiny: DESIGN.md's test VOLO)."""
     import timm
     from timm.models.volo import VOLO
 
     if model == "volo_tiny":
         arch = ARCHS["volo_tiny"]
+        assert isinstance(arch, Volo)
         return VOLO(
             img_size=img_size,
-            layers=list(arch.layers),  # type: ignore[union-attr]
-            embed_dims=list(arch.embed_dims),  # type: ignore[union-attr]
-            num_heads=list(arch.num_heads),  # type: ignore[union-attr]
+            layers=list(arch.layers),
+            embed_dims=list(arch.embed_dims),
+            num_heads=list(arch.num_heads),
             patch_size=arch.patch_size,
-            stem_hidden_dim=arch.stem_hidden_dim,  # type: ignore[union-attr]
+            stem_hidden_dim=arch.stem_hidden_dim,
             num_classes=num_classes,
         )
     name = model if model.rsplit("_", 1)[-1].isdigit() else f"{model}_224"

@@ -131,26 +131,12 @@ def param_count(model: str, img_size: int = 224, num_classes: int = 1000) -> int
 
 def timm_param_count(model: str, img_size: int = 224, num_classes: int = 1000) -> int:
     """Trainable parameters counted by building the timm model on the meta device."""
-    import timm
     import torch
-    from timm.models.volo import VOLO
+
+    from analysis.memcheck import build_model
 
     with torch.device("meta"):
-        if model == "volo_tiny":
-            arch = ARCHS["volo_tiny"]
-            assert isinstance(arch, Volo)
-            net = VOLO(
-                img_size=img_size,
-                layers=list(arch.layers),
-                embed_dims=list(arch.embed_dims),
-                num_heads=list(arch.num_heads),
-                patch_size=arch.patch_size,
-                stem_hidden_dim=arch.stem_hidden_dim,
-                num_classes=num_classes,
-            )
-        else:
-            name = model if model.rsplit("_", 1)[-1].isdigit() else f"{model}_224"
-            net = timm.create_model(name, img_size=img_size, num_classes=num_classes)
+        net = build_model(model, img_size, num_classes)
     return sum(p.numel() for p in net.parameters() if p.requires_grad)
 
 

@@ -38,8 +38,8 @@ def speedup_plot(rows: list[Row], mode: str) -> bytes:
     good = _ok(rows)
     fig, ax = plt.subplots(figsize=(5, 3.6))
     gpus = [r.gpus for r in good]
-    ax.plot(gpus, [r.ideal_speedup for r in good], "k--", label="ideal")
-    ax.plot(gpus, [r.speedup for r in good], "o-", label="measured")
+    ax.plot(gpus, [r.ideal_speedup or 0.0 for r in good], "k--", label="ideal")
+    ax.plot(gpus, [r.speedup or 0.0 for r in good], "o-", label="measured")
     _mark_failed(ax, rows)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("speedup")
@@ -60,6 +60,7 @@ def efficiency_plot(rows: list[Row], mode: str, references: list[dict[str, Any]]
     ax.set_xlabel("GPUs")
     ax.set_ylabel("efficiency (%)")
     ax.set_ylim(0, 110)
+    ax.set_xscale("log", base=2)
     ax.set_title(f"{mode} scaling: efficiency")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)

@@ -100,6 +100,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temp file beside `path`, fsync, then rename over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from colleagues
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

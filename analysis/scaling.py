@@ -39,6 +39,8 @@ class Point:
     run_dir: Path
     nodes: int = 1
     state: str | None = None
+    predicted_comm_s: float | None = None
+    """The orchestrator's prediction when the sweep was submitted (its chosen algorithm)."""
 
 
 @dataclass(slots=True)
@@ -77,8 +79,15 @@ class Row:
     comm_ratio: float | None = None
 
 
-_STUDY_KEYS = {"mode", "points", "model", "batch", "accum", "fabric", "grad_bytes", "cluster"}
-_POINT_KEYS = {"gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index"}
+# study.json keys (written by workflows/scaling.py); unknown ones are rejected.
+_STUDY_KEYS = {
+    "mode", "points", "model", "batch", "accum", "fabric", "grad_bytes", "cluster", "steps",
+    "warmup", "args", "created", "script", "job_id",
+}  # fmt: skip
+_POINT_KEYS = {
+    "gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index", "topology",
+    "algorithm", "predicted_comm_s",
+}  # fmt: skip
 
 
 def load_study(root: Path) -> Study:
@@ -98,6 +107,7 @@ def load_study(root: Path) -> Study:
                 nodes=int(raw.get("nodes", 1)),
                 run_dir=root / raw["run_dir"],
                 state=raw.get("state"),
+                predicted_comm_s=raw.get("predicted_comm_s"),
             )
         )
     if not points:
@@ -155,7 +165,10 @@ def mean_times(run: RunLog) -> dict[str, float]:
 
 
 def predicted_comm_s(study: Study, point: Point, topology: str | None) -> float | None:
-    """Cost-model seconds per step for the algorithm the run used (None without a fabric)."""
+    """The sweep's recorded prediction, else the cost model's seconds per step for the
+    topology the run used (None without a fabric)."""
+    if point.predicted_comm_s is not None:
+        return float(point.predicted_comm_s)
     if study.fabric is None or study.grad_bytes is None or topology not in MODEL_OF_TOPOLOGY:
         return None
     fabric = commcost.Fabric.from_mapping(study.fabric)

@@ -49,7 +49,7 @@ class LocalSlurm:
 
 @pytest.fixture(scope="session")
 def local_slurm() -> LocalSlurm:
-    """Start (or confirm) the local Slurm with workflows/localslurm/up.sh; skips only if not root."""
+    """Start (or confirm) the local Slurm with localslurm/up.sh; skips only if not root."""
     if os.geteuid() != 0:
         pytest.skip("the local Slurm needs root (it starts munged, mariadbd, slurmdbd, slurmctld)")
     if shutil.which("slurmctld") is None and not Path("/usr/sbin/slurmctld").exists():

@@ -1,4 +1,4 @@
-"""Cluster profiles and stage recipes: bundled files validate, and bad ones fail naming the field."""
+"""Cluster profiles and stage recipes: bundled files validate; bad ones fail naming the field."""
 
 from __future__ import annotations
 
@@ -70,16 +70,32 @@ def test_profile_by_path(tmp_path):
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"gpus": 8}, r"field \(top level\): unknown key\(s\) 'gpus' \(did you mean 'gpus_per_node'\?\); valid keys: \['name'"),
+        (
+            {"gpus": 8},
+            r"field \(top level\): unknown key\(s\) 'gpus' \(did you mean 'gpus_per_node'\?\);"
+            r" valid keys: \['name'",
+        ),
         ({"exclusve": True}, r"'exclusve' \(did you mean 'exclusive'\?\)"),
-        ({"partitions": {"pretrain": {"name": "p", "time": "1:00:00", "qos": "x"}}}, r"field partitions\.pretrain: unknown key\(s\) 'qos'"),
-        ({"partitions": {"pretrain": {"name": "p", "time": "an hour"}}}, r"partitions\.pretrain\.time: 'an hour' is not a Slurm time"),
+        (
+            {"partitions": {"pretrain": {"name": "p", "time": "1:00:00", "qos": "x"}}},
+            r"field partitions\.pretrain: unknown key\(s\) 'qos'",
+        ),
+        (
+            {"partitions": {"pretrain": {"name": "p", "time": "an hour"}}},
+            r"partitions\.pretrain\.time: 'an hour' is not a Slurm time",
+        ),
         ({"mpi": "openmpi"}, r"field mpi: Input should be 'pmix', 'pmi2' or 'none'"),
         ({"env": {"HF_TOKEN": "hf_abc"}}, r"field env: 'HF_TOKEN' looks like a secret.*secrets:"),
         ({"secrets": ["WANDB_API_KEY=abc"]}, r"field secrets: .*list variable NAMES"),
         ({"fabric": {"gpus_per_node": 2}}, r"field fabric: fabric: missing key\(s\)"),
-        ({"binding": [{"local_rank": 0, "numa": 0, "hca": "mlx5_0"}]}, r"binding\.0\.hca: 'mlx5_0' is not DEVICE:PORT"),
-        ({"binding": [{"local_rank": 0, "numa": 0}]}, r"binding: local ranks \[0\] must be exactly 0\.\.1"),
+        (
+            {"binding": [{"local_rank": 0, "numa": 0, "hca": "mlx5_0"}]},
+            r"binding\.0\.hca: 'mlx5_0' is not DEVICE:PORT",
+        ),
+        (
+            {"binding": [{"local_rank": 0, "numa": 0}]},
+            r"binding: local ranks \[0\] must be exactly 0\.\.1",
+        ),
         ({"nodes": 0}, r"field nodes: Input should be greater than or equal to 1"),
         ({"storage": None}, r"field storage: required field is missing"),
     ],
@@ -95,14 +111,21 @@ def test_container_mistakes_are_caught(tmp_path):
     with pytest.raises(ConfigError, match=r"container\.image: .*starting with '/' or '\./'"):
         load_profile(str(user_profile(tmp_path, "dgxpod", container=relative)))
     unmounted = {**dgx["container"], "mounts": [{"src": ".", "dst": "."}]}
-    with pytest.raises(ConfigError, match=r"storage\.data='/lustre/fsw/datasets/imagenet' is not under"):
+    with pytest.raises(
+        ConfigError, match=r"storage\.data='/lustre/fsw/datasets/imagenet' is not under"
+    ):
         load_profile(str(user_profile(tmp_path, "dgxpod", container=unmounted)))
     with pytest.raises(ConfigError, match=r"a local profile runs without a container"):
         load_profile(str(user_profile(tmp_path, "local", container=dgx["container"])))
 
 
 def test_recipes_cover_models_and_every_value_has_a_source():
-    assert set(bundled_recipes()) >= {*MODELS, "vit_small_patch16_224", "vit_base_patch16_224", "volo_tiny"}
+    assert set(bundled_recipes()) >= {
+        *MODELS,
+        "vit_small_patch16_224",
+        "vit_base_patch16_224",
+        "volo_tiny",
+    }
     for model in bundled_recipes():
         recipe = load_recipe(model)
         for stage in ("pretrain", "finetune"):
@@ -121,9 +144,16 @@ def test_volo_recipes_follow_the_design_table():
     assert "disagrees" in load_recipe("volo_d5").stage("pretrain").sources["lr_base"]
     ft = load_recipe("volo_d5").stage("finetune")
     flags = ft.trainer_flags()
-    for pair in (["--img-size", "512"], ["-b", "4"], ["--lr", "2.3e-05"], ["--drop-path", "0.5"],
-                 ["--epochs", "30"], ["--weight-decay", "1e-08"], ["--warmup-epochs", "5"],
-                 ["--token-label-size", "32"]):
+    for pair in (
+        ["--img-size", "512"],
+        ["-b", "4"],
+        ["--lr", "2.3e-05"],
+        ["--drop-path", "0.5"],
+        ["--epochs", "30"],
+        ["--weight-decay", "1e-08"],
+        ["--warmup-epochs", "5"],
+        ["--token-label-size", "32"],
+    ):
         i = flags.index(pair[0])
         assert flags[i : i + 2] == pair
     assert {"--ground-truth", "--token-label", "--apex-amp"} <= set(flags) and ft.finetune

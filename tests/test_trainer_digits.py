@@ -1,4 +1,4 @@
-"""Real training: tiny VOLO on sklearn digits JPEGs, 2 gloo ranks, 32 px pretrain -> 64 px fine-tune."""
+"""Real training: tiny VOLO on digits JPEGs, 2 gloo ranks, 32 px pretrain then 64 px fine-tune."""
 
 import json
 from pathlib import Path

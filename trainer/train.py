@@ -33,13 +33,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def reseed_for_step(seed: int, rank: int, step: int, micro: int) -> None:
+    """Model randomness (drop path, MixToken) as a pure function of (seed, rank, step).
+
+    A resumed loader may draw from the global RNG when it starts (torch's DataLoader takes
+    a base seed from it), which an uninterrupted run does not; reseeding after each fetch keeps
+    that one draw from shifting every later drop-path mask.
+    """
+    mixed = ((seed * 1_000_003 + rank) * 1_000_003 + step) * 101 + micro
+    mixed %= 2**32
+    random.seed(mixed)
+    np.random.seed(mixed)
+    torch.manual_seed(mixed)
+
+
 def data_config(cfg: TrainConfig):
     from trainer.data import DataConfig
 
     return DataConfig(
         data_dir=cfg.data_dir or "", dataset=cfg.dataset, img_size=cfg.img_size,
         batch_size=cfg.batch_size, workers=cfg.workers, loader=cfg.loader,
-        crop_pct=cfg.crop_pct or 0.875, scale=tuple(cfg.scale), hflip=cfg.hflip, auto_augment=cfg.aa or None,
+        crop_pct=cfg.crop_pct or 0.875, scale=tuple(cfg.scale), hflip=cfg.hflip,
+        auto_augment=cfg.aa or None,
         reprob=cfg.reprob, num_classes=cfg.num_classes, token_label=cfg.token_label,
         token_label_data=cfg.token_label_data or "",
         token_label_size=cfg.token_label_size or cfg.img_size // 16,
@@ -143,6 +158,7 @@ class Trainer:
         timer, micro = StepTimer(self.device), 0
         for images, targets in self.train_loader:
             timer.lap("data")
+            reseed_for_step(cfg.seed, self.env.rank, self.step, micro)
             last = micro + 1 == cfg.accum_steps
             with engine.micro_step(last), self.precision.autocast():
                 output = engine.forward(self.precision.prepare_input(images))

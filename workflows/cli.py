@@ -29,6 +29,7 @@ from workflows.spec import JobSpec, LaunchPlan, build_spec, launch_plan
 from workflows.templating import render
 
 RUN_ROOT_ENV = "VITPOD_RUN_ROOT"  # overrides every profile's storage.runs (tests, scratch runs)
+DEFAULT_MODEL = "volo_d1"  # when neither MODEL nor the profile's default_model is given
 USAGE = 2  # same value as trainer.exitcodes.USAGE: bad input, nothing submitted
 
 # Each command's `main(argv) -> int`, imported only when used, so one area's missing module
@@ -59,7 +60,11 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m workflows {prog}")
     p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"))
     p.add_argument("--cluster", default="local", help="bundled profile name or a YAML path")
-    p.add_argument("--model", default="volo_d1", help="recipe name (e.g. volo_d5) or a YAML path")
+    p.add_argument(
+        "--model",
+        default="",
+        help="recipe name or YAML path (default: the profile's default_model)",
+    )
     p.add_argument("--nodes", default="", help="override the profile's node count")
     p.add_argument("--args", default="", help="extra trainer flags, shell-quoted")
     p.add_argument("--finetune-from", default="", help="run dir or checkpoint to fine-tune")
@@ -77,7 +82,7 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
 def prepare(ns: argparse.Namespace, run_dir: Path | None = None) -> Prepared:
     """Validate everything and render the job in memory; raises ConfigError on bad input."""
     profile = load_profile(ns.cluster)
-    recipe = load_recipe(ns.model)
+    recipe = load_recipe(ns.model or profile.default_model or DEFAULT_MODEL)
     override = ns.run_root or os.environ.get(RUN_ROOT_ENV, "")
     root = (
         Path(override).expanduser().absolute() if override else resolve_path(profile.storage.runs)

@@ -155,6 +155,7 @@ class Profile(Strict):
     preemption: Preemption = Preemption()
     exclusive: bool = True
     backend: Literal["nccl", "gloo"] = "nccl"
+    default_model: str | None = Field(default=None, description="recipe used when MODEL is empty")
     python: str | None = Field(default=None, description="interpreter when no container")
     fabric: dict[str, Any]
 

@@ -100,10 +100,11 @@ class LaunchPlan:
         return shlex.join(self.launcher)
 
     def write_bind_script(self) -> Path:
-        """Write bind.sh atomically (mode 0750)."""
-        from workflows.rundir import write_atomic
+        """Write bind.sh atomically (mode 0750), creating its run directory if needed."""
+        from workflows.rundir import DIR_MODE, write_atomic
 
         path = Path(self.bind_path)
+        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         write_atomic(path, self.bind_script, mode=0o750)
         return path
 

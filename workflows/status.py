@@ -127,6 +127,17 @@ def root_cause(log_dir: Path) -> Traceback | None:
     return (real or tracebacks or [None])[0]
 
 
+def first_error_line(log_dir: Path) -> str | None:
+    """The first line saying 'error' in the rank logs (for failures without a traceback)."""
+    if not log_dir.is_dir():
+        return None
+    for path in sorted((p for p in log_dir.iterdir() if p.is_file()), key=_log_order):
+        for line in path.read_text(errors="replace").splitlines():
+            if "error" in line.lower():
+                return f"{path.name}: {_strip(line).strip()}"
+    return None
+
+
 def restarts_from_logs(log_dir: Path) -> int:
     """Highest restart count found in the log names (they carry SLURM_RESTART_COUNT)."""
     if not log_dir.is_dir():

@@ -1,0 +1,104 @@
+"""Memory planner: parameter counts against timm, ZeRO arithmetic, activations against autograd
+and against a measured training step's peak memory."""
+
+import json
+
+import pytest
+
+from analysis import memory
+from analysis.__main__ import main
+from analysis.memcheck import compare, saved_tensor_bytes
+
+MODELS = [(name, 32 if name == "volo_tiny" else 224) for name in memory.ARCHS]
+
+
+@pytest.mark.parametrize(("model", "img_size"), MODELS)
+def test_param_count_matches_timm(model, img_size):
+    assert memory.param_count(model, img_size) == memory.timm_param_count(model, img_size)
+
+
+def test_param_count_follows_image_size_and_classes():
+    # VOLO-D5 at 512: the pos-embed grows from 14x14 to 32x32 tokens of 768.
+    grow = memory.param_count("volo_d5", 512) - memory.param_count("volo_d5", 224)
+    assert grow == (32 * 32 - 14 * 14) * 768
+    assert memory.param_count("volo_tiny", 32, 10) == memory.timm_param_count("volo_tiny", 32, 10)
+    assert memory.param_count("volo_d1_224") == 26_632_040
+
+
+def test_zero_stages_shard_by_hand():
+    p = memory.param_count("vit_base_patch16_224")
+    kw = {"model": "vit_base_patch16_224", "batch": 0}
+    fp32 = memory.plan(**kw)
+    assert (fp32.weights, fp32.grads, fp32.optimizer, fp32.buffers) == (4 * p, 4 * p, 8 * p, 0)
+    ddp = memory.plan(**kw, gpus=8)
+    assert ddp.buffers == 4 * p  # DDP gradient buckets
+    z1 = memory.plan(**kw, precision="half", zero=1, gpus=8)
+    assert (z1.weights, z1.grads, z1.optimizer, z1.buffers) == (2 * p, 2 * p, 12 * p / 8, 0)
+    z2 = memory.plan(**kw, precision="half", zero=2, gpus=8)
+    assert (z2.weights, z2.grads, z2.optimizer) == (2 * p, 2 * p / 8, 12 * p / 8)
+    z3 = memory.plan(**kw, precision="half", zero=3, gpus=8)
+    assert z3.total == pytest.approx(16 * p / 8)  # the ZeRO paper's 16 bytes a parameter
+
+
+def test_activations_scale_with_batch_precision_and_checkpointing():
+    one = memory.plan("volo_d1", 224, 1)
+    four = memory.plan("volo_d1", 224, 4)
+    assert four.activations == pytest.approx(4 * one.activations)
+    amp = memory.plan("volo_d1", 224, 4, precision="amp")
+    assert 0.5 * four.activations < amp.activations < 0.75 * four.activations
+    ckpt = memory.plan("volo_d1", 224, 4, checkpointing=True)
+    assert ckpt.activations < 0.5 * four.activations
+    big = memory.plan("volo_d1", 448, 1)
+    assert 3.5 * one.activations < big.activations < 4.5 * one.activations
+
+
+def test_largest_micro_batch_is_the_boundary():
+    kw = {"model": "volo_d5", "img_size": 224, "precision": "amp"}
+    best = memory.max_micro_batch(80 * memory.GIB, memory.GIB, **kw)
+    assert best > 0
+    assert memory.plan(batch=best, **kw).total <= 79 * memory.GIB
+    assert memory.plan(batch=best + 1, **kw).total > 79 * memory.GIB
+    assert memory.max_micro_batch(1 * memory.GIB, memory.GIB, **kw) == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "img_size", "batch", "classes"),
+    [("volo_tiny", 32, 4, 10), ("volo_tiny", 64, 2, 10), ("vit_small_patch16_224", 224, 1, 1000)],
+)
+def test_activation_formula_matches_autograd_saved_tensors(model, img_size, batch, classes):
+    counted = saved_tensor_bytes(model, img_size, batch, classes)
+    planned = memory.activation_bytes(model, img_size, num_classes=classes) * batch
+    assert planned == pytest.approx(counted, rel=0.08)
+
+
+@pytest.mark.slow
+def test_planner_within_25_percent_of_measured_peak():
+    for model, img_size, batch, classes in (("volo_tiny", 32, 64, 10), ("volo_d1", 224, 2, 1000)):
+        got = compare(model, img_size, batch, classes)
+        print(
+            f"{model} img {img_size} batch {batch}: planned {got['planned_total'] / 2**20:.1f} "
+            f"MiB, measured {got['measured_total'] / 2**20:.1f} MiB, error "
+            f"{100 * got['total_error']:+.1f}%; activations planned "
+            f"{got['planned_activations'] / 2**20:.1f} MiB, measured "
+            f"{got['measured_activations'] / 2**20:.1f} MiB, error "
+            f"{100 * got['activation_error']:+.1f}%"
+        )
+        assert abs(got["total_error"]) <= 0.25, got
+        assert abs(got["activation_error"]) <= 0.25, got
+
+
+def test_cli_memory_json(capsys):
+    assert (
+        main(["memory", "--model", "volo_d1", "--batch", "8", "--json", "--gpu-mem-gib", "16"]) == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["params"] == 26_632_040
+    assert out["total"] == pytest.approx(memory.plan("volo_d1", 224, 8).total)
+    assert out["max_micro_batch"] == memory.max_micro_batch(16 * memory.GIB, model="volo_d1")
+
+
+def test_cli_memory_bad_model(capsys):
+    assert main(["memory", "--model", "resnet50"]) == 2
+    assert "unknown to the memory planner" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--precision must be one of"):
+        memory.plan("volo_d1", precision="fp8")

@@ -1,0 +1,230 @@
+"""Rendering jobs: `make render` output, shellcheck on every profile/recipe, bad input -> exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workflows import cli
+from workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
+from workflows.recipe import load_recipe
+from workflows.spec import build_spec, launch_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def render(tmp_path: Path, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Path, str]:
+    """Run `python -m workflows render` in-process; returns (status, script path, stderr)."""
+    status = cli.main(["render", "--run-root", str(tmp_path / "runs"), *argv])
+    out, err = capsys.readouterr()
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    return status, Path(last), err
+
+
+def shellcheck(*paths: Path) -> None:
+    out = subprocess.run(
+        ["shellcheck", "-s", "bash", *map(str, paths)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout[-4000:]
+
+
+def test_make_render_dgxpod_volo_d5(tmp_path):
+    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
+    cmd = ["make", "-s", "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5"]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    script = Path(out.stdout.strip().splitlines()[-1])
+    text = script.read_text()
+    assert script.parent.parent == tmp_path / "runs" and script.name == "job.sbatch"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    shellcheck(script, script.parent / "bind.sh")
+    for line in (
+        "--nodes=5",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--partition=dgxa100",
+        "--signal=USR2@180",
+        "--requeue",
+        "--exclusive",
+        "--cpus-per-task=32",
+    ):
+        assert f"#SBATCH {line}\n" in text
+    for flag in (
+        "--container-image=/lustre/fsw/vitpod/images/vitpod.sqsh",
+        "--no-container-mount-home",
+        "--container-workdir=",
+        "--mpi=pmix",
+        "--container-mounts=/lustre/fsw/datasets:/lustre/fsw/datasets:ro,",
+    ):
+        assert flag in text
+    env_flag = re.search(r"--container-env=(\S+) ", text)
+    assert env_flag and {"NCCL_SOCKET_IFNAME", "MASTER_ADDR", "WANDB_API_KEY"} <= set(
+        env_flag[1].split(",")
+    )
+    assert f"bash {script.parent}/bind.sh python -m trainer /lustre/fsw/datasets/imagenet" in text
+    assert "--token-label-size 14" in text and "-b 44" in text
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in text and "-eq 75 ]" in text
+    bind = (script.parent / "bind.sh").read_text()
+    assert "4) numa=7 cpus=112-127,240-255 hca=mlx5_6:1 ;;" in bind
+    assert "--physcpubind=$cpus" in bind and 'NCCL_IB_HCA="=$hca"' in bind
+
+    manifest = json.loads((script.parent / "manifest.json").read_text())
+    assert manifest["profile"]["name"] == "dgxpod" and manifest["recipe"]["model"] == "volo_d5"
+    assert manifest["resolved"]["world_size"] == 40 and manifest["job_ids"] == []
+    assert manifest["overrides"]["nodes"] == "5"
+    assert re.fullmatch(r"[0-9a-f]{40}", manifest["git"]["commit"] or "")
+    assert manifest["image"]["image"] == "/lustre/fsw/vitpod/images/vitpod.sqsh"
+    assert manifest["recipe"]["values"]["sources"]["drop_path"]
+    for path in (script.parent, script.parent / "logs"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o750
+
+
+def test_every_bundled_profile_and_recipe_renders_shellcheck_clean(tmp_path, capsys):
+    pretrained = tmp_path / "pretrained"
+    pretrained.mkdir()
+    scripts: list[Path] = []
+    for profile in bundled_profiles():
+        for model in ("volo_d1", "volo_d5", "vit_base_patch16_224", "volo_tiny"):
+            for stage in ("pretrain", "finetune"):
+                status, script, err = render(
+                    tmp_path,
+                    "--cluster",
+                    profile,
+                    "--model",
+                    model,
+                    "--stage",
+                    stage,
+                    "--finetune-from",
+                    str(pretrained),
+                    capsys=capsys,
+                )
+                assert status == 0, err
+                scripts.append(script)
+                if (script.parent / "bind.sh").exists():
+                    scripts.append(script.parent / "bind.sh")
+    for script in scripts:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    shellcheck(*scripts)
+
+
+def test_local_profile_renders_a_torchrun_script(tmp_path, capsys):
+    status, script, err = render(
+        tmp_path,
+        "--cluster",
+        "local",
+        "--model",
+        "volo_tiny",
+        "--args",
+        "--max-steps 3",
+        capsys=capsys,
+    )
+    assert status == 0, err
+    text = script.read_text()
+    assert script.name == "job.sh" and "#SBATCH" not in text
+    assert (
+        f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node=2"
+        in text
+    )
+    assert "--dataset digits" in text and text.rstrip().endswith("--max-steps 3")
+
+
+def test_launch_plan_is_the_one_source_for_script_and_submitit(tmp_path):
+    profile, recipe = load_profile("dgxpod"), load_recipe("volo_d1")
+    spec = build_spec(profile, recipe, "pretrain", run_dir=tmp_path / "run", nodes=2)
+    plan = launch_plan(spec)
+    assert all(isinstance(a, str) and a.startswith("--") for a in plan.srun_args)
+    assert shlex.split(plan.python_command) == ["bash", str(tmp_path / "run" / "bind.sh"), "python"]
+    assert plan.argv[: len(plan.launcher)] == plan.launcher
+    assert any(
+        line.startswith("MASTER_ADDR=$(scontrol show hostnames") for line in plan.setup_lines
+    )
+    assert "export NCCL_DEBUG=WARN" in plan.setup_lines
+    text = cli.render("sbatch.sh.j2", {"spec": spec, "plan": plan})
+    for line in plan.setup_lines:
+        assert line in text.splitlines()
+    for arg in plan.srun_args:
+        assert f"  {shlex.quote(arg)} \\" in text.splitlines()
+    assert plan.write_bind_script().read_text() == plan.bind_script
+    slurm = launch_plan(
+        build_spec(load_profile("localslurm"), recipe, "pretrain", run_dir=tmp_path)
+    )
+    assert f"--chdir={REPO}" in slurm.srun_args and "--mpi=pmi2" in slurm.srun_args
+    assert not any(a.startswith("--container") for a in slurm.srun_args)
+
+
+def test_submit_without_sbatch_says_how_to_render(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    status = cli.main(
+        [
+            "submit",
+            "--cluster",
+            "dgxpod",
+            "--model",
+            "volo_d5",
+            "--run-root",
+            str(tmp_path / "runs"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "sbatch is not on PATH" in err and "make render CLUSTER=dgxpod MODEL=volo_d5" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def _bad_profile(tmp_path: Path) -> str:
+    data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    data["partitions"]["pretrain"]["tme"] = "01:00:00"
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--nodes", "five"], r"NODES='five' is not a whole number"),
+        (["--nodes", "0"], r"NODES=0: need at least 1 node"),
+        (["--args", "--epochs '10"], r"ARGS=.*No closing quotation; balance the quotes"),
+        (["--args", "--output /tmp/elsewhere"], r"ARGS: --output is set by vitpod"),
+        (["--args", "--img-size 256"], r"--token-label-size=14 must be img_size/16 = 16"),
+        (["--stage", "finetune"], r"FINETUNE_FROM: the finetune stage needs the pretrain run"),
+        (["--finetune-from", "/no/such/run"], r"FINETUNE_FROM='/no/such/run' does not exist"),
+        (["--model", "volo_d7"], r"model: no recipe for 'volo_d7'"),
+        (
+            ["--cluster", "TYPO"],
+            r"partitions\.pretrain: unknown key\(s\) 'tme' \(did you mean 'time'\?\)",
+        ),
+    ],
+)
+def test_bad_input_exits_2_naming_the_field_and_leaves_no_run_dir(tmp_path, capsys, argv, expected):
+    argv = [_bad_profile(tmp_path) if a == "TYPO" else a for a in argv]
+    base = ["--cluster", "dgxpod", "--model", "volo_d5"]
+    status, _, err = render(tmp_path, *base, *argv, capsys=capsys)
+    assert status == 2
+    assert re.search(expected, err), err
+    assert err.count("\n") == 1  # one clear line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_command_and_lazy_dispatch(capsys):
+    assert cli.main(["nosuch"]) == 2
+    assert "commands: render, submit, pipeline, demo, status, scaling" in capsys.readouterr().err
+    assert set(cli.COMMANDS) == {"render", "submit", "pipeline", "demo", "status", "scaling"}
+    assert cli._load("render") is cli.render_main
+
+
+def test_empty_model_falls_back_to_the_profile_default(tmp_path, capsys):
+    status, script, err = render(tmp_path, "--cluster", "localslurm", "--model", "", capsys=capsys)
+    assert status == 0, err
+    assert "--model volo_tiny" in script.read_text() and "volo_tiny-pretrain" in script.parent.name
+    status, script, err = render(tmp_path, "--cluster", "dgxpod", "--model", "", capsys=capsys)
+    assert status == 0 and "--model volo_d5" in script.read_text()

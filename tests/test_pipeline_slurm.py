@@ -1,0 +1,108 @@
+"""The pipeline on the real local Slurm: two preemptions of the pretrain, exact resume, afterok."""
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workflows import topology
+from workflows.pipeline import Pipeline
+from workflows.profile import PROFILE_DIR
+
+COMMON = "--workers 0 --loader torch -b 16 --seed 3 --log-interval 10 --aa '' --reprob 0"
+PRETRAIN = "--epochs 3 --warmup-epochs 0 --checkpoint-every 0"
+FINETUNE = "--max-steps 4 --epochs 1"
+
+
+def _localslurm(tmp_path: Path, data: Path) -> str:
+    profile = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    profile["storage"] = {**profile["storage"], "data": str(data)}
+    path = tmp_path / "localslurm.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return str(path)
+
+
+def _last_step(run_dir: Path) -> int:
+    path = run_dir / "metrics" / "rank0.jsonl"
+    if not path.is_file():
+        return 0
+    steps = [json.loads(x).get("step", 0) for x in path.read_text().splitlines() if '"step"' in x]
+    return max(steps, default=0)
+
+
+def _wait_until(what: str, check, timeout: float = 150) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def _preempt(job_id: str) -> None:
+    # USR2 to every process of the job's steps (not the batch shell), as --signal=USR2@grace does.
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+
+
+def _sacct_times(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", "JobIDRaw,Start,End"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {row[0]: (row[1], row[2]) for row in (line.split("|") for line in out.splitlines())}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_path):
+    torch = pytest.importorskip("torch")
+    cluster = _localslurm(tmp_path, digits_dir.parent)
+    common = dict(nodes=1, args=COMMON, pretrain_args=PRETRAIN, run_root=str(tmp_path / "runs"))
+    run = Pipeline(cluster, "volo_tiny", finetune_args=FINETUNE, **common).submit()
+    # The same pretrain, never interrupted, side by side: the reference for exactness.
+    reference = Pipeline(cluster, "volo_tiny", stages=("pretrain",), **common).submit()
+
+    pre = run.stages["pretrain"]
+    job = pre.job_ids[0]
+    _wait_until("pretrain step 8", lambda: _last_step(pre.run_dir) >= 8)
+    _preempt(job)
+    first = _last_step(pre.run_dir)
+    restart1 = pre.run_dir / "logs" / f"train-{job}-restart1-rank0.log"
+    _wait_until("the first restart", restart1.is_file)
+    _wait_until("progress after the restart", lambda: _last_step(pre.run_dir) >= first + 12)
+    _preempt(job)
+
+    report = run.wait(timeout=240, poll_s=1)
+    reference.wait(timeout=120, poll_s=1)
+
+    # Each (re)start kept its own logs: restart count and rank in the names.
+    logs = sorted(p.name for p in (pre.run_dir / "logs").glob("train-*.log"))
+    assert logs == [f"train-{job}-restart{r}-rank{k}.log" for r in range(3) for k in range(2)]
+    shown = {s.stage: s for s in run.status()}
+    assert shown["pretrain"].restarts == 2 and shown["pretrain"].state == "COMPLETED"
+    assert "preempted" in (pre.run_dir / "logs" / logs[0]).read_text()
+
+    # Final parameters equal the uninterrupted run's, bit for bit.
+    ref_dir = reference.stages["pretrain"].run_dir
+    got = torch.load(pre.run_dir / "final" / "model.pt", weights_only=True)
+    want = torch.load(ref_dir / "final" / "model.pt", weights_only=True)
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+    # The finetune waited for the pretrain's real end (afterok survives requeues).
+    fin_job = run.stages["finetune"].job_ids[0]
+    times = _sacct_times([job, fin_job])
+    assert times[fin_job][0] >= times[job][1]
+    assert report["stages"]["finetune"]["state"] == "COMPLETED"
+    assert json.loads((run.stages["finetune"].run_dir / "config.json").read_text())[
+        "finetune"
+    ] == str(pre.run_dir)
+
+    # The cost model against what the trainer measured (reported, not asserted tightly).
+    ratio = topology.compare(pre.decision, ref_dir)
+    print(f"\ntopology {pre.decision.topology}: predicted vs measured comm per step {ratio}")
+    assert ratio["measured_s"] is not None and ratio["measured_s"] > 0

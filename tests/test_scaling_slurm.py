@@ -1,0 +1,53 @@
+"""Weak and strong sweeps over 1, 2 and 4 ranks of the tiny VOLO on the real local Slurm."""
+
+import json
+import re
+
+import pytest
+
+from workflows.scaling import main
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def sweep(tmp_path, mode, batch):
+    study_dir = tmp_path / f"{mode}-study"
+    argv = [
+        "--cluster", "localslurm", "--model", "volo_tiny", "--mode", mode, "--gpus", "1 2 4",
+        "--batch", str(batch), "--steps", "12", "--warmup", "4", "--study-dir", str(study_dir),
+        "--args", "--loader torch --workers 0", "--wait", "--timeout", "400",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    table = json.loads((study_dir / "report" / "table.json").read_text())
+    html = (study_dir / "report" / "report.html").read_text()
+    study = json.loads((study_dir / "study.json").read_text())
+    return table["rows"], html, study
+
+
+def check_common(rows, html, study):
+    assert [r["gpus"] for r in rows] == [1, 2, 4]
+    assert [r["state"] for r in rows] == ["ok", "ok", "ok"], [r["error"] for r in rows]
+    assert study["job_id"] and all(p["state"] in ("COMPLETED", None) for p in study["points"])
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == 4
+    for row in rows:
+        assert row["images_per_s"] > 0
+        assert row["efficiency"] == pytest.approx(
+            row["images_per_s"] / row["gpus"] / rows[0]["images_per_s"]
+        )
+        assert row["time"]["step"] > 0
+    assert rows[1]["predicted_comm_s"] > 0 and rows[1]["comm_ratio"] > 0
+
+
+def test_weak_sweep_on_local_slurm(local_slurm, tmp_path):
+    rows, html, study = sweep(tmp_path, "weak", 8)
+    check_common(rows, html, study)
+    assert [r["global_batch"] for r in rows] == [8, 16, 32]
+    assert "Weak scaling" in html
+
+
+def test_strong_sweep_on_local_slurm(local_slurm, tmp_path):
+    rows, html, study = sweep(tmp_path, "strong", 16)
+    check_common(rows, html, study)
+    assert [r["global_batch"] for r in rows] == [16, 16, 16]
+    assert [p["batch_size"] for p in study["points"]] == [16, 8, 4]
+    assert "Strong scaling" in html

@@ -1,0 +1,121 @@
+"""Scaling sweep: bad input stops before anything is written; the rendered array script."""
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from workflows.errors import ConfigError
+from workflows.scaling import main, parse_gpus, per_rank_batches, placement
+
+BASE = ["--cluster", "localslurm", "--model", "volo_tiny", "--render-only"]
+
+
+def run(tmp_path, *args):
+    return main([*BASE, "--study-dir", str(tmp_path / "study"), *args])
+
+
+def test_strong_batch_must_divide_over_every_point(tmp_path):
+    with pytest.raises(ConfigError, match=r"BATCH=10 .* does not divide over GPUS \[4\]"):
+        run(tmp_path, "--mode", "strong", "--gpus", "1 2 4", "--batch", "10")
+    assert not (tmp_path / "study").exists()
+    with pytest.raises(ConfigError, match=r"ACCUM=2; choose a multiple of 8"):
+        run(tmp_path, "--mode", "strong", "--gpus", "1 2 4", "--batch", "12", "--accum", "2")
+
+
+def test_bad_sweep_inputs_name_the_field(tmp_path):
+    cases = [
+        (["--mode", "medium"], "MODE='medium'"),
+        (["--gpus", ""], "GPUS is empty"),
+        (["--gpus", "1 two"], "whole number"),
+        (["--gpus", "2 2"], "distinct"),
+        (["--gpus", "3"], "3 does not fill whole nodes of 2"),
+        (["--gpus", "8"], "needs 4 nodes but profile localslurm has nodes=2"),
+        (["--batch", "0"], "BATCH=0"),
+        (["--accum", "x"], "ACCUM='x'"),
+        (["--steps", "5", "--warmup", "5"], "--warmup=5"),
+        (["--cluster", "local"], "a scaling sweep is a Slurm job array"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            run(tmp_path, *args)
+        assert not (tmp_path / "study").exists()
+
+
+def test_existing_study_dir_is_refused(tmp_path):
+    (tmp_path / "study").mkdir()
+    with pytest.raises(ConfigError, match="already exists"):
+        run(tmp_path)
+
+
+def test_batch_arithmetic():
+    assert per_rank_batches("strong", [1, 2, 4], 32, 2) == {1: 16, 2: 8, 4: 4}
+    assert per_rank_batches("weak", [1, 2, 4], 8, 2) == {1: 8, 2: 8, 4: 8}
+    assert parse_gpus("4, 1 2") == [1, 2, 4]
+    assert placement(2, 2, 2, "p") == (1, 2)
+    assert placement(4, 2, 2, "p") == (2, 2)
+    assert placement(1, 8, 5, "p") == (1, 1)
+
+
+def test_rendered_array_script(tmp_path, capsys):
+    quirky = "--loader torch --workers 0"
+    assert (
+        run(tmp_path, "--mode", "strong", "--gpus", "1 2 4", "--batch", "16", "--args", quirky) == 0
+    )
+    study_dir = tmp_path / "study"
+    script = (study_dir / "sweep.sbatch").read_text()
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(study_dir / "sweep.sbatch")
+    assert script.splitlines()[1] == "#SBATCH --array=0-2%1"
+    assert "#SBATCH --nodes=2" in script  # every task holds the largest point's allocation
+    assert f"#SBATCH --output={study_dir}/logs/sweep-%A_%a.out" in script
+    for index, (gpus, nodes, batch) in enumerate(((1, 1, 16), (2, 1, 8), (4, 2, 4))):
+        block = script.split(f"  {index})  #")[1].split(";;")[0]
+        assert f"NODES={nodes} NTASKS={gpus}" in block
+        assert f"--output {study_dir}/gpus{gpus}\n" in block
+        # The sweep's own batch comes after the recipe's, so it wins (argparse: last one).
+        assert block.rindex("-b ") > block.index("--output")
+        assert f"      -b {batch}\n" in block
+        assert "--max-steps 30" in block and "--warmup-steps-excluded 10" in block
+        assert "--topology ring" in block and "--workers 0" in block
+        assert (study_dir / f"gpus{gpus}" / "bind.sh").is_file()
+    study = json.loads((study_dir / "study.json").read_text())
+    assert [p["global_batch"] for p in study["points"]] == [16, 16, 16]
+    assert [p["batch_size"] for p in study["points"]] == [16, 8, 4]
+    assert study["mode"] == "strong" and study["fabric"]["gpus_per_node"] == 2
+    assert study["grad_bytes"] == 4 * 161_045
+    assert study["points"][0]["predicted_comm_s"] == 0.0
+    assert study["points"][2]["predicted_comm_s"] > study["points"][1]["predicted_comm_s"] > 0
+    assert subprocess.run(["bash", "-n", str(study_dir / "sweep.sbatch")]).returncode == 0
+    if shutil.which("shellcheck"):
+        check = subprocess.run(["shellcheck", str(study_dir / "sweep.sbatch")], capture_output=True)
+        assert check.returncode == 0, check.stdout.decode()
+
+
+def test_study_json_is_readable_by_analysis(tmp_path):
+    from analysis.scaling import load_study, scaling_table
+
+    assert run(tmp_path, "--mode", "weak", "--gpus", "1 2", "--batch", "8") == 0
+    study = load_study(tmp_path / "study")
+    rows = scaling_table(study)
+    # Nothing ran yet: every point is reported as failed, none dropped.
+    assert [(r.gpus, r.state) for r in rows] == [(1, "failed"), (2, "failed")]
+
+
+def test_scaling_imports_without_torch():
+    code = "import sys; sys.modules['torch'] = None; import workflows.scaling; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_hostile_paths_and_args_are_quoted(tmp_path):
+    study_dir = tmp_path / "it's a study; echo pwned"
+    args = "--loader torch --note 'x; touch /tmp/pwned'"
+    assert main([*BASE, "--study-dir", str(study_dir), "--gpus", "1 2", "--args", args]) == 0
+    script = (study_dir / "sweep.sbatch").read_text()
+    assert f"RUN_DIR={shlex.quote(str(study_dir / 'gpus1'))} " in script
+    assert "'x; touch /tmp/pwned'" in script
+    assert f'#SBATCH --output="{study_dir}/logs/sweep-%A_%a.out"' in script
+    assert subprocess.run(["bash", "-n", str(study_dir / "sweep.sbatch")]).returncode == 0

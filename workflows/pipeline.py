@@ -1,0 +1,519 @@
+"""The submitit pipeline: pretrain on one partition, then finetune from it on another."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from trainer.exitcodes import REQUEUE
+from workflows import jobstate, status, topology
+from workflows.cli import Prepared, _check_can_submit, materialize, prepare, stage_parser
+from workflows.errors import ConfigError
+from workflows.profile import load_profile, resolve_path
+from workflows.rundir import DIR_MODE, new_run_path, remove_run_dir, write_json
+
+STAGES = ("pretrain", "finetune")
+MAX_LOCAL_RESTARTS = 5  # without Slurm, an exit 75 restarts the trainer in place this often
+LOCAL_PORT_BASE = 20000
+
+
+class PipelineError(RuntimeError):
+    """A stage failed or was cancelled; the message carries the root-cause traceback if found."""
+
+
+# --------------------------------------------------------------------------- per task (rank)
+
+
+@dataclass
+class TrainerTask:
+    """What submitit runs on every task: the trainer as a child process, logged per rank/restart.
+
+    On Slurm the task already runs under the binding step (bind.sh is submitit's `python`), so
+    ranks, binding and MASTER_ADDR/PORT come from the same LaunchPlan as the sbatch path. Exit 75
+    (trainer/exitcodes.py REQUEUE) ends the task with 75 so the batch script requeues the job;
+    without Slurm the trainer is restarted here with `--resume auto`.
+    """
+
+    command: list[str]
+    log_dir: str
+    cwd: str
+    local: bool
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self) -> dict[str, Any]:
+        job = submitit.JobEnvironment()
+        env = {**os.environ, **self.env}
+        if self.local:
+            env.update(_local_rank_env(job))
+        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        while True:
+            log = (
+                Path(self.log_dir)
+                / f"train-{job.job_id}-restart{restart}-rank{job.global_rank}.log"
+            )
+            rc = _run_forwarding_signals(self.command, env, log, self.cwd)
+            if rc == REQUEUE and self.local and restart < MAX_LOCAL_RESTARTS:
+                restart += 1
+                continue
+            break
+        if rc == REQUEUE:
+            sys.exit(REQUEUE)  # no result file: the job is not over, the batch script requeues it
+        if rc != 0:
+            raise RuntimeError(
+                f"rank {job.global_rank}: trainer exited with status {rc}; see {log}"
+            )
+        return {"rank": job.global_rank, "log": str(log), "restarts": restart}
+
+
+def _local_rank_env(job: submitit.JobEnvironment) -> dict[str, str]:
+    # The local executor starts one process per task but sets only SUBMITIT_LOCAL_* variables.
+    port = LOCAL_PORT_BASE + int(job.job_id) % 20000
+    return {
+        "RANK": str(job.global_rank),
+        "LOCAL_RANK": str(job.local_rank),
+        "WORLD_SIZE": str(job.num_tasks),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def _run_forwarding_signals(cmd: list[str], env: dict[str, str], log: Path, cwd: str) -> int:
+    """Run cmd with output to log; preemption signals go to it instead of submitit's handler.
+
+    submitit's own USR2 handler would requeue at once, before the trainer has checkpointed.
+    """
+    child: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child:
+            child[0].send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        with open(log, "ab") as out:
+            child.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=out))
+        return child[0].wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+# --------------------------------------------------------------------------- submission
+
+
+def requeue_lines(exit_code: int) -> list[str]:
+    """Batch-script lines after srun: requeue on the trainer's status 75, as job.sbatch does."""
+    return [
+        "rc=$?",
+        f'if [ "$rc" -eq {exit_code} ]; then',
+        '  echo "vitpod: preempted (exit $rc); requeueing job $SLURM_JOB_ID"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "  exit 0",
+        "fi",
+        'exit "$rc"',
+    ]
+
+
+def _minutes(slurm_time: str) -> int:
+    """Minutes of a Slurm time (MM, HH:MM:SS, D-HH:MM:SS), for the local executor's timeout."""
+    days, _, rest = slurm_time.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 1:
+        hours, minutes, seconds = 0, parts[0], 0
+    else:
+        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts)[-3:]
+    return int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def make_executor(job: Prepared, dependency: str | None) -> submitit.Executor:
+    """A LocalExecutor (local profile) or a SlurmExecutor filled from the job's LaunchPlan."""
+    spec, plan = job.spec, job.plan
+    folder = Path(spec.run_dir) / "submitit"
+    if spec.profile.scheduler == "local":
+        local = submitit.LocalExecutor(folder)
+        local.update_parameters(tasks_per_node=spec.tasks_per_node, timeout_min=_minutes(spec.time))
+        return local
+    executor = submitit.SlurmExecutor(folder, python=plan.python_command)
+    extra: dict[str, Any] = {"time": spec.time, "signal": spec.signal}
+    if spec.requeue:
+        extra["requeue"] = True
+    if dependency:
+        extra["dependency"] = dependency
+    params: dict[str, Any] = {
+        "job_name": spec.job_name,
+        "partition": spec.partition,
+        "nodes": spec.nodes,
+        "ntasks_per_node": spec.tasks_per_node,
+        "cpus_per_task": spec.cpus_per_task,
+        "mem": spec.mem,
+        "srun_args": list(plan.srun_args),
+        "setup": list(plan.setup_lines),
+        "teardown": requeue_lines(spec.requeue_exit) if spec.requeue else None,
+        "additional_parameters": extra,
+    }
+    if spec.gpus_per_node:
+        params["gpus_per_node"] = spec.gpus_per_node
+    if spec.exclusive:
+        params["exclusive"] = True
+    params.update({k: v for k, v in (("account", spec.account), ("qos", spec.qos)) if v})
+    executor.update_parameters(**params)
+    return executor
+
+
+def _task(job: Prepared) -> TrainerTask:
+    spec = job.spec
+    return TrainerTask(
+        command=list(spec.command),
+        log_dir=spec.log_dir,
+        cwd=spec.code_dir,
+        local=spec.profile.scheduler == "local",
+        env=dict(job.plan.env) if spec.profile.scheduler == "local" else {},
+    )
+
+
+def _check_finetune_source(path: str) -> None:
+    """A finetune-only pipeline needs a pretrain model that exists now."""
+    source = Path(path).expanduser()
+    if source.is_file():
+        return
+    candidates = [source / "final" / "model.pt", source / "model.pt"]
+    has_checkpoints = (source / "checkpoints").is_dir() and any((source / "checkpoints").iterdir())
+    if not (any(c.is_file() for c in candidates) or has_checkpoints):
+        raise ConfigError(
+            f"finetune_from={path!r} has no pretrain checkpoint (no final/model.pt and no "
+            "checkpoints/); give a finished pretrain run directory or a checkpoint file"
+        )
+
+
+def _check_shared_paths(job: Prepared) -> None:
+    """Data and code directories must exist before anything is submitted."""
+    spec = job.spec
+    data_dir = Path(spec.command[3]) if spec.command[1:3] == ("-m", "trainer") else None
+    for what, path in (("storage.data", data_dir), ("storage.code", Path(spec.code_dir))):
+        if path is not None and not path.exists():
+            raise ConfigError(
+                f"profile {spec.profile.name}: {what} path {str(path)!r} does not exist; create it "
+                f"on the shared file system (or fix the profile) before submitting"
+            )
+
+
+@dataclass
+class StageRecord:
+    """One submitted stage: its run directory and job(s)."""
+
+    stage: str
+    prepared: Prepared
+    decision: topology.TopologyDecision
+    job: Any = None
+    job_ids: list[str] = field(default_factory=list)
+    state: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.prepared.spec.run_dir)
+
+
+class Pipeline:
+    """Pretrain on one partition, then finetune from its final model on another, via submitit.
+
+    >>> run = Pipeline(cluster="dgxpod", model="volo_d5", nodes=5).submit()
+    >>> run.status(); run.wait(timeout=3600)
+
+    Slurm profiles: the finetune is submitted at once with `dependency=afterok:<pretrain>`, so
+    it starts only after the pretrain really completed (requeues included). The local profile
+    (submitit's LocalExecutor) starts the finetune from `status()`/`wait()` once the pretrain
+    completed.
+    """
+
+    def __init__(
+        self,
+        cluster: str = "dgxpod",
+        model: str = "volo_d5",
+        nodes: int | str | None = None,
+        args: str = "",
+        *,
+        pretrain_args: str = "",
+        finetune_args: str = "",
+        finetune_from: str | None = None,
+        stages: tuple[str, ...] = STAGES,
+        run_root: str | None = None,
+        entry: str = "trainer",
+    ) -> None:
+        self.cluster, self.model = cluster, model
+        self.nodes = "" if nodes is None else str(nodes)
+        self.stage_args = {
+            "pretrain": " ".join(a for a in (args, pretrain_args) if a),
+            "finetune": " ".join(a for a in (args, finetune_args) if a),
+        }
+        self.finetune_from = finetune_from
+        self.wanted = tuple(
+            s for s in STAGES if s in stages and not (finetune_from and s == "pretrain")
+        )
+        if self.wanted == ("finetune",) and not finetune_from:
+            raise ConfigError("stages=('finetune',) needs finetune_from=<pretrain run dir>")
+        if not self.wanted or set(stages) - set(STAGES):
+            raise ConfigError(
+                f"stages={stages!r}: choose from {STAGES} (finetune_from skips pretrain)"
+            )
+        self.run_root = run_root
+        self.entry = entry
+        self.directory: Path | None = None
+        self.stages: dict[str, StageRecord] = {}
+
+    # ---- planning: everything validated, nothing written
+    def plan(self) -> dict[str, StageRecord]:
+        profile = load_profile(self.cluster)
+        root = Path(self.run_root).expanduser().resolve() if self.run_root else None
+        root = root or resolve_path(profile.storage.runs)
+        directory = new_run_path(root, self.model, "pipeline")
+        if self.finetune_from:
+            _check_finetune_source(self.finetune_from)
+        records: dict[str, StageRecord] = {}
+        for stage in self.wanted:
+            source = self.finetune_from or str(directory / "pretrain")
+            records[stage] = self._plan_stage(stage, directory, source)
+        for rec in records.values():
+            _check_shared_paths(rec.prepared)
+            if profile.scheduler == "slurm":
+                _check_can_submit(rec.prepared.spec)
+        self.directory = directory
+        return records
+
+    def _plan_stage(self, stage: str, directory: Path, source: str) -> StageRecord:
+        args = self.stage_args[stage]
+        ns = stage_parser("pipeline").parse_args(
+            ["--stage", stage, "--cluster", self.cluster, "--model", self.model]
+            + ["--nodes", self.nodes, "--args", args, "--entry", self.entry]
+        )
+        if stage == "finetune":
+            ns.finetune_from = source
+            ns.dependency = "afterok:pretrain" if not self.finetune_from else ""
+        first = prepare(ns, run_dir=directory / stage)  # validates profile, recipe and ARGS
+        spec = first.spec
+        decision = topology.decide(
+            spec.profile.fabric, spec.model, spec.nodes, gpus=spec.world_size, args=args
+        )
+        ns.args = shlex.join(topology.with_topology(shlex.split(args), decision))
+        prepared = prepare(ns, run_dir=directory / stage)
+        prepared.manifest["topology"] = decision.as_dict()
+        prepared.manifest["pipeline"] = {"directory": str(directory), "submitted_via": "submitit"}
+        return StageRecord(stage, prepared, decision)
+
+    # ---- submission
+    def submit(self) -> Pipeline:
+        """Validate both stages, create their run directories, and submit."""
+        if self.stages:
+            raise RuntimeError("this pipeline was already submitted; create a new Pipeline")
+        records = self.plan()
+        assert self.directory is not None
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=DIR_MODE)
+        try:
+            for rec in records.values():
+                materialize(rec.prepared)
+                print(rec.decision.log_line(), flush=True)
+            self.stages = records
+            first = next(iter(records.values()))
+            self._submit_stage(first, dependency=None)
+            if self._uses_slurm and "finetune" in records and first.stage == "pretrain":
+                self._submit_stage(records["finetune"], dependency=f"afterok:{first.job_ids[0]}")
+        except BaseException:
+            self._cancel_submitted()
+            remove_run_dir(self.directory)
+            self.stages = {}
+            raise
+        self._save()
+        return self
+
+    @property
+    def _uses_slurm(self) -> bool:
+        first = next(iter(self.stages.values()))
+        return first.prepared.spec.profile.scheduler == "slurm"
+
+    def _submit_stage(self, rec: StageRecord, dependency: str | None) -> None:
+        executor = make_executor(rec.prepared, dependency)
+        rec.job = executor.submit(_task(rec.prepared))
+        rec.job_ids = [str(rec.job.job_id)]
+        rec.state = "SUBMITTED"
+        manifest = dict(rec.prepared.manifest)
+        manifest["job_ids"] = rec.job_ids
+        manifest["resolved"] = {**manifest["resolved"], "dependency": dependency}
+        manifest["submitit_folder"] = str(rec.run_dir / "submitit")
+        write_json(rec.run_dir / "manifest.json", manifest)
+        print(f"{rec.stage}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)
+
+    def _cancel_submitted(self) -> None:
+        for rec in self.stages.values():
+            if rec.job is not None:
+                rec.job.cancel(check=False)
+
+    def _save(self) -> None:
+        assert self.directory is not None
+        record = {
+            "cluster": self.cluster,
+            "model": self.model,
+            "executor": "slurm" if self._uses_slurm else "local",
+            "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "stages": {
+                name: {
+                    "run_dir": str(rec.run_dir),
+                    "job_ids": rec.job_ids,
+                    "state": rec.state,
+                    "topology": rec.decision.as_dict(),
+                }
+                for name, rec in self.stages.items()
+            },
+        }
+        write_json(self.directory / status.PIPELINE_FILE, record)
+
+    # ---- watching
+    def _local_state(self, rec: StageRecord) -> str:
+        if rec.job is None:
+            return rec.state or "NOT_SUBMITTED"
+        if rec.job.state == "RUNNING":
+            return "RUNNING"
+        try:
+            rec.job.results()
+        except Exception:  # the task raised (its traceback is in the rank logs)
+            return "FAILED"
+        return "COMPLETED"
+
+    def _advance_local(self) -> None:
+        """Local profile: record states, and start the finetune once the pretrain completed."""
+        for rec in self.stages.values():
+            if rec.state not in jobstate.TERMINAL:
+                rec.state = self._local_state(rec)
+        pre, fin = self.stages.get("pretrain"), self.stages.get("finetune")
+        if pre and fin and fin.job is None and fin.state != "CANCELLED":
+            if pre.state == "COMPLETED":
+                self._submit_stage(fin, dependency=None)
+            elif pre.state in jobstate.TERMINAL:
+                fin.state = "CANCELLED"  # as Slurm's kill_invalid_depend would
+        self._save()
+
+    def status(self) -> list[status.StageStatus]:
+        """Per stage: state, job ids, restarts, last step, images/s, and a failure's root cause."""
+        if not self.stages:
+            raise RuntimeError("submit() first")
+        if self._uses_slurm:
+            ids = [j for rec in self.stages.values() for j in rec.job_ids]
+            polled = jobstate.poll_once(ids)
+            infos = {n: [polled[j] for j in r.job_ids] for n, r in self.stages.items()}
+        else:
+            self._advance_local()
+            infos = {n: [] for n in self.stages}
+        return [
+            status.stage_status(name, rec.run_dir, rec.job_ids, infos[name], rec.state)
+            for name, rec in self.stages.items()
+        ]
+
+    def wait(self, timeout: float | None = None, poll_s: float = 5.0) -> dict[str, Any]:
+        """Block until every stage completed (returns the report) or one failed (raises)."""
+        if not self.stages:
+            raise RuntimeError("submit() first")
+        if self._uses_slurm:
+            self._wait_slurm(timeout, poll_s)
+        else:
+            self._wait_local(timeout, poll_s)
+        return self.report()
+
+    def _wait_slurm(self, timeout: float | None, poll_s: float) -> None:
+        ids = [j for rec in self.stages.values() for j in rec.job_ids]
+        try:
+            jobstate.wait_jobs(jobstate.JobStatePoller(ids), timeout=timeout, poll_s=poll_s)
+        except jobstate.JobFailedError as exc:
+            stage = next(n for n, r in self.stages.items() if exc.info.job_id in r.job_ids)
+            self.stages[stage].state = exc.info.state
+            self._save()
+            raise PipelineError(self._failure_message(stage, str(exc))) from None
+        for rec in self.stages.values():
+            rec.state = "COMPLETED"
+        self._save()
+
+    def _wait_local(self, timeout: float | None, poll_s: float) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._advance_local()
+            for name, rec in self.stages.items():
+                if rec.state in jobstate.TERMINAL and rec.state != "COMPLETED":
+                    raise PipelineError(self._failure_message(name, f"{name} ended {rec.state}"))
+            if all(r.state == "COMPLETED" for r in self.stages.values()):
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                self._cancel_submitted()
+                raise TimeoutError(f"pipeline not finished after {timeout:.0f} s; jobs cancelled")
+            time.sleep(min(poll_s, 1.0))
+
+    def _failure_message(self, stage: str, reason: str) -> str:
+        rec = self.stages[stage]
+        tb = status.root_cause(rec.run_dir / "logs")
+        where = f"\nlogs: {rec.run_dir / 'logs'}"
+        if tb is None:
+            line = status.first_error_line(rec.run_dir / "logs")
+            return f"{stage}: {reason}" + (f"\nfirst error: {line}" if line else "") + where
+        return f"{stage}: {reason}\nroot cause ({tb.path}:{tb.line}):\n{tb.text}{where}"
+
+    def report(self) -> dict[str, Any]:
+        """Each stage's final accuracy and where its checkpoints, logs and final model are."""
+        stages = {}
+        for name, rec in self.stages.items():
+            summary_path = rec.run_dir / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+            stages[name] = {
+                "state": rec.state,
+                "job_ids": rec.job_ids,
+                "top1": summary.get("top1"),
+                "top5": summary.get("top5"),
+                "steps": summary.get("steps"),
+                "images_per_s": summary.get("images_per_s"),
+                "topology": rec.decision.topology,
+                "predicted_comm_s": rec.decision.predicted_s,
+                "run_dir": str(rec.run_dir),
+                "checkpoints": str(rec.run_dir / "checkpoints"),
+                "final_model": str(rec.run_dir / "final" / "model.pt"),
+                "logs": str(rec.run_dir / "logs"),
+            }
+        return {"pipeline": str(self.directory), "cluster": self.cluster, "stages": stages}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`make pipeline`: submit pretrain -> finetune; wait when asked (always without Slurm)."""
+    parser = argparse.ArgumentParser(prog="python -m workflows pipeline", description=__doc__)
+    parser.add_argument("--cluster", default="local")
+    parser.add_argument("--model", default="volo_d1")
+    parser.add_argument("--nodes", default="")
+    parser.add_argument("--args", default="", help="extra trainer flags for both stages")
+    parser.add_argument("--finetune-from", default="", help="skip pretrain; finetune this run")
+    parser.add_argument("--wait", action="store_true", help="wait for the end (Slurm profiles)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
+    ns = parser.parse_args(argv)
+    run = Pipeline(
+        ns.cluster, ns.model, ns.nodes or None, ns.args, finetune_from=ns.finetune_from or None
+    ).submit()
+    assert run.directory is not None
+    if ns.wait or not run._uses_slurm:
+        try:
+            report = run.wait(timeout=ns.timeout)
+        except PipelineError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        write_json(run.directory / "report.json", report)
+        print(json.dumps(report, indent=2))
+        print(f"status: make status RUN={run.directory}")
+        print(run.directory / "report.json")
+        return 0
+    print(f"status: make status RUN={run.directory}")
+    print(run.directory)
+    return 0

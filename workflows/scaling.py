@@ -1,0 +1,458 @@
+"""Strong/weak scaling sweeps: one Slurm job array, one short timed run per point, one study dir."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from workflows.errors import ConfigError
+from workflows.profile import Profile, load_profile, resolve_path
+from workflows.recipe import Recipe, load_recipe
+from workflows.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
+from workflows.spec import JobSpec, build_spec, launch_plan
+from workflows.templating import argv_lines, render, sbatch_value
+from workflows.topology import TopologyDecision, decide, with_topology
+
+MODES = ("strong", "weak")
+STAGE = "pretrain"
+SCRIPT_NAME = "sweep.sbatch"
+RUN_ROOT_ENV = "VITPOD_RUN_ROOT"
+
+# The array body: each task picks its point, then runs it with the same srun flags, bind.sh and
+# environment as a single job (workflows.spec.launch_plan), on the first NODES nodes.
+BODY = """
+# vitpod scaling study ({{ mode }}, {{ model }}): {{ points | length }} points, one array task each.
+# Every task holds the largest point's allocation; a point uses its first NODES nodes.
+set -euo pipefail
+
+STUDY_DIR={{ study_dir | q }}
+RESTART=${SLURM_RESTART_COUNT:-0}
+TASK=${SLURM_ARRAY_TASK_ID:?this script runs as a Slurm array task}
+exec >>"$STUDY_DIR/logs/sweep-${SLURM_ARRAY_JOB_ID}_${TASK}-restart${RESTART}.log" 2>&1
+echo "vitpod: task $TASK (job $SLURM_JOB_ID) on $SLURM_JOB_NODELIST at $(date -u +%FT%TZ)"
+
+{% for line in setup_lines %}
+{{ line }}
+{% endfor %}
+
+case "$TASK" in
+{% for p in points %}
+  {{ p.index }})  # {{ p.gpus }} GPU(s) on {{ p.nodes }} node(s), batch {{ p.batch_size }} per rank
+    RUN_DIR={{ p.run_dir | q }} NODES={{ p.nodes }} NTASKS={{ p.gpus }} PER_NODE={{ p.per_node }}
+    CMD=(
+{% for line in p.argv | argv_lines %}
+      {{ line }}
+{% endfor %}
+    ) ;;
+{% endfor %}
+  *) echo "vitpod: no sweep point $TASK" >&2; exit 2 ;;
+esac
+STEP_NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n "$NODES" | paste -sd, -)
+echo "vitpod: $NTASKS rank(s) on $STEP_NODES, run directory $RUN_DIR"
+set +e
+srun \\
+{% for arg in srun_args %}
+  {{ arg | q }} \\
+{% endfor %}
+  --nodes="$NODES" --ntasks="$NTASKS" --ntasks-per-node="$PER_NODE" --nodelist="$STEP_NODES" \\
+  --output="$RUN_DIR/logs/train-%j-restart${RESTART}-rank%t.log" \\
+  "${CMD[@]}"
+rc=$?
+set -e
+{% if requeue %}
+if [ "$rc" -eq {{ requeue_exit }} ]; then
+  echo "vitpod: preempted (exit {{ requeue_exit }}); requeueing $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+{% endif %}
+echo "vitpod: srun exited with status $rc at $(date -u +%FT%TZ)"
+exit "$rc"
+"""
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One array task: its ranks, their placement, the per-rank batch and the run it writes."""
+
+    index: int
+    gpus: int
+    nodes: int
+    per_node: int
+    batch_size: int
+    global_batch: int
+    run_dir: str
+    argv: tuple[str, ...]
+    """srun's command for every rank: bash RUN_DIR/bind.sh python -m trainer ..."""
+    bind_script: str
+    decision: TopologyDecision
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated study, rendered in memory; nothing on disk yet."""
+
+    study_dir: Path
+    mode: str
+    profile: Profile
+    recipe: Recipe
+    points: list[SweepPoint]
+    script: str
+    study: dict[str, Any]
+
+
+def parse_gpus(text: str) -> list[int]:
+    """'1 2 4' (or '1,2,4') -> [1, 2, 4]; every count a whole number >= 1, no repeats."""
+    words = text.replace(",", " ").split()
+    if not words:
+        raise ConfigError('GPUS is empty; give the GPU counts of the sweep, e.g. GPUS="1 2 4"')
+    try:
+        counts = [int(w) for w in words]
+    except ValueError:
+        raise ConfigError(f"GPUS={text!r}: every entry must be a whole number") from None
+    if min(counts) < 1 or len(set(counts)) != len(counts):
+        raise ConfigError(f"GPUS={text!r}: counts must be >= 1 and distinct")
+    return sorted(counts)
+
+
+def _positive(value: str | int | None, name: str, default: int | None) -> int | None:
+    if value in (None, ""):
+        return default
+    try:
+        number = int(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a whole number") from None
+    if number < 1:
+        raise ConfigError(f"{name}={number}: must be >= 1")
+    return number
+
+
+def placement(gpus: int, per_node: int, max_nodes: int, profile: str) -> tuple[int, int]:
+    """(nodes, ranks per node): fill nodes; a point larger than a node uses whole nodes."""
+    if gpus <= per_node:
+        return 1, gpus
+    if gpus % per_node:
+        raise ConfigError(
+            f"GPUS: {gpus} does not fill whole nodes of {per_node} ranks (profile {profile}); "
+            f"use a multiple of {per_node} above one node"
+        )
+    nodes = gpus // per_node
+    if nodes > max_nodes:
+        raise ConfigError(
+            f"GPUS: {gpus} needs {nodes} nodes but profile {profile} has nodes={max_nodes}; "
+            f"drop the point or use a larger profile"
+        )
+    return nodes, per_node
+
+
+def per_rank_batches(mode: str, gpus: list[int], batch: int, accum: int) -> dict[int, int]:
+    """Micro-batch per rank of each point. strong: BATCH is the global batch per optimizer
+    step, split over ranks x accumulation; weak: BATCH is the micro-batch of every rank."""
+    if mode == "weak":
+        return dict.fromkeys(gpus, batch)
+    bad = [n for n in gpus if batch % (n * accum)]
+    if bad:
+        raise ConfigError(
+            f"BATCH={batch} (global, strong scaling) does not divide over GPUS {bad} x "
+            f"ACCUM={accum}; choose a multiple of {_lcm([n * accum for n in gpus])}"
+        )
+    return {n: batch // (n * accum) for n in gpus}
+
+
+def _lcm(values: list[int]) -> int:
+    import math
+
+    out = 1
+    for v in values:
+        out = out * v // math.gcd(out, v)
+    return out
+
+
+def sweep_args(batch: int, accum: int, steps: int, warmup: int) -> list[str]:
+    """Trainer flags every point adds: its batch, a short timed run, a metrics line a step."""
+    return [
+        "-b", str(batch), "--accum-steps", str(accum), "--max-steps", str(steps),
+        "--warmup-steps-excluded", str(warmup), "--log-interval", "1",
+    ]  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workflows scaling", description=__doc__)
+    p.add_argument("--cluster", default="localslurm", help="a Slurm profile name or YAML path")
+    p.add_argument("--model", default="volo_tiny", help="recipe name")
+    p.add_argument("--mode", default="strong", help="strong | weak")
+    p.add_argument("--gpus", default="1 2 4", help='GPU counts, e.g. "1 2 4 8"')
+    p.add_argument("--batch", default="", help="strong: global batch; weak: batch per GPU")
+    p.add_argument("--accum", default="1", help="gradient accumulation steps")
+    p.add_argument("--steps", default="30", help="optimizer steps per point")
+    p.add_argument("--warmup", default="10", help="first steps left out of the timing")
+    p.add_argument("--args", default="", help="extra trainer flags, shell-quoted")
+    p.add_argument("--study-dir", default="", help="new directory for the study")
+    p.add_argument("--run-root", default="", help=f"parent of studies/ (or ${RUN_ROOT_ENV})")
+    p.add_argument("--concurrent", default="1", help="array tasks running at once (%%N)")
+    p.add_argument("--render-only", action="store_true", help="write the study, do not submit")
+    p.add_argument("--wait", action="store_true", help="wait for the array, then the report")
+    p.add_argument("--timeout", default="", help="seconds to wait (with --wait)")
+    return p
+
+
+def _study_dir(ns: argparse.Namespace, profile: Profile, model: str, mode: str) -> Path:
+    if ns.study_dir:
+        path = Path(ns.study_dir).expanduser().absolute()
+    else:
+        override = ns.run_root or os.environ.get(RUN_ROOT_ENV, "")
+        root = (
+            Path(override).expanduser().absolute()
+            if override
+            else resolve_path(profile.storage.runs)
+        )
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path = root / "studies" / f"{stamp}-{model}-{mode}-{secrets.token_hex(3)}"
+    if path.exists():
+        raise ConfigError(f"study directory {path} already exists; choose a new --study-dir")
+    if any(c in str(path) for c in '"\n\r%\\'):
+        raise ConfigError(f"study directory {str(path)!r}: no quotes, '%', '\\' or newlines")
+    return path
+
+
+def prepare(ns: argparse.Namespace) -> Sweep:
+    """Validate everything and render the array script in memory (ConfigError on bad input)."""
+    if ns.mode not in MODES:
+        raise ConfigError(f"MODE={ns.mode!r}: choose strong or weak")
+    profile = load_profile(ns.cluster)
+    if profile.scheduler != "slurm":
+        raise ConfigError(
+            f"CLUSTER={profile.name}: a scaling sweep is a Slurm job array; use a Slurm profile "
+            f"(CLUSTER=localslurm for the local test cluster)"
+        )
+    recipe = load_recipe(ns.model)
+    stage = recipe.stage(STAGE)
+    gpus = parse_gpus(ns.gpus)
+    accum = _positive(ns.accum, "ACCUM", 1) or 1
+    steps = _positive(ns.steps, "--steps", 30) or 30
+    warmup = int(ns.warmup or 0)
+    if not 0 <= warmup < steps:
+        raise ConfigError(f"--warmup={warmup}: must be >= 0 and below --steps={steps}")
+    per_node = profile.ranks_per_node
+    layout = {n: placement(n, per_node, profile.nodes, profile.name) for n in gpus}
+    default = stage.batch_size if ns.mode == "weak" else stage.batch_size * max(gpus) * accum
+    batch = _positive(ns.batch, "BATCH", default) or default
+    batches = per_rank_batches(ns.mode, gpus, batch, accum)
+    study_dir = _study_dir(ns, profile, recipe.model, ns.mode)
+    points = []
+    for index, n in enumerate(gpus):
+        nodes, ranks = layout[n]
+        run_dir = study_dir / f"gpus{n}"
+        extra = [*shlex.split(ns.args or ""), *sweep_args(batches[n], accum, steps, warmup)]
+        decision = decide(profile.fabric, recipe.model, nodes, gpus=n, args=extra)
+        spec = build_spec(
+            profile, recipe, STAGE, run_dir=run_dir, nodes=nodes,
+            args=shlex.join(with_topology(extra, decision)),
+        )  # fmt: skip
+        plan = launch_plan(spec)
+        points.append(
+            SweepPoint(
+                index=index, gpus=n, nodes=nodes, per_node=ranks, batch_size=batches[n],
+                global_batch=batches[n] * accum * n, run_dir=str(run_dir), argv=plan.argv,
+                bind_script=plan.bind_script, decision=decision,
+            )
+        )  # fmt: skip
+    head_spec = build_spec(
+        profile, recipe, STAGE, run_dir=study_dir, nodes=max(p.nodes for p in points), args=ns.args
+    )
+    script = render_script(head_spec, points, ns.mode, _positive(ns.concurrent, "--concurrent", 1))
+    study = _study_record(ns, profile, recipe, points, batch, accum, steps, warmup)
+    return Sweep(study_dir, ns.mode, profile, recipe, points, script, study)
+
+
+def render_script(
+    spec: JobSpec, points: list[SweepPoint], mode: str, concurrent: int | None
+) -> str:
+    """The readable array script: the usual #SBATCH header plus --array, then the case body."""
+    spec = dataclasses.replace(spec, job_name=f"vitpod-scaling-{spec.model}-{mode}")
+    header = render("partials/header.sh.j2", {"spec": spec}).rstrip("\n").splitlines()
+    array = f"#SBATCH --array=0-{len(points) - 1}" + (f"%{concurrent}" if concurrent else "")
+    lines = [header[0], array, *header[1:]]
+    lines = [
+        line.replace("/sbatch-%j.", "/sweep-%A_%a.") if line.startswith("#SBATCH --") else line
+        for line in lines
+    ]
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, autoescape=False
+    )
+    env.filters.update(q=lambda v: shlex.quote(str(v)), argv_lines=argv_lines, sbatch=sbatch_value)
+    plan = launch_plan(spec)
+    body = env.from_string(BODY).render(
+        mode=mode,
+        model=spec.model,
+        points=points,
+        study_dir=spec.run_dir,
+        setup_lines=plan.setup_lines,
+        srun_args=plan.srun_args,
+        requeue=spec.requeue,
+        requeue_exit=spec.requeue_exit,
+    )
+    return "\n".join(lines) + "\n" + body + "\n"
+
+
+def _study_record(
+    ns: argparse.Namespace,
+    profile: Profile,
+    recipe: Recipe,
+    points: list[SweepPoint],
+    batch: int,
+    accum: int,
+    steps: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """study.json: what analysis needs to read the study (analysis/scaling.py's keys)."""
+    return {
+        "mode": ns.mode,
+        "model": recipe.model,
+        "cluster": profile.name,
+        "batch": batch,
+        "accum": accum,
+        "steps": steps,
+        "warmup": warmup,
+        "args": ns.args or "",
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "script": SCRIPT_NAME,
+        "job_id": None,
+        "fabric": dict(profile.fabric),
+        "grad_bytes": points[0].decision.grad_bytes,
+        "points": [
+            {
+                "index": p.index,
+                "gpus": p.gpus,
+                "nodes": p.nodes,
+                "run_dir": Path(p.run_dir).name,
+                "batch_size": p.batch_size,
+                "global_batch": p.global_batch,
+                "topology": p.decision.topology,
+                "algorithm": p.decision.algorithm,
+                "predicted_comm_s": p.decision.predicted_s,
+                "state": None,
+            }
+            for p in points
+        ],
+    }
+
+
+def materialize(sweep: Sweep) -> Path:
+    """Create the study dir, each point's run dir and bind.sh, the script and study.json."""
+    create_run_dir(sweep.study_dir)
+    try:
+        for point in sweep.points:
+            create_run_dir(Path(point.run_dir))
+            write_atomic(Path(point.argv[1]), point.bind_script, mode=0o750)
+        script = sweep.study_dir / SCRIPT_NAME
+        write_atomic(script, sweep.script, mode=0o750)
+        write_json(sweep.study_dir / "study.json", sweep.study)
+    except BaseException:
+        remove_run_dir(sweep.study_dir)
+        raise
+    return script
+
+
+def submit(script: Path) -> str:
+    """sbatch the array; returns the array job id."""
+    try:
+        out = subprocess.run(
+            ["sbatch", "--parsable", str(script)],
+            capture_output=True, text=True, cwd=script.parent, timeout=60,
+        )  # fmt: skip
+    except FileNotFoundError:
+        raise ConfigError(
+            "sbatch is not on PATH (not a Slurm login node); use --render-only and submit "
+            f"{script} from a login node"
+        ) from None
+    if out.returncode != 0:
+        raise ConfigError(f"sbatch rejected {script}: {out.stderr.strip() or out.stdout.strip()}")
+    return out.stdout.strip().split(";")[0]
+
+
+def wait_array(job_id: str, timeout: float | None, poll_s: float = 3.0) -> None:
+    """Poll one squeue for the whole array until none of its tasks is queued or running."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%i %T"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if out.returncode == 0 and not out.stdout.strip():
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            subprocess.run(["scancel", job_id], check=False, capture_output=True)
+            raise TimeoutError(f"array {job_id} not done after {timeout} s; cancelled it")
+        time.sleep(poll_s)
+
+
+def array_states(job_id: str) -> dict[int, str]:
+    """Final state of each array task from accounting; empty when sacct does not work."""
+    try:
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    states = {}
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        task, _, state = line.partition("|")
+        _, _, index = task.partition("_")
+        if index.isdigit():
+            states[int(index)] = state.split()[0] if state else ""
+    return states
+
+
+def record_states(study_dir: Path, job_id: str) -> dict[str, Any]:
+    """Write each point's final Slurm state into study.json (None when accounting is absent)."""
+    path = study_dir / "study.json"
+    study = json.loads(path.read_text())
+    states = array_states(job_id)
+    for point in study["points"]:
+        point["state"] = states.get(point["index"])
+    write_json(path, study)
+    return study
+
+
+def report(study_dir: Path) -> int:
+    """`python -m analysis report STUDY_DIR` (a separate process: no matplotlib here)."""
+    done = subprocess.run([sys.executable, "-m", "analysis", "report", str(study_dir)], check=False)
+    return done.returncode
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    sweep = prepare(ns)
+    script = materialize(sweep)
+    print(f"study directory: {sweep.study_dir}")
+    if ns.render_only:
+        print(script)
+        return 0
+    try:
+        job_id = submit(script)
+    except ConfigError:
+        remove_run_dir(sweep.study_dir)
+        raise
+    write_json(sweep.study_dir / "study.json", {**sweep.study, "job_id": job_id})
+    print(f"submitted array job {job_id} ({len(sweep.points)} points)")
+    if not ns.wait:
+        print(f"when it is done: make report STUDY={shlex.quote(str(sweep.study_dir))}")
+        return 0
+    wait_array(job_id, float(ns.timeout) if ns.timeout else None)
+    record_states(sweep.study_dir, job_id)
+    return report(sweep.study_dir)
