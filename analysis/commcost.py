@@ -165,6 +165,12 @@ class Choice:
         """The trainer's --topology value (ring|ps) that runs this algorithm."""
         return TRAINER_TOPOLOGY[self.name]
 
+    def trainer_flags(self, ranks: int) -> list[str]:
+        """Trainer flags that run this algorithm; the colocated parameter server modelled here
+        has every rank serve a shard, so it needs --ps-servers equal to the ranks."""
+        flags = ["--topology", self.topology]
+        return flags + ["--ps-servers", str(ranks)] if self.name == "ps_colocated" else flags
+
 
 @dataclass(frozen=True, slots=True)
 class Layout:

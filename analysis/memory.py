@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 PRECISIONS = ("fp32", "amp", "half")
@@ -316,6 +317,27 @@ def max_micro_batch(gpu_mem_bytes: float, reserve_bytes: float = 1.0 * GIB, **kw
     return max(0, int(room // fixed.activation_per_sample)) if room > 0 else 0
 
 
+def profile_gpu_memory(profile: str) -> int:
+    """gpu.memory_bytes of a cluster profile (a bundled name such as dgxpod, or a YAML path).
+
+    Reads the YAML itself: analysis does not import workflows."""
+    import yaml
+
+    path = Path(profile)
+    if not path.suffix:
+        path = Path(__file__).resolve().parent.parent / "workflows" / "profiles" / f"{profile}.yaml"
+    if not path.is_file():
+        raise ValueError(f"--profile {profile!r}: no such profile YAML ({path})")
+    data = yaml.safe_load(path.read_text()) or {}
+    memory = (data.get("gpu") or {}).get("memory_bytes")
+    if not memory:
+        raise ValueError(
+            f"--profile {profile!r}: no gpu.memory_bytes in {path}; add "
+            f"`gpu: {{model: ..., memory_bytes: N}}` or pass --gpu-mem-gib"
+        )
+    return int(memory)
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -331,6 +353,7 @@ def add_memory_parser(sub: Any) -> None:
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument("--token-label", action="store_true")
     parser.add_argument("--gpu-mem-gib", type=float, default=None, help="also: largest batch")
+    parser.add_argument("--profile", default=None, help="cluster profile: its GPU memory")
     parser.add_argument("--reserve-gib", type=float, default=1.0)
     parser.add_argument("--measure", action="store_true", help="also measure peak RSS on CPU")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -353,6 +376,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def memory_main(args: argparse.Namespace) -> int:
     result = plan(batch=args.batch, **_settings(args))
     out: dict[str, Any] = result.as_dict()
+    if args.profile and not args.gpu_mem_gib:
+        args.gpu_mem_gib = profile_gpu_memory(args.profile) / GIB
     if args.gpu_mem_gib:
         out["max_micro_batch"] = max_micro_batch(
             args.gpu_mem_gib * GIB, args.reserve_gib * GIB, **_settings(args)

@@ -48,7 +48,8 @@ img { max-width: 32em; margin: 0.5em; border: 1px solid #ddd; }
 {% if failed %}<b style="color:#900">{{ failed }} point(s) failed and are excluded from
 speedup and efficiency.</b>{% endif %}</p>
 <h2>Definitions</h2>
-<p>{{ definition }}</p>
+<p><b>This study.</b> {{ definition }}</p>
+<p><b>For comparison.</b> {{ other_definition }}</p>
 <p>Images/s is the trainer's global throughput with warmup steps excluded. The breakdown is
 the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
 comm / step time. Predicted communication comes from the alpha-beta cost model
@@ -123,6 +124,7 @@ def render_html(study: Study, rows: list[Row], images: dict[str, bytes]) -> str:
         base=f"{base.gpus} GPU(s)" if base else "none (every point failed)",
         failed=sum(r.state != "ok" for r in rows),
         definition=DEFINITIONS[study.mode],
+        other_definition=next(text for mode, text in DEFINITIONS.items() if mode != study.mode),
         rows=rows,
         images=[(name, base64.b64encode(png).decode("ascii")) for name, png in images.items()],
         references=references(),

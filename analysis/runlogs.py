@@ -98,7 +98,7 @@ def read_run(run_dir: Path) -> RunLog:
     if run.summary is None and summary_file.is_file():
         run.summary = json.loads(summary_file.read_text(encoding="utf-8"))
     if run.summary is None and run.error is None:
-        run.error = "no summary (the run did not finish)"
+        run.error = "no summary (the run failed or has not finished)"
     elif run.summary is not None and not run.timed_steps and run.error is None:
         run.error = "no timed (non-warmup) steps"
     return run

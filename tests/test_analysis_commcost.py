@@ -150,9 +150,11 @@ def test_bad_layouts_raise():
         costs(DGX_A100, -1, nodes=1)
 
 
-def test_choice_is_a_plain_record():
+def test_choice_is_a_plain_record_with_trainer_flags():
     choice = Choice(name="ps_colocated", predicted_s=1.0, reason="r", costs={"ps_colocated": 1.0})
     assert choice.topology == "ps"
+    assert choice.trainer_flags(8) == ["--topology", "ps", "--ps-servers", "8"]
+    assert Choice("tree", 1.0, "r").trainer_flags(8) == ["--topology", "ring"]
 
 
 def test_cost_model_imports_without_torch():

@@ -102,3 +102,15 @@ def test_cli_memory_bad_model(capsys):
     assert "unknown to the memory planner" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--precision must be one of"):
         memory.plan("volo_d1", precision="fp8")
+
+
+def test_largest_batch_for_a_profile_gpu(capsys, tmp_path):
+    assert memory.profile_gpu_memory("dgxpod") == 80 * memory.GIB
+    argv = ["memory", "--model", "volo_d5", "--precision", "amp", "--profile", "dgxpod", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = memory.max_micro_batch(80 * memory.GIB, model="volo_d5", precision="amp")
+    assert out["max_micro_batch"] == expected > 0
+    (tmp_path / "p.yaml").write_text("name: x\n")
+    assert main(["memory", "--model", "volo_d1", "--profile", str(tmp_path / "p.yaml")]) == 2
+    assert "no gpu.memory_bytes" in capsys.readouterr().err

@@ -205,7 +205,8 @@ def test_html_report_is_self_contained_with_plots(strong_study):
     for name in ("speedup.png", "efficiency.png", "breakdown.png", "comm.png", "table.json"):
         assert (html_path.parent / name).stat().st_size > 0
     assert "FAILED" in html and "no summary" in html
-    assert "Strong scaling: the global batch is fixed" in html
+    assert "<b>This study.</b> Strong scaling: the global batch is fixed" in html
+    assert "<b>For comparison.</b> Weak scaling: the batch per GPU is fixed" in html
     assert "84.0%" in html and "92.6%" in html
     assert "90.0%" in html  # the 2-GPU point's efficiency
     assert not re.search(r'src="(?!data:)', html), "the report must not link external files"
@@ -247,3 +248,17 @@ def test_report_entry_point_runs_as_module(strong_study):
     )
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip().splitlines()[-1]).is_file()
+
+
+def test_analysis_imports_neither_workflows_nor_trainer_nor_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'workflows', 'trainer'): sys.modules[name] = None\n"
+        "import analysis.__main__, analysis.commcost, analysis.memory, analysis.report\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -97,6 +97,7 @@ def test_profile_by_path(tmp_path):
             r"binding: local ranks \[0\] must be exactly 0\.\.1",
         ),
         ({"nodes": 0}, r"field nodes: Input should be greater than or equal to 1"),
+        ({"account": 'proj" --x'}, r"field account: String should match pattern"),
         ({"storage": None}, r"field storage: required field is missing"),
     ],
 )

@@ -199,6 +199,7 @@ def _bad_profile(tmp_path: Path) -> str:
         (["--stage", "finetune"], r"FINETUNE_FROM: the finetune stage needs the pretrain run"),
         (["--finetune-from", "/no/such/run"], r"FINETUNE_FROM='/no/such/run' does not exist"),
         (["--model", "volo_d7"], r"model: no recipe for 'volo_d7'"),
+        (["--dependency", "afterok:1\n#SBATCH --x"], r"is not a Slurm dependency; write e\.g\."),
         (
             ["--cluster", "TYPO"],
             r"partitions\.pretrain: unknown key\(s\) 'tme' \(did you mean 'time'\?\)",

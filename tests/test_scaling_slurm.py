@@ -42,7 +42,7 @@ def test_weak_sweep_on_local_slurm(local_slurm, tmp_path):
     rows, html, study = sweep(tmp_path, "weak", 8)
     check_common(rows, html, study)
     assert [r["global_batch"] for r in rows] == [8, 16, 32]
-    assert "Weak scaling" in html
+    assert "<b>This study.</b> Weak scaling" in html
 
 
 def test_strong_sweep_on_local_slurm(local_slurm, tmp_path):
@@ -50,4 +50,21 @@ def test_strong_sweep_on_local_slurm(local_slurm, tmp_path):
     check_common(rows, html, study)
     assert [r["global_batch"] for r in rows] == [16, 16, 16]
     assert [p["batch_size"] for p in study["points"]] == [16, 8, 4]
-    assert "Strong scaling" in html
+    assert "<b>This study.</b> Strong scaling" in html
+
+
+def test_failed_points_are_reported_not_dropped(local_slurm, tmp_path, capsys):
+    study_dir = tmp_path / "failing"
+    argv = [
+        "--cluster", "localslurm", "--model", "volo_tiny", "--mode", "weak", "--gpus", "1 2",
+        "--batch", "8", "--study-dir", str(study_dir), "--args=--no-such-trainer-flag",
+        "--wait", "--timeout", "300",
+    ]  # fmt: skip
+    assert main(argv) == 1
+    assert "did not complete" in capsys.readouterr().err
+    study = json.loads((study_dir / "study.json").read_text())
+    assert [p["state"] for p in study["points"]] == ["FAILED", "FAILED"]
+    rows = json.loads((study_dir / "report" / "table.json").read_text())["rows"]
+    assert [(r["gpus"], r["state"]) for r in rows] == [(1, "failed"), (2, "failed")]
+    assert "FAILED" in rows[0]["error"]
+    assert "FAILED" in (study_dir / "report" / "report.html").read_text()

@@ -94,7 +94,11 @@ def test_exit_75_requeues_and_the_restart_logs_separately(local_slurm, tmp_path)
     wrapper = tmp_path / "python-preempted-once"
     wrapper.write_text(
         "#!/bin/bash\n"
-        '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] || exit 75  # first start: "preempted"\n'
+        # First start: "preempted"; rank 0 leaves first, the others are still checkpointing.
+        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
+        '  [ "$SLURM_PROCID" = 0 ] || sleep 3\n'
+        "  exit 75\n"
+        "fi\n"
         f'exec {sys.executable} "$@"\n'
     )
     wrapper.chmod(0o755)
@@ -142,3 +146,50 @@ def test_partition_missing_on_the_cluster_fails_before_sbatch(local_slurm, tmp_p
     assert "partitions.pretrain.name='gpu_a100' does not exist on this cluster" in out.stderr
     assert "finetune" in out.stderr and "pretrain" in out.stderr  # lists what sinfo has
     assert "submitted" not in out.stdout and not (tmp_path / "runs").exists()
+
+
+def test_slurm_up_is_idempotent_and_scripts_are_clean(local_slurm):
+    up = REPO / "workflows" / "localslurm" / "up.sh"
+    out = subprocess.run(["bash", str(up)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "starting" not in out.stderr  # everything was already running
+    assert out.stdout.strip().splitlines()[-1] == f"export SLURM_CONF={local_slurm.conf}"
+    assert Path("/etc/slurm/slurm.conf").read_text() == local_slurm.conf.read_text()
+    assert oct((local_slurm.state / "etc" / "slurmdbd.conf").stat().st_mode & 0o777) == "0o600"
+    sinfo = subprocess.run(["sinfo", "-h", "-o", "%R %D"], capture_output=True, text=True)
+    assert sorted(sinfo.stdout.split("\n")[:2]) == ["finetune 2", "pretrain 2"]
+    subprocess.run(["shellcheck", str(up), str(up.with_name("down.sh"))], check=True)
+
+
+def test_hostile_run_path_survives_real_sbatch_and_srun(local_slurm, tmp_path):
+    canary = tmp_path / "CANARY"
+    root = tmp_path / f"runs with space $(touch {canary}) `touch {canary}`; touch {canary} 'q'"
+    args = f"--x '$(touch {canary})' --y 'a; touch {canary}'"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workflows",
+            "submit",
+            "--cluster",
+            "localslurm",
+            "--entry",
+            "rankinfo",
+            "--run-root",
+            str(root),
+            "--args",
+            args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    job = re.search(r"submitted batch job (\d+)", out.stdout)[1]  # type: ignore[index]
+    run_dir = Path(out.stdout.strip().splitlines()[-1]).parent
+    assert run_dir.parent == root
+    assert local_slurm.wait(job) == "COMPLETED"
+    assert len(rank_facts(run_dir, job)) == 4  # every rank logged inside the hostile path
+    assert (run_dir / "logs" / f"sbatch-{job}.out").exists()  # the quoted #SBATCH --output
+    assert not canary.exists()

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Per-model recipe defaults used when a flag is not given. Source: VOLO paper table (drop path,
@@ -310,7 +311,22 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         out.append(f"--resume {cfg.resume}: no such checkpoint; use auto, none or an existing path")
     if for_training:
         out += _path_problems(cfg)
+    if cfg.finetune:
+        out += _finetune_problems(cfg)
     return out
+
+
+def _finetune_problems(cfg: TrainConfig) -> list[str]:
+    """A saved model's manifest names its architecture: refuse another before any rank starts."""
+    for manifest in (Path(cfg.finetune) / "final" / "manifest.json", Path(cfg.finetune).parent
+                     / "manifest.json", Path(cfg.finetune) / "manifest.json"):  # fmt: skip
+        if manifest.is_file():
+            saved = json.loads(manifest.read_text()).get("model")
+            if saved and saved != cfg.model:
+                return [f"--finetune {cfg.finetune}: checkpoint is a {saved}, not --model "
+                        f"{cfg.model}; pass --model {saved} or another checkpoint"]  # fmt: skip
+            return []
+    return []
 
 
 def _path_problems(cfg: TrainConfig) -> list[str]:

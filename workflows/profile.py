@@ -150,8 +150,8 @@ class Profile(Strict):
     env: dict[str, str] = {}
     secrets: list[str] = Field(default=[], description="names of variables passed, never values")
     mpi: Literal["pmix", "pmi2", "none"] = "none"
-    account: str | None = None
-    qos: str | None = None
+    account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     preemption: Preemption = Preemption()
     exclusive: bool = True
     backend: Literal["nccl", "gloo"] = "nccl"

@@ -258,6 +258,8 @@ def prepare(ns: argparse.Namespace) -> Sweep:
         run_dir = study_dir / f"gpus{n}"
         extra = [*shlex.split(ns.args or ""), *sweep_args(batches[n], accum, steps, warmup)]
         decision = decide(profile.fabric, recipe.model, nodes, gpus=n, args=extra)
+        if decision.algorithm == "ps_colocated" and "--ps-servers" not in extra:
+            extra += ["--ps-servers", str(n)]  # the model's colocated server: every rank serves
         spec = build_spec(
             profile, recipe, STAGE, run_dir=run_dir, nodes=nodes,
             args=shlex.join(with_topology(extra, decision)),
@@ -387,6 +389,7 @@ def submit(script: Path) -> str:
 def wait_array(job_id: str, timeout: float | None, poll_s: float = 3.0) -> None:
     """Poll one squeue for the whole array until none of its tasks is queued or running."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    failures = 0
     while True:
         out = subprocess.run(
             ["squeue", "-h", "-j", job_id, "-o", "%i %T"],
@@ -394,6 +397,9 @@ def wait_array(job_id: str, timeout: float | None, poll_s: float = 3.0) -> None:
         )  # fmt: skip
         if out.returncode == 0 and not out.stdout.strip():
             return
+        failures = failures + 1 if out.returncode != 0 else 0
+        if failures >= 10:  # an array id squeue forgot answers with an empty list, not an error
+            raise RuntimeError(f"squeue keeps failing for array {job_id}: {out.stderr.strip()}")
         if deadline is not None and time.monotonic() >= deadline:
             subprocess.run(["scancel", job_id], check=False, capture_output=True)
             raise TimeoutError(f"array {job_id} not done after {timeout} s; cancelled it")
@@ -453,6 +459,16 @@ def main(argv: list[str]) -> int:
     if not ns.wait:
         print(f"when it is done: make report STUDY={shlex.quote(str(sweep.study_dir))}")
         return 0
-    wait_array(job_id, float(ns.timeout) if ns.timeout else None)
-    record_states(sweep.study_dir, job_id)
-    return report(sweep.study_dir)
+    try:
+        wait_array(job_id, float(ns.timeout) if ns.timeout else None)
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    study = record_states(sweep.study_dir, job_id)
+    rc = report(sweep.study_dir)
+    failed = [p["gpus"] for p in study["points"] if p["state"] not in (None, "COMPLETED")]
+    if failed:
+        print(f"error: the points with {failed} GPUs did not complete; see the report and "
+              f"{sweep.study_dir / 'logs'}", file=sys.stderr)  # fmt: skip
+        return 1
+    return rc

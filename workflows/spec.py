@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -11,12 +12,19 @@ from typing import Any, Literal
 from trainer.exitcodes import REQUEUE
 from workflows.errors import ConfigError
 from workflows.profile import Profile, resolve_path
-from workflows.recipe import Recipe, check_token_label_size
+from workflows.recipe import Recipe, StageRecipe, check_token_label_size
 from workflows.templating import render
 
 Entry = Literal["trainer", "rankinfo"]
 MASTER_PORT_BASE = 20000  # MASTER_PORT = base + job id % span: concurrent jobs on a node differ
 MASTER_PORT_SPAN = 20000
+# srun --wait: once one rank exits, the others get this long, then are killed. Not
+# --kill-on-bad-exit: it would SIGTERM ranks still finishing their preemption checkpoint as soon
+# as the first one exits 75, and srun would then report 143 instead of 75 (no requeue).
+RANK_EXIT_WAIT_S = 60
+_DEPENDENCY = re.compile(
+    r"^(singleton|[a-z_]+(:[0-9A-Za-z_.+]+)+)([,?](singleton|[a-z_]+(:[0-9A-Za-z_.+]+)+))*$"
+)
 # Flags vitpod sets itself; giving them in ARGS would silently fight the run layout.
 _RESERVED = {
     "--output": "the run directory is created by vitpod",
@@ -131,26 +139,15 @@ def build_spec(
             f"profile {profile.name}: partitions.{stage} is missing; add "
             f"`{stage}: {{name: <partition>, time: HH:MM:SS}}` under partitions"
         )
+    _check_dependency(dependency)
     finetune = _finetune_source(stage_recipe.finetune, finetune_from, dependency)
     python = _python(profile)
-    data_dir = resolve_path(profile.storage.data)
-    if stage_recipe.data:
-        data_dir = data_dir / stage_recipe.data
-    flags = stage_recipe.trainer_flags()
-    if stage_recipe.token_label and stage_recipe.token_label_data:
-        flags += [
-            "--token-label-data",
-            str(resolve_path(profile.storage.data) / stage_recipe.token_label_data),
-        ]
-    if finetune:
-        flags += ["--finetune", finetune]
-    flags += ["--output", str(run_dir), "--resume", "auto"]
-    flags += extra
-    _check_final_flags(flags)
-    if entry == "trainer":
-        command = (python, "-m", "trainer", str(data_dir), "--model", recipe.model, *flags)
+    if entry == "rankinfo":
+        command: tuple[str, ...] = (python, "-m", "workflows.rankinfo")
     else:
-        command = (python, "-m", "workflows.rankinfo")
+        flags = _trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
+        data_dir = resolve_path(profile.storage.data) / (stage_recipe.data or "")
+        command = (python, "-m", "trainer", str(data_dir), "--model", recipe.model, *flags)
     return JobSpec(
         profile=profile,
         model=recipe.model,
@@ -178,6 +175,21 @@ def build_spec(
     )
 
 
+def _trainer_flags(
+    profile: Profile, stage: StageRecipe, run_dir: Path, finetune: str | None, extra: list[str]
+) -> list[str]:
+    """Recipe flags, shared-storage paths, the run directory, then ARGS (last wins)."""
+    flags = stage.trainer_flags()
+    if stage.token_label and stage.token_label_data:
+        labels = resolve_path(profile.storage.data) / stage.token_label_data
+        flags += ["--token-label-data", str(labels)]
+    if finetune:
+        flags += ["--finetune", finetune]
+    flags += ["--output", str(run_dir), "--resume", "auto", *extra]
+    _check_final_flags(flags)
+    return flags
+
+
 def _nodes(value: int | str | None, profile: Profile) -> int:
     if value in (None, ""):
         return profile.nodes
@@ -202,6 +214,14 @@ def _extra_args(args: str) -> list[str]:
         if flag in _RESERVED:
             raise ConfigError(f"ARGS: {flag} is set by vitpod ({_RESERVED[flag]}); remove it")
     return extra
+
+
+def _check_dependency(dependency: str | None) -> None:
+    if dependency and not _DEPENDENCY.match(dependency):
+        raise ConfigError(
+            f"dependency={dependency!r} is not a Slurm dependency; write e.g. afterok:1234 or "
+            "afterok:1234:1235,afterany:99"
+        )
 
 
 def _finetune_source(needs: bool, finetune_from: str | None, dependency: str | None) -> str | None:
@@ -273,7 +293,7 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
     profile = spec.profile
     env = environment(profile)
     env_names = sorted({*env, "MASTER_ADDR", "MASTER_PORT", *profile.secrets})
-    srun_args = [f"--mpi={profile.mpi}", "--kill-on-bad-exit=1", "--cpu-bind=none"]
+    srun_args = [f"--mpi={profile.mpi}", f"--wait={RANK_EXIT_WAIT_S}", "--cpu-bind=none"]
     if profile.container is None:  # ranks start in the code directory (in a container: workdir)
         srun_args.append(f"--chdir={spec.code_dir}")
     srun_args += _container_args(profile, env_names)

@@ -30,8 +30,13 @@ done
 mkdir -p "$STATE"/{etc,log,run,ctld,db,spool,dev} /etc/slurm
 chmod 0755 "$STATE"
 
-# Is the daemon whose pid file is $1 alive?
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# Is the daemon whose pid file is $1 alive, and still that program (pids are reused)?
+alive() {
+  local pid
+  [ -s "$1" ] || return 1
+  pid=$(cat "$1")
+  kill -0 "$pid" 2>/dev/null && grep -q "$2" "/proc/$pid/comm" 2>/dev/null
+}
 
 # Poll `$@` for up to $WAIT seconds (default 30).
 wait_for() {
@@ -43,12 +48,13 @@ wait_for() {
   die "timed out waiting for $what (logs under $STATE/log)"
 }
 
+CHANGED=()
 write_if_changed() {  # write stdin to $1 only when the content differs; mode $2
   local tmp
   tmp=$(mktemp "$1.XXXX")
   cat >"$tmp"
   chmod "$2" "$tmp"
-  if [ -f "$1" ] && cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv -f "$tmp" "$1"; fi
+  if [ -f "$1" ] && cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv -f "$tmp" "$1"; CHANGED+=("$1"); fi
 }
 
 # --- host names: node1/node2 resolve to this host (MASTER_ADDR is a node name) ---
@@ -67,7 +73,7 @@ fi
 
 # --- MariaDB (own datadir, loopback only) ---
 DB_SOCK=$STATE/run/mysqld.sock
-if ! alive "$STATE/run/mariadbd.pid"; then
+if ! alive "$STATE/run/mariadbd.pid" mariadbd; then
   if [ ! -d "$STATE/db/mysql" ]; then
     log "initialising MariaDB in $STATE/db"
     mariadb-install-db --user=root --datadir="$STATE/db" --auth-root-authentication-method=socket \
@@ -145,7 +151,7 @@ done
 export SLURM_CONF=$STATE/etc/slurm.conf
 
 # --- slurmdbd + cluster registration ---
-if ! alive "$STATE/run/slurmdbd.pid"; then
+if ! alive "$STATE/run/slurmdbd.pid" slurmdbd; then
   log "starting slurmdbd"
   slurmdbd  # reads slurmdbd.conf beside $SLURM_CONF
   wait_for slurmdbd sacctmgr -n list cluster
@@ -154,14 +160,17 @@ sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER" \
   || sacctmgr -i add cluster "$CLUSTER" >/dev/null
 
 # --- slurmctld, slurmd per node ---
-if ! alive "$STATE/run/slurmctld.pid"; then
+if ! alive "$STATE/run/slurmctld.pid" slurmctld; then
   log "starting slurmctld"
   slurmctld -f "$SLURM_CONF"
   wait_for slurmctld scontrol ping
+elif [ ${#CHANGED[@]} -gt 0 ]; then
+  log "configuration changed (${CHANGED[*]}): scontrol reconfigure"
+  scontrol reconfigure
 fi
 for n in "${NODES[@]}"; do
   mkdir -p "$STATE/spool/$n"
-  if ! alive "$STATE/run/slurmd-$n.pid"; then
+  if ! alive "$STATE/run/slurmd-$n.pid" slurmd; then
     log "starting slurmd -N $n"
     slurmd -f "$SLURM_CONF" -N "$n"
   fi

@@ -1,0 +1,102 @@
+"""Async checkpoints: staged copy, atomic checksummed files, keep-last-K, corrupt skip; finetune."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.checkpoint import Checkpointer, save_final
+from trainer.models import ModelLoadError, create_model, load_finetune, model_manifest
+
+
+def state(value: float) -> dict:
+    return {
+        "model": {"w": torch.full((256, 256), value)},
+        "step": int(value),
+        "rng": torch.get_rng_state(),
+    }
+
+
+def test_save_returns_after_the_copy_and_writes_the_old_values(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, rank=0, world_size=1)
+    live = state(1.0)
+    ck.save(step=1, epoch=0, state=live)
+    live["model"]["w"].fill_(99.0)  # training goes on while the write runs in the background
+    ck.wait()
+    saved = torch.load(tmp_path / "step_000000001" / "rank0.pt", weights_only=False)
+    assert torch.equal(saved["model"]["w"], torch.full((256, 256), 1.0))
+    manifest = json.loads((tmp_path / "step_000000001" / "rank0.json").read_text())
+    assert manifest["step"] == 1 and manifest["bytes"] > 256 * 256 * 4
+    assert ck.verify(tmp_path / "step_000000001") is None
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]  # no temp files left
+
+
+def test_keeps_last_k_plus_milestones(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=2, milestone_every=2)
+    for step in range(1, 7):
+        ck.save(
+            step, epoch=step, state=state(step), epoch_end=True
+        )  # epochs 1, 3, 5 are milestones
+    ck.close()
+    kept = sorted(int(p.name.split("_")[1]) for p in ck.step_dirs())
+    assert kept == [1, 3, 5, 6]
+
+
+def test_resume_auto_skips_a_corrupt_checkpoint_with_a_warning(tmp_path: Path, caplog) -> None:
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=5)
+    for step in (10, 20):
+        ck.save(step, epoch=0, state=state(step))
+    ck.close()
+    newest = tmp_path / "step_000000020"
+    data = (newest / "rank0.pt").read_bytes()
+    (newest / "rank0.pt").write_bytes(data[: len(data) // 2])  # a torn write
+    with caplog.at_level(logging.WARNING):
+        assert ck.latest_valid() == tmp_path / "step_000000010"
+    assert "skipping checkpoint" in caplog.text and "checksum mismatch" in caplog.text
+    shared, own = ck.load(tmp_path / "step_000000010")
+    assert shared["step"] == 10 and own is shared
+
+
+def test_a_checkpoint_missing_a_rank_is_not_valid(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, rank=0, world_size=2)
+    ck.save(5, 0, state(5))
+    ck.close()
+    assert ck.latest_valid() is None  # rank 1 never wrote its part: not a resume point
+
+
+def test_a_failed_write_is_raised_on_the_training_thread(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    ck = Checkpointer(blocker, rank=0, world_size=1)
+    ck.save(1, 0, state(1))
+    with pytest.raises(RuntimeError, match="checkpoint write failed"):
+        ck.wait()
+
+
+def test_finetune_resamples_pos_embed_resets_head_and_refuses_other_models(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    small = create_model("volo_tiny", 32, 10, 0.0)
+    save_final(tmp_path / "run", small.state_dict(), model_manifest("volo_tiny", 32, 10))
+    big = create_model("volo_tiny", 64, 5, 0.0)
+    reset = load_finetune(big, str(tmp_path / "run"), "volo_tiny")
+    assert set(reset) == {"head.weight", "head.bias", "aux_head.weight", "aux_head.bias"}
+    assert big.pos_embed.shape == (1, 4, 4, 64)
+    assert torch.equal(big.patch_embed.conv[0].weight, small.patch_embed.conv[0].weight)
+    with pytest.raises(ModelLoadError, match="checkpoint is a volo_tiny, not --model vit_tiny"):
+        load_finetune(create_model("vit_tiny_patch16_224", 32, 10, 0.0), str(tmp_path / "run"),
+                      "vit_tiny_patch16_224")  # fmt: skip
+    (tmp_path / "run" / "final" / "manifest.json").unlink()  # no manifest: the keys decide
+    with pytest.raises(ModelLoadError, match="weights are not a vit_tiny_patch16_224"):
+        load_finetune(create_model("vit_tiny_patch16_224", 32, 10, 0.0), str(tmp_path / "run"),
+                      "vit_tiny_patch16_224")  # fmt: skip
+
+
+def test_vit_finetune_resamples_its_token_grid(tmp_path: Path) -> None:
+    vit32 = create_model("vit_tiny_patch16_224", 32, 10, 0.0)
+    torch.save(vit32.state_dict(), tmp_path / "vit.pt")
+    vit64 = create_model("vit_tiny_patch16_224", 64, 10, 0.0)
+    assert load_finetune(vit64, str(tmp_path / "vit.pt"), "vit_tiny_patch16_224") == []
+    assert vit64.pos_embed.shape == (1, 1 + 16, 192)
+    assert torch.equal(vit64.pos_embed[:, 0], vit32.pos_embed[:, 0])  # class token kept
