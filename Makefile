@@ -27,7 +27,7 @@ $(error unknown variable(s) $(unknown); valid variables: $(VALID_VARS))
 endif
 
 WF := $(PY) -m workflows
-STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args "$$ARGS"
+STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render pretrain finetune pipeline demo status scaling report \
         container slurm-up slurm-down bench

@@ -3,7 +3,10 @@
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "torch_extensions"))
+os.environ.setdefault(
+    "TORCH_EXTENSIONS_DIR",
+    os.path.join(os.path.dirname(__file__), "..", ".cache", "torch_extensions"),
+)
 
 pytest_plugins = [
     "tests.fixtures_data",
