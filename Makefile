@@ -5,7 +5,7 @@ PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 
 # The make variables users may set, with their defaults (the one table of them).
 CLUSTER ?= local
-MODEL ?= volo_d1
+MODEL ?=
 NODES ?=
 ARGS ?=
 FINETUNE_FROM ?=

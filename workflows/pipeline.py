@@ -42,14 +42,15 @@ class TrainerTask:
 
     On Slurm the task already runs under the binding step (bind.sh is submitit's `python`), so
     ranks, binding and MASTER_ADDR/PORT come from the same LaunchPlan as the sbatch path. Exit 75
-    (trainer/exitcodes.py REQUEUE) ends the task with 75 so the batch script requeues the job;
-    without Slurm the trainer is restarted here with `--resume auto`.
+    (trainer/exitcodes.py REQUEUE) ends the task with 75 and leaves a requeue marker, so the
+    batch script requeues the job; without Slurm the trainer is restarted here (`--resume auto`).
     """
 
     command: list[str]
     log_dir: str
     cwd: str
     local: bool
+    marker_dir: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
     def __call__(self) -> dict[str, Any]:
@@ -68,13 +69,22 @@ class TrainerTask:
                 restart += 1
                 continue
             break
+        marker = Path(self.marker_dir or self.log_dir) / requeue_marker_name(job.job_id, restart)
         if rc == REQUEUE:
+            marker.touch()
+        # srun --kill-on-bad-exit stops the slower ranks once one exits 75: not a failure.
+        if rc == REQUEUE or (rc < 0 and marker.exists()):
             sys.exit(REQUEUE)  # no result file: the job is not over, the batch script requeues it
         if rc != 0:
             raise RuntimeError(
                 f"rank {job.global_rank}: trainer exited with status {rc}; see {log}"
             )
         return {"rank": job.global_rank, "log": str(log), "restarts": restart}
+
+
+def requeue_marker_name(job_id: str, restart: int | str) -> str:
+    """File a rank leaves when its trainer exited 75 (one name for the task and the script)."""
+    return f"requeue-{job_id}-restart{restart}"
 
 
 def _local_rank_env(job: submitit.JobEnvironment) -> dict[str, str]:
@@ -113,12 +123,21 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str], log: Path, cwd:
 # --------------------------------------------------------------------------- submission
 
 
-def requeue_lines(exit_code: int) -> list[str]:
-    """Batch-script lines after srun: requeue on the trainer's status 75, as job.sbatch does."""
+def requeue_lines(exit_code: int, marker_dir: str) -> list[str]:
+    """Batch-script lines after srun: requeue when the trainer asked to (status 75), as job.sbatch.
+
+    srun's own status is not enough: with --kill-on-bad-exit the first rank's 75 makes srun stop
+    the others, and srun may then report their signal instead; any rank's marker file counts.
+    """
+    marker = (
+        shlex.quote(marker_dir)
+        + "/"
+        + requeue_marker_name("${SLURM_JOB_ID}", "${SLURM_RESTART_COUNT:-0}")
+    )
     return [
         "rc=$?",
-        f'if [ "$rc" -eq {exit_code} ]; then',
-        '  echo "vitpod: preempted (exit $rc); requeueing job $SLURM_JOB_ID"',
+        f'if [ "$rc" -eq {exit_code} ] || [ -e {marker} ]; then',
+        '  echo "vitpod: preempted (srun exit $rc); requeueing job $SLURM_JOB_ID"',
         '  scontrol requeue "$SLURM_JOB_ID"',
         "  exit 0",
         "fi",
@@ -160,7 +179,7 @@ def make_executor(job: Prepared, dependency: str | None) -> submitit.Executor:
         "mem": spec.mem,
         "srun_args": list(plan.srun_args),
         "setup": list(plan.setup_lines),
-        "teardown": requeue_lines(spec.requeue_exit) if spec.requeue else None,
+        "teardown": requeue_lines(spec.requeue_exit, str(folder)) if spec.requeue else None,
         "additional_parameters": extra,
     }
     if spec.gpus_per_node:
@@ -179,6 +198,7 @@ def _task(job: Prepared) -> TrainerTask:
         log_dir=spec.log_dir,
         cwd=spec.code_dir,
         local=spec.profile.scheduler == "local",
+        marker_dir=str(Path(spec.run_dir) / "submitit"),
         env=dict(job.plan.env) if spec.profile.scheduler == "local" else {},
     )
 

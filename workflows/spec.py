@@ -293,7 +293,7 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
     profile = spec.profile
     env = environment(profile)
     env_names = sorted({*env, "MASTER_ADDR", "MASTER_PORT", *profile.secrets})
-    srun_args = [f"--mpi={profile.mpi}", "--kill-on-bad-exit=1", "--cpu-bind=none"]
+    srun_args = [f"--mpi={profile.mpi}", f"--wait={RANK_EXIT_WAIT_S}", "--cpu-bind=none"]
     if profile.container is None:  # ranks start in the code directory (in a container: workdir)
         srun_args.append(f"--chdir={spec.code_dir}")
     srun_args += _container_args(profile, env_names)
