@@ -1,4 +1,4 @@
-"""Data sources and bad input: folder layout errors, CIFAR pickles, digits, synthetic, corrupt JPEGs."""
+"""Data sources and bad input: folder layout, CIFAR pickles, digits, synthetic, corrupt JPEGs."""
 
 from __future__ import annotations
 
@@ -135,12 +135,12 @@ def test_corrupt_images_fail_naming_the_file_or_are_skipped_and_counted(digits_d
 def _write_cifar(root: Path, dataset: str, per_batch: int = 10) -> Path:
     rng = np.random.default_rng(0)
     if dataset == "cifar10":
-        folder, names, meta = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], (
-            "batches.meta", b"label_names", b"labels", 10)  # fmt: skip
-        names.append("test_batch")
+        folder = root / "cifar-10-batches-py"
+        names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+        meta = ("batches.meta", b"label_names", b"labels", 10)
     else:
-        folder, names, meta = root / "cifar-100-python", ["train", "test"], (
-            "meta", b"fine_label_names", b"fine_labels", 100)  # fmt: skip
+        folder, names = root / "cifar-100-python", ["train", "test"]
+        meta = ("meta", b"fine_label_names", b"fine_labels", 100)
     meta_file, names_key, label_key, classes = meta
     folder.mkdir(parents=True)
     for name in names:
@@ -169,9 +169,6 @@ def test_cifar_pickles_load_with_their_labels(tmp_path, dataset, classes, train_
     )
     with pytest.raises(DataConfigError, match="loader='dali' cannot be used: dataset 'cifar"):
         create_loader(DataConfig(**{**_asdict(cfg), "loader": "dali"}), "val", 0, 1)
-    (root / ("cifar-10-batches-py" if classes == 10 else "cifar-100-python") / "test").unlink(
-        missing_ok=True
-    )
 
 
 def test_synthetic_source_needs_no_files_and_is_sharded_exactly():

@@ -43,6 +43,10 @@ def _stop_slurmdbd() -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def _restart_slurm() -> None:
+    subprocess.run(["bash", str(REPO / "workflows/localslurm/up.sh")], check=True)
+
+
 @pytest.mark.slurm
 def test_one_squeue_per_poll_and_completed_state(local_slurm, monkeypatch):
     first = _sbatch("-p", "pretrain", "--wrap", "true")
@@ -83,5 +87,5 @@ def test_cancelled_job_fails_wait_without_accounting(local_slurm, monkeypatch):
             jobstate.wait_jobs(jobstate.JobStatePoller(["999999"]), timeout=30, poll_s=0.2)
     finally:
         subprocess.run(["scancel", job, dependent], check=False)
-        subprocess.run(["bash", str(REPO / "workflows/localslurm/up.sh")], check=True)
+        _restart_slurm()
     assert jobstate.sacct([job]) is not None

@@ -26,6 +26,7 @@ def _profile(tmp_path: Path, **changes) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_local_pipeline_runs_both_stages(tmp_path, digits_dir):
     cluster = _profile(tmp_path, storage={"data": str(digits_dir.parent)})
     run = Pipeline(cluster, "volo_tiny", args=TINY, run_root=str(tmp_path / "runs")).submit()

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from workflows import topology
-from workflows.pipeline import Pipeline
+from workflows.pipeline import Pipeline, PipelineError
 from workflows.profile import PROFILE_DIR
 
 # Augmentation that draws no random numbers, as in the trainer's exact-resume test: a resumed
@@ -109,3 +109,24 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
     ratio = topology.compare(pre.decision, ref_dir)
     print(f"\ntopology {pre.decision.topology}: predicted vs measured comm per step {ratio}")
     assert ratio["measured_s"] is not None and ratio["measured_s"] > 0
+
+
+@pytest.mark.slurm
+def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_dir, tmp_path):
+    from tests.test_jobstate_slurm import _restart_slurm, _stop_slurmdbd
+
+    cluster = _localslurm(tmp_path, digits_dir.parent)
+    run = Pipeline(
+        cluster, "volo_tiny", nodes=1, args="--epochs 50", run_root=str(tmp_path / "runs")
+    ).submit()
+    _stop_slurmdbd()
+    try:
+        subprocess.run(["scancel", run.stages["pretrain"].job_ids[0]], check=True)
+        start = time.monotonic()
+        with pytest.raises(PipelineError, match="pretrain: job .* ended CANCELLED"):
+            run.wait(timeout=120, poll_s=1)
+        assert time.monotonic() - start < 60
+        shown = {s.stage: s.state for s in run.status()}
+        assert shown == {"pretrain": "CANCELLED", "finetune": "CANCELLED"}
+    finally:
+        _restart_slurm()

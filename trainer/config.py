@@ -143,6 +143,7 @@ class TrainConfig:
     milestone_every: int = field(
         default=50, metadata=_arg("run", "keep epoch-end checkpoints every N epochs")
     )
+    eval: bool = field(default=True, metadata=_arg("run", "evaluate on the val split"))
     log_interval: int = field(default=50, metadata=_arg("run", "metrics line every N steps"))
     warmup_steps_excluded: int = field(
         default=5, metadata=_arg("run", "steps left out of throughput")

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -76,15 +77,22 @@ def server_ranks(world_size: int, servers: int) -> tuple[int, ...]:
     return tuple(i * world_size // servers for i in range(servers))
 
 
+def token_label_forward(model: nn.Module, images: torch.Tensor) -> Any:
+    """VOLO with MixToken: (class logits, token logits, bbox) for TokenLabelCriterion."""
+    from trainer.data.token_label import forward_train
+
+    return forward_train(model, images)
+
+
 class TrainForward(nn.Module):
-    """Routes training passes through VOLO's forward_train (token labeling, MixToken)."""
+    """Routes training passes through the token-labeling forward, inside DDP's reducer."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.inner = model
 
     def forward(self, images: torch.Tensor) -> Any:
-        return self.inner.forward_train(images) if self.training else self.inner(images)
+        return token_label_forward(self.inner, images) if self.training else self.inner(images)
 
 
 class DDPEngine:
@@ -133,6 +141,12 @@ class DDPEngine:
 
     def comm_seconds(self) -> float:
         return self.comm.pop()
+
+    def save_sharded(self, directory: Path) -> None:
+        del directory  # DDP state is replicated: rank 0's file holds it
+
+    def load_sharded(self, directory: Path) -> None:
+        del directory
 
     def state_dict(self) -> dict[str, Any]:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -190,7 +204,7 @@ class DeepSpeedEngine:
 
     def forward(self, images: torch.Tensor) -> Any:
         if self.token_label:  # ZeRO-3 would need the engine's own forward here
-            return self.model.forward_train(images.to(self.dtype))
+            return token_label_forward(self.model, images.to(self.dtype))
         return self.engine(images.to(self.dtype))
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -203,7 +217,17 @@ class DeepSpeedEngine:
         return 0.0  # inside DeepSpeed's reducer; not separable here
 
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError("DeepSpeed states go through trainer.checkpoint.save_deepspeed")
+        return {}  # model and ZeRO partitions are in DeepSpeed's own sharded files
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+    def save_sharded(self, directory: Path) -> None:
+        """Collective: every rank writes its ZeRO partition under directory/deepspeed/."""
+        self.engine.save_checkpoint(str(directory), tag="deepspeed", save_latest=False)
+
+    def load_sharded(self, directory: Path) -> None:
+        self.engine.load_checkpoint(str(directory), tag="deepspeed", load_lr_scheduler_states=False)
 
 
 def parallelize(model: nn.Module, optimizer_factory, precision: Precision, cfg) -> Any:

@@ -200,6 +200,8 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self) -> None:
+        if not self.cfg.eval:
+            return
         model = self.engine.model
         model.eval()
         dtype = next(model.parameters()).dtype
@@ -234,6 +236,7 @@ class Trainer:
         return state
 
     def _save(self, epoch_end: bool, wait: bool = False) -> None:
+        self.engine.save_sharded(self.checkpointer.step_dir(self.step))
         self.checkpointer.save(self.step, self.epoch, self._state(epoch_end), epoch_end=epoch_end)
         if wait:
             self.checkpointer.wait()
@@ -249,6 +252,7 @@ class Trainer:
             return
         shared, own = self.checkpointer.load(directory)
         self.engine.load_state_dict(shared)
+        self.engine.load_sharded(directory)
         self.scheduler.load_state_dict(shared["scheduler"])
         self.step, self.epoch = own["step"], own["epoch"]
         if not own["epoch_end"]:
@@ -274,7 +278,7 @@ class Trainer:
             ckpt.save_final(self.run_dir, self.engine.model.state_dict(), manifest)
             self.metrics.summary(
                 {
-                    "top1": self.last_eval["top1"], "top5": self.last_eval["top5"],
+                    "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
                     "steps": self.step, "images_per_s": float(images[0]) / max(seconds, 1e-9),
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
                     "topology": self.engine.name,

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 #: States after which a job never runs again (a requeued job goes back to PENDING instead).
+#: PREEMPTED is left out: with requeue it is a passing state; without, the job later leaves the
+#: queue and counts as GONE.
 TERMINAL = frozenset(
     {
         "COMPLETED",
@@ -18,7 +20,6 @@ TERMINAL = frozenset(
         "OUT_OF_MEMORY",
         "BOOT_FAIL",
         "DEADLINE",
-        "PREEMPTED",
         "REVOKED",
         "SPECIAL_EXIT",
     }

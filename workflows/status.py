@@ -124,7 +124,7 @@ def root_cause(log_dir: Path) -> Traceback | None:
         for tb in find_tracebacks(p)
     ]
     real = [tb for tb in tracebacks if not tb.communication]
-    return (real or tracebacks or [None])[0]
+    return next(iter(real or tracebacks), None)
 
 
 def first_error_line(log_dir: Path) -> str | None:

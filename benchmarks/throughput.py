@@ -1,0 +1,130 @@
+"""Training images/s of volo_d1_224: our trainer loop vs timm train.py's train_one_epoch loop.
+
+timm's train.py is a script, not part of the timm wheel, so its inner loop is re-implemented
+here line for line (timm 1.0.x, single process, no mixup: autocast only with --amp, timm's
+AdamW from create_optimizer_v2, LabelSmoothingCrossEntropy, zero_grad/backward/step,
+loss.item() every step, scheduler.step_update). Both loops read the same synthetic batches
+from trainer.data, on the same machine, in the same run; results go to
+benchmarks/results/throughput.json with each variant's ratio against the timm loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results" / "throughput.json"
+MODEL = "volo_d1"
+
+
+def data_args(batch: int, img_size: int) -> list[str]:
+    return ["--dataset", "synthetic", "--img-size", str(img_size), "-b", str(batch),
+            "--workers", "0", "--loader", "torch", "--num-classes", "1000"]  # fmt: skip
+
+
+def timm_train_one_epoch(batch: int, img_size: int, steps: int, warmup: int) -> float:
+    """timm train.py's loop (fp32 defaults); images/s over the steps after `warmup`."""
+    from timm.loss import LabelSmoothingCrossEntropy
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import create_scheduler_v2
+
+    from trainer.config import parse_args
+    from trainer.data import create_loader
+    from trainer.models import create_model
+    from trainer.train import data_config
+
+    torch.manual_seed(0)
+    cfg = parse_args(["x", *data_args(batch, img_size)])
+    loader = create_loader(data_config(cfg), "train", 0, 1)
+    model = create_model(MODEL, img_size, 1000, 0.1)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1.6e-3, weight_decay=0.05)
+    scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=300,
+                                       warmup_epochs=20, step_on_epochs=False,
+                                       updates_per_epoch=len(loader))  # fmt: skip
+    loss_fn = LabelSmoothingCrossEntropy(smoothing=0.1)
+    model.train()
+    num_updates, start, done = 0, 0.0, 0
+    for batch_idx, (input, target) in enumerate(loader):
+        if batch_idx == warmup:
+            start = time.perf_counter()
+        output = model(input)
+        loss = loss_fn(output, target)
+        optimizer.zero_grad()
+        loss.backward(create_graph=False)
+        optimizer.step()
+        _ = loss.item()  # losses_m.update(loss.item(), input.size(0)) in timm
+        num_updates += 1
+        scheduler.step_update(num_updates=num_updates)
+        done += batch_idx >= warmup
+        if batch_idx + 1 == warmup + steps:
+            break
+    return done * batch / (time.perf_counter() - start)
+
+
+def our_loop(batch: int, img_size: int, steps: int, warmup: int, flags: list[str]) -> dict:
+    """Our Trainer (single rank, DDP + comm hook, metrics) with extra flags; its summary."""
+    from trainer.__main__ import main
+
+    with tempfile.TemporaryDirectory() as out:
+        argv = ["x", *data_args(batch, img_size), "--model", MODEL, "--max-steps",
+                str(warmup + steps), "--warmup-steps-excluded", str(warmup), "--no-eval",
+                "--resume", "none", "--checkpoint-every", "0", "--output", out, *flags]  # fmt: skip
+        if main(argv) != 0:
+            raise RuntimeError(f"trainer failed: {argv}")
+        return json.loads((Path(out) / "summary.json").read_text())
+
+
+VARIANTS = {
+    "fp32 + torch fused AdamW": [],
+    "bf16 autocast + fused AdamW": ["--amp"],
+    "bf16 autocast + fused AdamW + channels_last": ["--amp", "--channels-last"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--img-size", type=int, default=224)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="also time --compile (slow start)")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    variants = dict(VARIANTS)
+    if args.compile:
+        variants["bf16 autocast + fused AdamW + torch.compile"] = ["--amp", "--compile"]
+    baseline = timm_train_one_epoch(args.batch, args.img_size, args.steps, args.warmup)
+    rows = {}
+    for name, flags in variants.items():
+        rate = our_loop(args.batch, args.img_size, args.steps, args.warmup, flags)["images_per_s"]
+        rows[name] = {"flags": flags, "images_per_s": rate, "ratio_vs_timm": rate / baseline}
+        print(f"{name:50s} {rate:8.2f} img/s  x{rate / baseline:.2f}", flush=True)
+    best = max(rows, key=lambda k: rows[k]["ratio_vs_timm"])
+    result = {
+        "benchmark": "training throughput, volo_d1_224, one process",
+        "device": "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(),
+        "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+        "batch": args.batch, "img_size": args.img_size, "measured_steps": args.steps,
+        "warmup_steps": args.warmup, "timm_loop_images_per_s": baseline, "ours": rows,
+        "best": best, "best_ratio": rows[best]["ratio_vs_timm"], "goal_ratio": 1.2,
+        "baseline_note": "timm train.py train_one_epoch re-implemented (train.py is not in the "
+        "timm wheel): fp32, timm create_optimizer_v2 adamw, LabelSmoothingCrossEntropy(0.1)",
+    }  # fmt: skip
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"timm loop {baseline:.2f} img/s; best ours: {best} x{result['best_ratio']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
