@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 from timm.models.volo import VOLO
 
 from trainer.data import DataConfig, create_loader
@@ -110,17 +109,22 @@ def _train(model, loader, epochs: int, loss_fn, forward) -> list[float]:
     return losses
 
 
+def _no_mixing(model, images):
+    return forward_train(model, images, mix_token=False)
+
+
 @pytest.mark.slow
 def test_a_student_learns_digits_from_teacher_token_labels(digits_dir, tmp_path):
     torch.manual_seed(0)
     random.seed(0)
     base = DataConfig(data_dir=str(digits_dir), img_size=32, batch_size=64, workers=0,
-                      loader="torch", auto_augment=None, reprob=0.0, scale=(0.35, 1.0))  # fmt: skip
+                      loader="torch", auto_augment=None, reprob=0.0, scale=(0.5, 1.0))  # fmt: skip
     val = create_loader(base, "val", 0, 1)
-    teacher = _tiny_volo()
-    _train(teacher, create_loader(base, "train", 0, 1), 3, F.cross_entropy, lambda m, x: m(x))
+    teacher = _tiny_volo()  # plain labels on the class token and on every token
+    plain = TokenLabelCriterion()
+    _train(teacher, create_loader(base, "train", 0, 1), 4, plain, _no_mixing)
     teacher_acc = _accuracy(teacher, val)
-    assert teacher_acc > 40.0
+    assert teacher_acc > 50.0
     path = generate_token_labels(teacher, digits_dir, tmp_path / "tl.pt", img_size=32, topk=3)
     cfg = dataclasses.replace(
         base, token_label=True, token_label_data=str(path), token_label_size=2
@@ -129,11 +133,10 @@ def test_a_student_learns_digits_from_teacher_token_labels(digits_dir, tmp_path)
     images, targets = next(iter(train))
     assert targets.shape == (64, 2 + 4, 10) and torch.allclose(targets.sum(-1), torch.ones(64, 6))
     student = _tiny_volo(mix_token=True)
-    losses = _train(student, train, 3, TokenLabelCriterion(), forward_train)
+    losses = _train(student, train, 5, TokenLabelCriterion(), forward_train)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     student_acc = _accuracy(student, val)
     assert last < first - 0.1, f"token-label loss {first:.3f} -> {last:.3f}"
-    print(f"teacher {teacher_acc:.1f}% student {student_acc:.1f}% loss {first:.3f} -> {last:.3f}")
-    assert student_acc > 25.0, (
+    assert student_acc > 30.0, (
         f"student {student_acc:.1f}% (teacher {teacher_acc:.1f}%, chance 10%)"
     )

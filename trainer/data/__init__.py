@@ -1,0 +1,71 @@
+"""Data sources and per-rank loaders (DALI or torch) with exactly-once sharding."""
+
+from __future__ import annotations
+
+import logging
+
+from trainer.data.config import DataConfig, DataConfigError
+from trainer.data.loader import CorruptImageError, Loader
+from trainer.data.sources import DataSourceError, Split, load_split
+
+__all__ = [
+    "CorruptImageError",
+    "DataConfig",
+    "DataConfigError",
+    "DataSourceError",
+    "Loader",
+    "create_loader",
+    "choose_loader",
+]
+
+log = logging.getLogger(__name__)
+
+
+def create_loader(cfg: DataConfig, split: str, rank: int, world_size: int) -> Loader:
+    """This rank's loader for `split` ('train' or 'val'), DALI or torch per cfg.loader."""
+    data = load_split(cfg, split)
+    train = split == "train"
+    kind = choose_loader(cfg, data, train)
+    if kind == "dali":
+        from trainer.data.dali_loader import DaliLoader
+
+        return DaliLoader(data, cfg, rank, world_size, train)
+    from trainer.data.torch_loader import TorchLoader
+
+    token_labels = None
+    if train and cfg.token_label:
+        from trainer.data.token_label import TokenLabelStore
+
+        token_labels = TokenLabelStore.open(cfg, num_classes=len(data.classes), split=data)
+    return TorchLoader(data, cfg, rank, world_size, train, token_labels=token_labels)
+
+
+def choose_loader(cfg: DataConfig, data: Split, train: bool) -> str:
+    """'dali' or 'torch': an explicit choice is checked; 'auto' takes DALI when it can."""
+    reason = _dali_unsuitable(cfg, data, train)
+    if cfg.loader == "dali" and reason:
+        raise DataConfigError(
+            f"DataConfig.loader='dali' cannot be used: {reason}; use 'torch' or 'auto'"
+        )
+    if cfg.loader == "auto":
+        kind = "torch" if reason else "dali"
+        log.info("loader auto -> %s%s", kind, f" ({reason})" if reason else "")
+        return kind
+    return cfg.loader
+
+
+def _dali_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
+    if data.kind != "files":
+        return f"dataset '{cfg.dataset}' is not image files (DALI reads JPEG files)"
+    if train and cfg.token_label:
+        return "token labeling needs the crop boxes of the torch loader"
+    try:
+        from trainer.data.dali_augment import rand_augment_params
+    except ImportError as err:
+        return f"nvidia.dali does not import ({err})"
+    if train and cfg.auto_augment:
+        try:
+            rand_augment_params(cfg.auto_augment)
+        except ValueError as err:
+            return str(err)
+    return ""

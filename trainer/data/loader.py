@@ -1,0 +1,101 @@
+"""The per-rank Loader interface shared by the torch and DALI loaders: epochs, state, resume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.data.config import DataConfig
+from trainer.data.sharding import epoch_order, rank_batches, samples_after
+from trainer.data.sources import Split
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # images, targets, sample indices
+
+
+class CorruptImageError(RuntimeError):
+    """An image file could not be decoded (DataConfig.corrupt='fail')."""
+
+
+class Loader:
+    """Iterable of (images [B,3,H,W] normalized, targets) for one rank; exactly once per epoch.
+
+    Call `set_epoch(e)` before each epoch. `state_dict()` taken after consuming a batch and
+    given to `load_state_dict()` of a new Loader makes it continue with the next batch.
+    Subclasses implement `_iter_batches(batches)` yielding (images, targets, indices).
+    """
+
+    name = "base"
+
+    def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+        if train and len(split) < world_size:
+            raise ValueError(
+                f"{split.name} split has {len(split)} samples, fewer than world_size={world_size}"
+            )
+        self.split, self.cfg, self.rank, self.world_size, self.train = (
+            split, cfg, rank, world_size, train,
+        )  # fmt: skip
+        self.num_classes = len(split.classes)
+        self.epoch = 0
+        self._start = 0  # global samples of self.epoch consumed before this iteration
+        self._done = 0  # global samples of self.epoch consumed so far
+        self.skipped: list[str] = []  # corrupt images dropped (corrupt='skip')
+
+    def __len__(self) -> int:
+        return len(self._plan(0))
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self._start, self._done = epoch, 0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "samples_done": self._done,
+            "num_samples": len(self.split),
+            "seed": self.cfg.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["num_samples"] != len(self.split) or state["seed"] != self.cfg.seed:
+            raise ValueError(
+                f"loader state is for {state['num_samples']} samples and seed {state['seed']}, "
+                f"this {self.split.name} split has {len(self.split)} and seed {self.cfg.seed}: "
+                "resume with the same data and --seed"
+            )
+        self.epoch = int(state["epoch"])
+        self._start = self._done = int(state["samples_done"])
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        if self._done >= len(self.split):
+            self._start = self._done = 0  # a new pass over the same epoch
+        self._start = self._done
+        batches = self._plan(self._start)
+        total = len(self.split)
+        for count, (images, targets, indices) in enumerate(self._iter_batches(batches), 1):
+            self._done = self._start + samples_after(
+                count, self.world_size, self.cfg.batch_size, total - self._start
+            )
+            if self.cfg.return_index:
+                yield images, targets, indices
+            else:
+                yield images, targets
+        self._done = total
+
+    def _plan(self, start: int) -> list[np.ndarray]:
+        order = epoch_order(len(self.split), self.cfg.seed, self.epoch, shuffle=self.train)
+        return rank_batches(
+            order[start:],
+            self.rank,
+            self.world_size,
+            self.cfg.batch_size,
+            train=self.train,
+            drop_last=self.cfg.drop_last,
+        )
+
+    def _iter_batches(self, batches: list[np.ndarray]) -> Iterator[Batch]:
+        raise NotImplementedError

@@ -1,0 +1,149 @@
+"""The torch loader: timm transforms in DataLoader workers over this rank's planned batches."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from trainer.data.config import DataConfig
+from trainer.data.loader import Batch, CorruptImageError, Loader
+from trainer.data.sources import Split
+from trainer.data.transforms import BoxedTrainTransform, eval_transform, train_transform
+
+Item = tuple[int, Any, Any]  # (index, image tensor or None if skipped, target or skipped path)
+
+
+class SplitDataset(Dataset):
+    """Decodes and transforms one sample; a corrupt file raises or is reported as skipped."""
+
+    def __init__(self, split: Split, transform: Callable, corrupt: str, token_labels: Any = None):
+        self.split, self.transform, self.corrupt, self.token_labels = (
+            split, transform, corrupt, token_labels,
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> Item:
+        label = int(self.split.labels[index])
+        if self.split.arrays is not None:
+            return index, self.transform(Image.fromarray(self.split.arrays[index])), label
+        assert self.split.files is not None
+        path = self.split.files[index]
+        try:
+            with Image.open(path) as raw:
+                img = raw.convert("RGB")
+        except (OSError, ValueError, SyntaxError) as err:
+            if self.corrupt == "fail":
+                raise CorruptImageError(
+                    f"cannot decode {path}: {err}; fix or remove the file, or pass corrupt='skip'"
+                ) from err
+            return index, None, path
+        if self.token_labels is None:
+            return index, self.transform(img), label
+        image, box, flipped = self.transform(img)
+        return (
+            index,
+            image,
+            self.token_labels.target(self.split.relpath(index), label, box, flipped),
+        )
+
+
+def collate(items: list[Item]) -> tuple[torch.Tensor, Any, torch.Tensor, list[str]]:
+    """Stack the decoded samples; skipped ones only report their path."""
+    kept = [item for item in items if item[1] is not None]
+    skipped = [item[2] for item in items if item[1] is None]
+    if not kept:
+        return (
+            torch.empty(0),
+            torch.empty(0, dtype=torch.long),
+            torch.empty(0, dtype=torch.long),
+            skipped,
+        )
+    indices = torch.tensor([item[0] for item in kept], dtype=torch.long)
+    images = torch.stack([item[1] for item in kept])
+    first = kept[0][2]
+    if isinstance(first, torch.Tensor):
+        targets = torch.stack([item[2] for item in kept])
+    else:
+        targets = torch.tensor([item[2] for item in kept], dtype=torch.long)
+    return images, targets, indices, skipped
+
+
+class _PlanSampler:
+    """A batch sampler whose batches the Loader sets before each pass (keeps workers persistent)."""
+
+    def __init__(self) -> None:
+        self.batches: list[np.ndarray] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (batch.tolist() for batch in self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _worker_init(_worker_id: int) -> None:
+    torch.set_num_threads(1)
+
+
+class TorchLoader(Loader):
+    """torch DataLoader over the planned batches; timm RandAugment + random erasing for training."""
+
+    name = "torch"
+
+    def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool,
+                 token_labels: Any = None):  # fmt: skip
+        super().__init__(split, cfg, rank, world_size, train)
+        self._sampler = _PlanSampler()
+        self._loader: DataLoader | None = None
+        self._token_labels = token_labels if train else None
+
+    def _build(self) -> DataLoader:
+        cfg = self.cfg
+        # Workers fork from a server that has these imported already (seconds saved per loader).
+        multiprocessing.set_forkserver_preload(["torch", "timm", __name__])
+        if self._token_labels is not None:
+            transform: Callable = BoxedTrainTransform(cfg)
+        else:
+            transform = train_transform(cfg) if self.train else eval_transform(cfg)
+        dataset = SplitDataset(self.split, transform, cfg.corrupt, self._token_labels)
+        return DataLoader(
+            dataset,
+            batch_sampler=self._sampler,
+            num_workers=cfg.workers,
+            collate_fn=collate,
+            pin_memory=torch.cuda.is_available(),
+            worker_init_fn=_worker_init if cfg.workers else None,
+            persistent_workers=cfg.workers > 0,
+            # fork would copy the locks of whatever threads run here (DALI, gloo, async
+            # checkpoint writers) and can deadlock a worker; forkserver forks a clean process
+            multiprocessing_context="forkserver" if cfg.workers else None,
+            prefetch_factor=2 if cfg.workers else None,
+        )
+
+    def _iter_batches(self, batches: list[np.ndarray]) -> Iterator[Batch]:
+        if self.split.kind == "synthetic":
+            yield from self._synthetic(batches)
+            return
+        if self._loader is None:
+            self._loader = self._build()
+        self._sampler.batches = batches
+        for images, targets, indices, skipped in self._loader:
+            self.skipped.extend(skipped)
+            yield images, targets, indices
+
+    def _synthetic(self, batches: list[np.ndarray]) -> Iterator[Batch]:
+        size = self.cfg.img_size
+        generator = torch.Generator().manual_seed(self.cfg.seed)
+        images = torch.randn(self.cfg.batch_size, 3, size, size, generator=generator)
+        labels = torch.from_numpy(self.split.labels)
+        for batch in batches:
+            indices = torch.from_numpy(batch)
+            yield images[: len(batch)], labels[indices], indices
