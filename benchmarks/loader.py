@@ -49,12 +49,21 @@ def write_jpegs(root: Path, count: int, seed: int = 0) -> Path:
     return root
 
 
-def images_per_s(run_pass: Callable[[], int], passes: int) -> float:
-    run_pass()  # warm-up: pipeline build, page cache, first-call imports
-    start, images = time.perf_counter(), 0
-    for _ in range(passes):
-        images += run_pass()
-    return images / (time.perf_counter() - start)
+def best_rates(measured: dict[str, Callable[[], int]], rounds: int) -> dict[str, float]:
+    """Best images/s of each variant over `rounds` round-robin passes (after one warm-up each).
+
+    Round-robin plus best-of keeps a burst of load from other processes on a shared machine
+    from landing on one variant only.
+    """
+    for run_pass in measured.values():
+        run_pass()  # warm-up: pipeline build, page cache, first-call imports
+    best = dict.fromkeys(measured, 0.0)
+    for _ in range(rounds):
+        for name, run_pass in measured.items():
+            start = time.perf_counter()
+            images = run_pass()
+            best[name] = max(best[name], images / (time.perf_counter() - start))
+    return {name: round(rate, 1) for name, rate in best.items()}
 
 
 def pil_decode(files: list[str]) -> Callable[[], int]:
@@ -67,15 +76,23 @@ def pil_decode(files: list[str]) -> Callable[[], int]:
     return run
 
 
-def dali_decode(files: list[str], batch: int) -> Callable[[], int]:
+def dali_stage(files: list[str], batch: int, stage: str) -> Callable[[], int]:
+    """DALI on one thread up to `stage`: 'decode' (whole image), 'crop' (random-crop decode),
+    'crop_resize_bicubic' or 'crop_resize_bilinear' (plus the 224 px resize)."""
     from nvidia.dali import fn, pipeline_def, types
 
     @pipeline_def
-    def decode_only():
+    def stages():
         encoded, _ = fn.readers.file(files=files, name="reader", pad_last_batch=True)
-        return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+        if stage == "decode":
+            return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+        images = fn.decoders.image_random_crop(encoded, device="cpu", output_type=types.RGB)
+        if stage == "crop":
+            return images
+        interp = types.INTERP_CUBIC if stage.endswith("bicubic") else types.INTERP_LINEAR
+        return fn.resize(images, resize_x=224, resize_y=224, interp_type=interp)
 
-    pipe = decode_only(batch_size=batch, num_threads=1, device_id=None)
+    pipe = stages(batch_size=batch, num_threads=1, device_id=None)
     pipe.build()
     iterations = -(-len(files) // batch)
 
@@ -101,7 +118,7 @@ def loader_pass(cfg: DataConfig) -> Callable[[], int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=256)
-    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument(
         "--data", default=os.path.join(tempfile.gettempdir(), "vitpod-loader-bench")
@@ -115,24 +132,31 @@ def main() -> None:
     recipe = dict(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
     plain = dict(auto_augment=None, reprob=0.0)
     dali = {**common, "workers": 1}  # one DALI CPU thread
+    bilinear = {**plain, "interpolation": "bilinear"}
     measured = {
         "bare_decode_pil": pil_decode(files),
-        "bare_decode_dali": dali_decode(files, args.batch),
+        "bare_decode_dali": dali_stage(files, args.batch, "decode"),
         "torch_pil_recipe": loader_pass(DataConfig(**common, loader="torch", **recipe)),
         "torch_pil_crop_flip": loader_pass(DataConfig(**common, loader="torch", **plain)),
+        "torch_pil_crop_flip_bilinear": loader_pass(
+            DataConfig(**common, loader="torch", **bilinear)
+        ),
         "dali_cpu_recipe": loader_pass(DataConfig(**dali, loader="dali", **recipe)),
         "dali_cpu_crop_flip": loader_pass(DataConfig(**dali, loader="dali", **plain)),
+        "dali_cpu_crop_flip_bilinear": loader_pass(DataConfig(**dali, loader="dali", **bilinear)),
+        "stage_dali_crop_decode": dali_stage(files, args.batch, "crop"),
+        "stage_dali_crop_resize_bicubic": dali_stage(files, args.batch, "crop_resize_bicubic"),
+        "stage_dali_crop_resize_bilinear": dali_stage(files, args.batch, "crop_resize_bilinear"),
     }
-    results = {}
-    for name, run_pass in measured.items():
-        results[name] = round(images_per_s(run_pass, args.passes), 1)
-        print(f"{name:22s} {results[name]:8.1f} images/s per core", flush=True)
+    results = best_rates(measured, args.rounds)
+    for name, rate in results.items():
+        print(f"{name:32s} {rate:8.1f} images/s per core")
     report(args, files, results)
 
 
 def report(args: argparse.Namespace, files: list[str], results: dict[str, float]) -> None:
     limit_name = max(("bare_decode_pil", "bare_decode_dali"), key=results.__getitem__)
-    pipelines = {k: v for k, v in results.items() if not k.startswith("bare")}
+    pipelines = {k: v for k, v in results.items() if k.startswith(("torch", "dali"))}
     best_name = max(pipelines, key=pipelines.__getitem__)
     recipe_name = max(("dali_cpu_recipe", "torch_pil_recipe"), key=results.__getitem__)
     sizes = [Image.open(p).size for p in files[:50]]
@@ -141,7 +165,8 @@ def report(args: argparse.Namespace, files: list[str], results: dict[str, float]
         "unit": "images/s on one core",
         "images": len(files),
         "source_px": {"min": int(np.min(sizes)), "max": int(np.max(sizes))},
-        "passes": args.passes,
+        "rounds": args.rounds,
+        "statistic": "best of the rounds, variants interleaved round-robin",
         "batch_size": args.batch,
         "results": results,
         "limit": {"name": limit_name, "images_per_s": results[limit_name]},
@@ -152,8 +177,10 @@ def report(args: argparse.Namespace, files: list[str], results: dict[str, float]
         "meets_goal": results[best_name] / results[limit_name] >= GOAL,
         "notes": (
             "recipe = random resized crop + flip + RandAugment rand-m9-mstd0.5-inc1 + CutOut "
-            "(reprob 0.25); crop_flip = random resized crop + flip + normalize. DALI decodes only "
-            "the crop window (decoders.image_random_crop), so it can beat a full-image decode."
+            "(reprob 0.25); crop_flip = random resized crop + flip + normalize (bicubic unless "
+            "named _bilinear). DALI decodes only the crop window (decoders.image_random_crop). "
+            "stage_* are DALI pipelines cut after that stage: they show where the time goes "
+            "(the 224 px resize, not decoding, is what keeps the pipelines from the decode limit)."
         ),
         "gpu": None,
         "gpu_note": "No GPU was lent to this task: DALI GPU ('mixed') decode was not measured.",

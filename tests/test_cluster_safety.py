@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 from workflows import cli
@@ -124,11 +125,56 @@ def test_whole_script_hands_args_to_srun_verbatim_and_requeues_on_75(tmp_path, c
     assert not canary.exists()
 
 
+@pytest.mark.parametrize(("rank0_status", "requeued"), [(75, True), (1, False)])
+def test_sbatch_requeues_on_a_rank_marker_whatever_srun_reports(
+    tmp_path, capsys, rank0_status, requeued
+):
+    """Rank 0 exits 75 (or 1) through bind.sh; rank 1 dies of SIGTERM as srun --wait ends it, so
+    srun reports 143, not 75. Only rank 0's marker can tell the script to requeue."""
+    python = tmp_path / "python-rank0-leaves"
+    python.write_text(
+        f'#!/bin/bash\n[ "$SLURM_PROCID" = 0 ] && exit {rank0_status}\nkill -TERM $$\n'
+    )
+    python.chmod(0o755)
+    data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({**data, "python": str(python)}))
+    script = render_hostile(tmp_path, tmp_path / "CANARY", capsys, cluster=str(profile))
+    bin_dir = shims(tmp_path)
+    # srun stand-in: run the step's command (bash bind.sh ...) as local ranks 0 and 1 of one
+    # node and exit with the highest status, as srun does.
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n"
+        'while [ "$1" != bash ]; do shift; done\n'
+        "high=0\n"
+        "for r in 0 1; do\n"
+        '  SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_NTASKS=2 "$@"; rc=$?\n'
+        '  [ "$rc" -gt "$high" ] && high=$rc\n'
+        "done\n"
+        'exit "$high"\n'
+    )
+    out = subprocess.run(
+        ["bash", str(script)], env=slurm_env(bin_dir), capture_output=True, text=True
+    )
+    log = (script.parent / "logs" / "sbatch-4242-restart0.log").read_text()
+    marker = script.parent / "logs" / "requeue-4242-restart0"
+    assert marker.exists() == requeued
+    assert (tmp_path / "scontrol.argv").exists() == requeued
+    if requeued:
+        assert out.returncode == 0, log
+        assert (tmp_path / "scontrol.argv").read_text().split("\0")[:-1] == ["requeue", "4242"]
+        assert "preempted (srun exit 143); requeueing job 4242" in log
+    else:
+        assert out.returncode == 143 and "srun exited with status 143" in log
+    assert not (tmp_path / "CANARY").exists()
+
+
 def test_bind_script_execs_the_command_with_args_intact(tmp_path, capsys):
     canary = tmp_path / "CANARY"
     script = render_hostile(tmp_path, canary, capsys)
     env = {
         **os.environ,
+        "SLURM_JOB_ID": "4242",
         "SLURM_LOCALID": "1",
         "SLURM_PROCID": "3",
         "SLURM_NTASKS": "4",

@@ -84,6 +84,38 @@ def test_missing_shared_data_path_fails_before_submission(tmp_path):
     assert not runs.exists()
 
 
+def test_slurm_pipeline_shares_the_sbatch_requeue_rule_and_submit_check(tmp_path, monkeypatch):
+    from workflows.cli import prepare, stage_parser
+    from workflows.pipeline import make_executor
+
+    data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    profile = tmp_path / "localslurm.yaml"
+    profile.write_text(yaml.safe_dump({**data, "storage": {"data": str(tmp_path)}}))
+    (tmp_path / "digits").mkdir()
+    argv = ["--cluster", str(profile), "--model", "volo_tiny", "--run-root", str(tmp_path)]
+    job = prepare(stage_parser("pipeline").parse_args(argv))
+    teardown = list(make_executor(job, None).parameters["teardown"])
+    assert teardown == list(job.plan.teardown_lines)
+    assert "\n".join(teardown) in job.script  # job.sbatch runs the very same lines after srun
+    assert any("[ -e " in line and "requeue-${SLURM_JOB_ID}-restart" in line for line in teardown)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no sbatch: not a login node
+    runs = tmp_path / "runs"
+    with pytest.raises(ConfigError, match="sbatch is not on PATH"):
+        Pipeline(str(profile), "volo_tiny", run_root=str(runs)).submit()
+    assert not runs.exists()
+
+
+def test_pipeline_honours_the_run_root_variable_like_render(tmp_path, monkeypatch):
+    cluster = _profile(tmp_path, storage={"data": str(tmp_path)})
+    (tmp_path / "digits").mkdir()
+    monkeypatch.setenv("VITPOD_RUN_ROOT", str(tmp_path / "env-runs"))
+    run = Pipeline(cluster, "volo_tiny")
+    records = run.plan()  # validates and names everything, writes nothing
+    assert run.directory is not None and run.directory.parent == tmp_path / "env-runs"
+    assert records["pretrain"].run_dir == run.directory / "pretrain"
+    assert not (tmp_path / "env-runs").exists()
+
+
 def test_finetune_without_pretrain_checkpoint(tmp_path):
     empty = tmp_path / "pretrain-run"
     (empty / "checkpoints").mkdir(parents=True)

@@ -94,10 +94,11 @@ def test_exit_75_requeues_and_the_restart_logs_separately(local_slurm, tmp_path)
     wrapper = tmp_path / "python-preempted-once"
     wrapper.write_text(
         "#!/bin/bash\n"
-        # First start: "preempted"; rank 0 leaves first, the others are still checkpointing.
+        # First start: rank 0 is "preempted" (exit 75); the other ranks then die of SIGTERM, as
+        # when srun ends them, so srun reports 143: only rank 0's marker asks for the requeue.
         'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
-        '  [ "$SLURM_PROCID" = 0 ] || sleep 3\n'
-        "  exit 75\n"
+        '  [ "$SLURM_PROCID" = 0 ] && exit 75\n'
+        "  sleep 3; kill -TERM $$\n"
         "fi\n"
         f'exec {sys.executable} "$@"\n'
     )
@@ -111,7 +112,10 @@ def test_exit_75_requeues_and_the_restart_logs_separately(local_slurm, tmp_path)
     )
     assert local_slurm.wait(job, timeout=240) == "COMPLETED"
     first = (run_dir / "logs" / f"sbatch-{job}-restart0.log").read_text()
-    assert f"requeueing job {job}" in first
+    assert f"requeueing job {job}" in first and "(srun exit 75)" not in first
+    assert sorted(p.name for p in (run_dir / "logs").glob("requeue-*")) == [
+        f"requeue-{job}-restart0"
+    ]
     facts = rank_facts(run_dir, job, restart=1)
     assert {f["SLURM_RESTART_COUNT"] for f in facts} == {"1"}
     assert (

@@ -85,6 +85,18 @@ def test_with_topology_appends_or_keeps():
     ]
 
 
+def test_with_topology_runs_a_colocated_server_on_every_rank():
+    d = topology.TopologyDecision("ps", "ps_colocated", 1e-3, "cheapest", "cost model", 4, 8)
+    assert topology.with_topology(["-b", "4"], d) == [
+        "-b", "4", "--topology", "ps", "--ps-servers", "8",
+    ]  # fmt: skip
+    assert topology.with_topology(["--ps-servers=2"], d) == ["--ps-servers=2", "--topology", "ps"]
+    dedicated = topology.TopologyDecision(
+        "ps", "ps_dedicated", 1e-3, "cheapest", "cost model", 4, 8
+    )
+    assert topology.with_topology([], dedicated) == ["--topology", "ps"]
+
+
 def test_fabric_from_profile_mapping():
     block = {
         "gpus_per_node": 4,

@@ -5,32 +5,32 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
-import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.exitcodes import USAGE
 from workflows.errors import ConfigError
-from workflows.profile import load_profile, profile_path, resolve_path
+from workflows.profile import load_profile, profile_path
 from workflows.recipe import load_recipe
 from workflows.rundir import (
+    RUN_ROOT_ENV,
     create_run_dir,
     git_info,
     image_info,
     new_run_path,
     remove_run_dir,
+    runs_root,
     write_atomic,
     write_json,
 )
 from workflows.spec import JobSpec, LaunchPlan, build_spec, launch_plan
+from workflows.submission import check_can_submit, sbatch
 from workflows.templating import render
 
-RUN_ROOT_ENV = "VITPOD_RUN_ROOT"  # overrides every profile's storage.runs (tests, scratch runs)
 DEFAULT_MODEL = "volo_d1"  # when neither MODEL nor the profile's default_model is given
-USAGE = 2  # same value as trainer.exitcodes.USAGE: bad input, nothing submitted
 
 # Each command's `main(argv) -> int`, imported only when used, so one area's missing module
 # breaks only its own command.
@@ -83,11 +83,7 @@ def prepare(ns: argparse.Namespace, run_dir: Path | None = None) -> Prepared:
     """Validate everything and render the job in memory; raises ConfigError on bad input."""
     profile = load_profile(ns.cluster)
     recipe = load_recipe(ns.model or profile.default_model or DEFAULT_MODEL)
-    override = ns.run_root or os.environ.get(RUN_ROOT_ENV, "")
-    root = (
-        Path(override).expanduser().absolute() if override else resolve_path(profile.storage.runs)
-    )
-    run_dir = run_dir or new_run_path(root, recipe.model, ns.stage)
+    run_dir = run_dir or new_run_path(runs_root(profile, ns.run_root), recipe.model, ns.stage)
     _check_path_safe(run_dir)
     spec = build_spec(
         profile,
@@ -181,12 +177,12 @@ def submit_main(argv: list[str]) -> int:
     ns = stage_parser("submit").parse_args(argv)
     job = prepare(ns)
     if job.spec.profile.scheduler == "slurm":
-        _check_can_submit(job.spec)
+        check_can_submit(job.spec)
     script = materialize(job)
     if job.spec.profile.scheduler == "local":
         return _run_local(job, script)
     try:
-        job_id = _sbatch(script)
+        job_id = sbatch(script)
     except ConfigError:
         remove_run_dir(script.parent)
         raise
@@ -196,47 +192,6 @@ def submit_main(argv: list[str]) -> int:
     print(f"run directory: {script.parent}")
     print(script)
     return 0
-
-
-def _check_can_submit(spec: JobSpec) -> None:
-    if shutil.which("sbatch") is None:
-        raise ConfigError(
-            "sbatch is not on PATH (this is not a Slurm login node). To only write the script, "
-            f"run `make render CLUSTER={spec.profile.name} MODEL={spec.model}` and submit it "
-            "from a login node with `sbatch <script>`"
-        )
-    partitions = _cluster_partitions()
-    if partitions is not None and spec.partition not in partitions:
-        raise ConfigError(
-            f"profile {spec.profile.name}: partitions.{spec.stage}.name={spec.partition!r} does "
-            f"not exist on this cluster (sinfo lists {sorted(partitions)}); fix the profile"
-        )
-
-
-def _cluster_partitions() -> set[str] | None:
-    """Partition names from sinfo, or None when sinfo cannot tell."""
-    if shutil.which("sinfo") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return set(out.stdout.split()) if out.returncode == 0 else None
-
-
-def _sbatch(script: Path) -> str:
-    out = subprocess.run(
-        ["sbatch", "--parsable", str(script)],
-        capture_output=True,
-        text=True,
-        cwd=script.parent,
-        timeout=60,
-    )
-    if out.returncode != 0:
-        raise ConfigError(f"sbatch rejected {script}: {out.stderr.strip() or out.stdout.strip()}")
-    return out.stdout.strip().split(";")[0]
 
 
 def _run_local(job: Prepared, script: Path) -> int:

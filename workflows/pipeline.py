@@ -19,14 +19,15 @@ import submitit
 
 from trainer.exitcodes import REQUEUE
 from workflows import jobstate, status, topology
-from workflows.cli import Prepared, _check_can_submit, materialize, prepare, stage_parser
+from workflows.cli import Prepared, materialize, prepare, stage_parser
 from workflows.errors import ConfigError
-from workflows.profile import load_profile, resolve_path
-from workflows.rundir import DIR_MODE, new_run_path, remove_run_dir, write_json
+from workflows.profile import load_profile
+from workflows.rundir import DIR_MODE, new_run_path, remove_run_dir, runs_root, write_json
+from workflows.spec import REQUEUE_MARKER_ENV, master_port
+from workflows.submission import check_can_submit
 
 STAGES = ("pretrain", "finetune")
 MAX_LOCAL_RESTARTS = 5  # without Slurm, an exit 75 restarts the trainer in place this often
-LOCAL_PORT_BASE = 20000
 
 
 class PipelineError(RuntimeError):
@@ -41,16 +42,16 @@ class TrainerTask:
     """What submitit runs on every task: the trainer as a child process, logged per rank/restart.
 
     On Slurm the task already runs under the binding step (bind.sh is submitit's `python`), so
-    ranks, binding and MASTER_ADDR/PORT come from the same LaunchPlan as the sbatch path. Exit 75
-    (trainer/exitcodes.py REQUEUE) ends the task with 75 and leaves a requeue marker, so the
-    batch script requeues the job; without Slurm the trainer is restarted here (`--resume auto`).
+    ranks, binding, MASTER_ADDR/PORT and the requeue rule come from the same LaunchPlan as the
+    sbatch path: exit 75 (trainer/exitcodes.py REQUEUE) ends the task with 75, bind.sh leaves the
+    requeue marker and the batch script's teardown requeues the job. Without Slurm the trainer is
+    restarted here (`--resume auto`).
     """
 
     command: list[str]
     log_dir: str
     cwd: str
     local: bool
-    marker_dir: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
     def __call__(self) -> dict[str, Any]:
@@ -69,11 +70,8 @@ class TrainerTask:
                 restart += 1
                 continue
             break
-        marker = Path(self.marker_dir or self.log_dir) / requeue_marker_name(job.job_id, restart)
-        if rc == REQUEUE:
-            marker.touch()
-        # srun --kill-on-bad-exit stops the slower ranks once one exits 75: not a failure.
-        if rc == REQUEUE or (rc < 0 and marker.exists()):
+        # A trainer killed by a signal after another rank asked for a requeue is not a failure.
+        if rc == REQUEUE or (rc < 0 and _requeue_marker_left()):
             sys.exit(REQUEUE)  # no result file: the job is not over, the batch script requeues it
         if rc != 0:
             raise RuntimeError(
@@ -82,20 +80,20 @@ class TrainerTask:
         return {"rank": job.global_rank, "log": str(log), "restarts": restart}
 
 
-def requeue_marker_name(job_id: str, restart: int | str) -> str:
-    """File a rank leaves when its trainer exited 75 (one name for the task and the script)."""
-    return f"requeue-{job_id}-restart{restart}"
+def _requeue_marker_left() -> bool:
+    """Whether some rank of this job (re)start left bind.sh's requeue marker (Slurm only)."""
+    marker = os.environ.get(REQUEUE_MARKER_ENV, "")
+    return bool(marker) and Path(marker).exists()
 
 
 def _local_rank_env(job: submitit.JobEnvironment) -> dict[str, str]:
     # The local executor starts one process per task but sets only SUBMITIT_LOCAL_* variables.
-    port = LOCAL_PORT_BASE + int(job.job_id) % 20000
     return {
         "RANK": str(job.global_rank),
         "LOCAL_RANK": str(job.local_rank),
         "WORLD_SIZE": str(job.num_tasks),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "MASTER_PORT": str(master_port(int(job.job_id))),
     }
 
 
@@ -121,28 +119,6 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str], log: Path, cwd:
 
 
 # --------------------------------------------------------------------------- submission
-
-
-def requeue_lines(exit_code: int, marker_dir: str) -> list[str]:
-    """Batch-script lines after srun: requeue when the trainer asked to (status 75), as job.sbatch.
-
-    srun's own status is not enough: with --kill-on-bad-exit the first rank's 75 makes srun stop
-    the others, and srun may then report their signal instead; any rank's marker file counts.
-    """
-    marker = (
-        shlex.quote(marker_dir)
-        + "/"
-        + requeue_marker_name("${SLURM_JOB_ID}", "${SLURM_RESTART_COUNT:-0}")
-    )
-    return [
-        "rc=$?",
-        f'if [ "$rc" -eq {exit_code} ] || [ -e {marker} ]; then',
-        '  echo "vitpod: preempted (srun exit $rc); requeueing job $SLURM_JOB_ID"',
-        '  scontrol requeue "$SLURM_JOB_ID"',
-        "  exit 0",
-        "fi",
-        'exit "$rc"',
-    ]
 
 
 def _minutes(slurm_time: str) -> int:
@@ -179,7 +155,7 @@ def make_executor(job: Prepared, dependency: str | None) -> submitit.Executor:
         "mem": spec.mem,
         "srun_args": list(plan.srun_args),
         "setup": list(plan.setup_lines),
-        "teardown": requeue_lines(spec.requeue_exit, str(folder)) if spec.requeue else None,
+        "teardown": list(plan.teardown_lines),
         "additional_parameters": extra,
     }
     if spec.gpus_per_node:
@@ -198,7 +174,6 @@ def _task(job: Prepared) -> TrainerTask:
         log_dir=spec.log_dir,
         cwd=spec.code_dir,
         local=spec.profile.scheduler == "local",
-        marker_dir=str(Path(spec.run_dir) / "submitit"),
         env=dict(job.plan.env) if spec.profile.scheduler == "local" else {},
     )
 
@@ -295,9 +270,7 @@ class Pipeline:
     # ---- planning: everything validated, nothing written
     def plan(self) -> dict[str, StageRecord]:
         profile = load_profile(self.cluster)
-        root = Path(self.run_root).expanduser().resolve() if self.run_root else None
-        root = root or resolve_path(profile.storage.runs)
-        directory = new_run_path(root, self.model, "pipeline")
+        directory = new_run_path(runs_root(profile, self.run_root), self.model, "pipeline")
         if self.finetune_from:
             _check_finetune_source(self.finetune_from)
         records: dict[str, StageRecord] = {}
@@ -307,7 +280,7 @@ class Pipeline:
         for rec in records.values():
             _check_shared_paths(rec.prepared)
             if profile.scheduler == "slurm":
-                _check_can_submit(rec.prepared.spec)
+                check_can_submit(rec.prepared.spec)
         self.directory = directory
         return records
 

@@ -12,10 +12,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workflows.profile import REPO_ROOT, Profile
+from workflows.profile import REPO_ROOT, Profile, resolve_path
 
 DIR_MODE = 0o750  # group may read a run; nobody else, and never world-writable
+RUN_ROOT_ENV = "VITPOD_RUN_ROOT"  # overrides every profile's storage.runs (tests, scratch runs)
 IMAGE_RECORD = REPO_ROOT / "containers" / "image.json"  # written by containers/build.sh
+
+
+def runs_root(profile: Profile, override: str | None = None) -> Path:
+    """Where new runs go: `override` (--run-root), else $VITPOD_RUN_ROOT, else storage.runs."""
+    chosen = override or os.environ.get(RUN_ROOT_ENV, "")
+    return Path(chosen).expanduser().absolute() if chosen else resolve_path(profile.storage.runs)
 
 
 def new_run_path(root: Path, model: str, stage: str) -> Path:

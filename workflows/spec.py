@@ -22,6 +22,8 @@ MASTER_PORT_SPAN = 20000
 # --kill-on-bad-exit: it would SIGTERM ranks still finishing their preemption checkpoint as soon
 # as the first one exits 75, and srun would then report 143 instead of 75 (no requeue).
 RANK_EXIT_WAIT_S = 60
+# bind.sh exports the path of the rank's requeue marker under this name (for the submitit task).
+REQUEUE_MARKER_ENV = "VITPOD_REQUEUE_MARKER"
 _DEPENDENCY = re.compile(
     r"^(singleton|[a-z_]+(:[0-9A-Za-z_.+]+)+)([,?](singleton|[a-z_]+(:[0-9A-Za-z_.+]+)+))*$"
 )
@@ -71,6 +73,16 @@ class JobSpec:
     def bind_path(self) -> str:
         return str(Path(self.run_dir) / "bind.sh")
 
+    @property
+    def requeue_marker(self) -> str:
+        """Shell word for the file a rank leaves when its command exits `requeue_exit`.
+
+        bind.sh writes it, the batch script's teardown reads it; it expands to one name per job
+        id and restart, in the run's logs/ (shared storage, visible to the batch script).
+        """
+        name = '"requeue-${SLURM_JOB_ID}-restart${SLURM_RESTART_COUNT:-0}"'
+        return f"{shlex.quote(self.log_dir)}/{name}"
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -79,17 +91,24 @@ class LaunchPlan:
     Submitit use (the orchestrator):
         plan = launch_plan(spec); plan.write_bind_script()
         SlurmExecutor(folder, python=plan.python_command)
-        executor.update_parameters(srun_args=list(plan.srun_args), setup=list(plan.setup_lines))
+        executor.update_parameters(
+            srun_args=list(plan.srun_args),
+            setup=list(plan.setup_lines),
+            teardown=list(plan.teardown_lines),
+        )
     `srun_args` are complete single arguments (submitit and the template quote them);
     `setup_lines` are shell lines run once in the batch script before srun (environment,
-    MASTER_ADDR/PORT); `bind_script` is the text of RUN_DIR/bind.sh, which every rank runs as
-    `bash bind.sh <command...>`: it picks NUMA node, CPUs and HCA by SLURM_LOCALID, prints
-    what it bound, sets RANK/LOCAL_RANK/WORLD_SIZE and execs the command.
+    MASTER_ADDR/PORT); `teardown_lines` run right after srun (they start with `rc=$?`): the one
+    requeue rule, then `exit "$rc"`. `bind_script` is the text of RUN_DIR/bind.sh, which every
+    rank runs as `bash bind.sh <command...>`: it picks NUMA node, CPUs and HCA by SLURM_LOCALID,
+    prints what it bound, sets RANK/LOCAL_RANK/WORLD_SIZE, runs the command and leaves the
+    requeue marker when the command exits 75.
     """
 
     srun_args: tuple[str, ...]
     env: dict[str, str]
     setup_lines: tuple[str, ...]
+    teardown_lines: tuple[str, ...]
     bind_script: str
     bind_path: str
     python: str
@@ -304,11 +323,16 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
         "master_port": master_port_expr(),
     }
     setup = render("partials/env.sh.j2", context).strip("\n").splitlines()
-    bind = render("bind.sh.j2", {"spec": spec, "bindings": _bindings(profile)})
+    teardown = render("partials/teardown.sh.j2", {"spec": spec}).strip("\n").splitlines()
+    bind = render(
+        "bind.sh.j2",
+        {"spec": spec, "bindings": _bindings(profile), "marker_env": REQUEUE_MARKER_ENV},
+    )
     return LaunchPlan(
         srun_args=tuple(srun_args),
         env=env,
         setup_lines=tuple(setup),
+        teardown_lines=tuple(teardown),
         bind_script=bind,
         bind_path=spec.bind_path,
         python=spec.python,
@@ -325,5 +349,10 @@ def _bindings(profile: Profile) -> list[dict[str, Any]]:
 
 
 def master_port_expr() -> str:
-    """Shell arithmetic for MASTER_PORT from the job id (one place for the formula)."""
+    """Shell arithmetic for MASTER_PORT from the job id (the formula of `master_port`)."""
     return f"$(( {MASTER_PORT_BASE} + SLURM_JOB_ID % {MASTER_PORT_SPAN} ))"
+
+
+def master_port(job_id: int) -> int:
+    """MASTER_PORT of a job, in Python (submitit's local executor sets no Slurm variables)."""
+    return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN

@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainer.exitcodes import USAGE
 from workflows import jobstate
 
 PIPELINE_FILE = "pipeline.json"
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             " pass the directory printed by `make pipeline`/`make pretrain`",
             file=sys.stderr,
         )
-        return 2
+        return USAGE
     statuses = run_status(run)
     if args.json:
         print(json.dumps([asdict(s) for s in statuses], indent=2))

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.commcost import TRAINER_TOPOLOGY, Fabric, choose_topology
+from analysis.commcost import TRAINER_TOPOLOGY, Choice, Fabric, choose_topology
 
 # Trainable parameters at the default size with 1000 classes, counted with timm 1.0 (a test
 # recounts them on the meta device). Gradients are fp32 in DDP buckets: 4 bytes a parameter.
@@ -121,13 +121,21 @@ def decide(
 
 
 def with_topology(args: Sequence[str], decision: TopologyDecision) -> list[str]:
-    """Trainer arguments that run the decision (unchanged if ARGS already names a topology)."""
+    """Trainer arguments that run the decision (unchanged if ARGS already names a topology).
+
+    The flags are the cost model's own (`Choice.trainer_flags`: the colocated parameter server
+    it prices has every rank serve, so --ps-servers = ranks); a --ps-servers in ARGS wins.
+    """
     tokens = list(args)
     if any(t == "--topology" or t.startswith("--topology=") for t in tokens):
         if topology_override(tokens) is not None:
             return tokens
         tokens = _drop_topology(tokens)
-    return [*tokens, "--topology", decision.topology]
+    choice = Choice(decision.algorithm, decision.predicted_s, decision.reason)
+    flags = choice.trainer_flags(decision.ranks)
+    if any(t == "--ps-servers" or t.startswith("--ps-servers=") for t in tokens):
+        flags = flags[:2]  # --topology VALUE only
+    return [*tokens, *flags]
 
 
 def _drop_topology(tokens: list[str]) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 DATASETS = ("folder", "cifar10", "cifar100", "digits", "synthetic")
 LOADERS = ("dali", "torch", "auto")
 CORRUPT_POLICIES = ("skip", "fail")
+INTERPOLATIONS = ("bicubic", "bilinear")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -37,6 +38,8 @@ class DataConfig:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     hflip: float = 0.5
+    interpolation: str = "bicubic"
+    """Resize filter of both loaders: 'bicubic' (VOLO's) or 'bilinear' (faster, see benchmarks)."""
     auto_augment: str | None = "rand-m9-mstd0.5-inc1"
     """timm RandAugment string (torch loader); None or '' turns it off."""
     reprob: float = 0.25
@@ -67,6 +70,7 @@ class DataConfig:
         _check_choice("dataset", self.dataset, DATASETS)
         _check_choice("loader", self.loader, LOADERS)
         _check_choice("corrupt", self.corrupt, CORRUPT_POLICIES)
+        _check_choice("interpolation", self.interpolation, INTERPOLATIONS)
         for name in (
             "img_size",
             "batch_size",

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from nvidia.dali import fn
-from nvidia.dali import math as dmath
+from nvidia.dali import fn as _fn
+from nvidia.dali import math as _dmath
 from nvidia.dali.auto_aug import rand_augment as dali_rand_augment
 
+fn: Any = _fn  # DALI generates its operators at import time; typed loosely for mypy
+dmath: Any = _dmath
 TIMM_MAX_LEVEL = 10  # timm's RandAugment magnitudes run 0..10
 ERASE_AREA = (0.02, 1 / 3)  # timm RandomErasing defaults
 ERASE_LOG_ASPECT = (math.log(0.3), math.log(1 / 0.3))
@@ -30,7 +33,7 @@ def rand_augment_params(policy: str) -> tuple[int, int]:
     return layers, min(magnitude, TIMM_MAX_LEVEL)
 
 
-def rand_augment(images, policy: str):
+def rand_augment(images: Any, policy: str) -> Any:
     """RandAugment on HWC uint8 images; DALI's 11 magnitude bins are timm's levels 0..10."""
     layers, magnitude = rand_augment_params(policy)
     return dali_rand_augment.rand_augment(
@@ -38,7 +41,7 @@ def rand_augment(images, policy: str):
     )
 
 
-def cutout(images, probability: float):
+def cutout(images: Any, probability: float) -> Any:
     """Erase one random rectangle (2%..33% of the area, aspect 0.3..3.3) per image with
     `probability`, filled with 0 = the mean colour of the normalized CHW float images."""
     area = fn.random.uniform(range=ERASE_AREA)

@@ -15,10 +15,13 @@ import math
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
-from nvidia.dali import Pipeline, fn, pipeline_def, types
+from nvidia.dali import Pipeline, pipeline_def
+from nvidia.dali import fn as _fn
+from nvidia.dali import types as _types
 from nvidia.dali.plugin.pytorch import feed_ndarray
 from nvidia.dali.tensors import TensorListCPU, TensorListGPU
 from PIL import Image
@@ -28,8 +31,11 @@ from trainer.data.dali_augment import cutout, rand_augment
 from trainer.data.loader import Batch, CorruptImageError, Loader
 from trainer.data.sources import Split
 
+fn: Any = _fn  # DALI generates its operators at import time; typed loosely for mypy
+types: Any = _types
 log = logging.getLogger(__name__)
 PREFETCH = 2
+INTERP = {"bicubic": types.INTERP_CUBIC, "bilinear": types.INTERP_LINEAR}
 TORCH_DTYPES = {types.FLOAT: torch.float32, types.INT64: torch.int64}
 
 
@@ -42,6 +48,7 @@ def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool):
     encoded = fn.io.file.read(paths)
     decoder = "mixed" if gpu else "cpu"
     size = cfg.img_size
+    interp = INTERP[cfg.interpolation]
     if train:
         images = fn.decoders.image_random_crop(
             encoded,
@@ -51,7 +58,7 @@ def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool):
             random_aspect_ratio=list(cfg.ratio),
             num_attempts=10,
         )
-        images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_CUBIC)
+        images = fn.resize(images, resize_x=size, resize_y=size, interp_type=interp)
         if cfg.auto_augment:
             images = rand_augment(images, cfg.auto_augment)
         mirror = fn.random.coin_flip(probability=cfg.hflip)
@@ -59,7 +66,7 @@ def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool):
     else:
         images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
         shorter = math.floor(size / cfg.crop_pct)  # as timm's eval transform
-        images = fn.resize(images, resize_shorter=shorter, interp_type=types.INTERP_CUBIC)
+        images = fn.resize(images, resize_shorter=shorter, interp_type=interp)
         mirror, crop = 0, (size, size)
     images = fn.crop_mirror_normalize(
         images,

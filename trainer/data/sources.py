@@ -118,7 +118,8 @@ def _cifar_split(data_dir: Path, dataset: str, split: str) -> Split:
     folder = data_dir / folder_name if (data_dir / folder_name).is_dir() else data_dir
     meta = _unpickle(folder / meta_file)
     classes = [n.decode() if isinstance(n, bytes) else str(n) for n in meta[names_key]]
-    arrays, labels = [], []
+    arrays: list[np.ndarray] = []
+    labels: list[int] = []
     for name in train_files if split == "train" else val_files:
         batch = _unpickle(folder / name)
         if b"data" not in batch or label_key not in batch:

@@ -37,8 +37,8 @@ class TokenLabelError(DataSourceError):
 
 # --------------------------------------------------------------------------- model outputs
 def forward_train(
-    model: nn.Module, images: torch.Tensor, mix_token: bool = True, beta: float = 1.0
-):
+    model: Any, images: torch.Tensor, mix_token: bool = True, beta: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int, int]]:
     """VOLO's training forward with MixToken: (class logits [B,C], token logits [B,N,C], bbox).
 
     timm's `VOLO.forward_train` returns the pooled features instead of class logits (its head
@@ -52,7 +52,7 @@ def forward_train(
     scale = model.pooling_scale
     grid_h, grid_w = x.shape[1] // scale, x.shape[2] // scale
     if mix_token and model.training:
-        lam = torch.distributions.Beta(beta, beta).sample()
+        lam: Any = torch.distributions.Beta(beta, beta).sample()  # rand_bbox takes a tensor
         bbox = rand_bbox(x.size(), lam, scale=scale)
         x = _swap_box(x, [c * scale for c in bbox])
     tokens = _final_tokens(model, x)
@@ -63,7 +63,7 @@ def forward_train(
     return cls_logits, aux.reshape(len(images), grid_h * grid_w, -1), bbox
 
 
-def dense_logits(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+def dense_logits(model: Any, images: torch.Tensor) -> torch.Tensor:
     """Per-token class logits [B, C, H, W] of a VOLO (aux head) or ViT-style teacher."""
     if getattr(model, "aux_head", None) is not None:
         x = model.patch_embed(images).permute(0, 2, 3, 1)
@@ -82,7 +82,7 @@ def dense_logits(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     return logits.transpose(1, 2).reshape(len(images), -1, side, side)
 
 
-def _final_tokens(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _final_tokens(model: Any, x: torch.Tensor) -> torch.Tensor:
     x = model.forward_tokens(x)
     if model.post_network is not None:
         x = model.forward_cls(x)
@@ -150,9 +150,9 @@ def _load_teacher(model_or_checkpoint: nn.Module | str | os.PathLike[str]) -> nn
     return loaded
 
 
-def _teacher_classes(model: nn.Module) -> int:
+def _teacher_classes(model: Any) -> int:
     head = getattr(model, "aux_head", None) or model.head
-    return head.out_features
+    return int(head.out_features)
 
 
 def _batches(split: Split, transform: Any, batch_size: int) -> Iterator[torch.Tensor]:
@@ -227,7 +227,8 @@ class TokenLabelStore:
         return {"path": self.path, "num_classes": self.num_classes, "size": self.size}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)
+        self.path, self.num_classes, self.size = state["path"], state["num_classes"], state["size"]
+        self._data = None
 
     def target(
         self, relpath: str, label: int, box: tuple[float, float, float, float], flipped: bool

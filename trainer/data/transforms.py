@@ -13,8 +13,6 @@ from torchvision import transforms as T
 
 from trainer.data.config import DataConfig
 
-INTERPOLATION = "bicubic"
-
 
 def train_transform(cfg: DataConfig) -> Callable[[Image.Image], Any]:
     """Random resized crop, flip, RandAugment and random erasing (the recipe's CutOut)."""
@@ -26,7 +24,7 @@ def eval_transform(cfg: DataConfig) -> Callable[[Image.Image], Any]:
     return create_transform(
         cfg.img_size,
         is_training=False,
-        interpolation=INTERPOLATION,
+        interpolation=cfg.interpolation,
         crop_pct=cfg.crop_pct,
         mean=cfg.mean,
         std=cfg.std,
@@ -49,7 +47,7 @@ class BoxedTrainTransform:
             cfg.ratio,
             cfg.hflip,
         )
-        self.resample = Image.Resampling.BICUBIC
+        self.resample = Image.Resampling[cfg.interpolation.upper()]
 
     def __call__(self, img: Image.Image) -> tuple[Any, tuple[float, float, float, float], bool]:
         src_w, src_h = img.size
@@ -89,7 +87,7 @@ def _train_args(cfg: DataConfig) -> dict[str, Any]:
         ratio=cfg.ratio,
         hflip=cfg.hflip,
         auto_augment=cfg.auto_augment or None,
-        interpolation=INTERPOLATION,
+        interpolation=cfg.interpolation,
         re_prob=cfg.reprob,
         re_mode="pixel",
         mean=cfg.mean,

@@ -1,0 +1,76 @@
+"""Training augmentations of both loaders: the recipe's RandAugment and CutOut, interpolation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from timm.data import auto_augment
+
+from trainer.data import DataConfig, create_loader
+from trainer.data.dali_augment import rand_augment_params
+from trainer.data.transforms import posterize, train_transform
+
+
+def _cfg(digits_dir, **kw) -> DataConfig:
+    return DataConfig(**{**dict(data_dir=str(digits_dir), img_size=32, batch_size=64, workers=0,
+                                auto_augment=None, reprob=0.0), **kw})  # fmt: skip
+
+
+@pytest.mark.parametrize("reprob,erased", [(0.0, False), (1.0, True)])
+def test_dali_cutout_erases_one_rectangle_per_image(digits_dir, reprob, erased):
+    loader = create_loader(_cfg(digits_dir, loader="dali", reprob=reprob), "train", 0, 1)
+    images, _ = next(iter(loader))
+    zero = (images == 0).all(dim=1)  # erased pixels are 0 in every channel
+    fraction = zero.float().mean(dim=(1, 2))
+    if not erased:
+        assert fraction.max() == 0
+        return
+    assert (fraction >= 0.015).all() and (fraction <= 0.34).all()
+    for mask in zero:  # the zeros form one axis-aligned rectangle
+        rows, cols = mask.any(1).nonzero().flatten(), mask.any(0).nonzero().flatten()
+        box = mask[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+        assert box.all()
+
+
+def test_dali_rand_augment_runs_and_reads_timm_policy_strings(digits_dir):
+    plain = create_loader(_cfg(digits_dir, loader="dali", hflip=0.0), "train", 0, 1)
+    strong = create_loader(
+        _cfg(digits_dir, loader="dali", hflip=0.0, auto_augment="rand-m9-n3"), "train", 0, 1
+    )
+    a, b = next(iter(plain))[0], next(iter(strong))[0]
+    assert a.shape == b.shape == (64, 3, 32, 32)
+    assert (a - b).abs().mean() > 0.05
+    assert rand_augment_params("rand-m9-mstd0.5-inc1") == (2, 9)
+    assert rand_augment_params("rand-m12-n4") == (4, 10)
+
+
+def test_timm_posterize_at_zero_bits_gives_black_not_an_error():
+    img = Image.fromarray(np.full((8, 8, 3), 200, dtype=np.uint8))
+    assert np.asarray(posterize(img, 0)).max() == 0
+    assert np.asarray(posterize(img, 1)).max() == 128
+    transform = train_transform(
+        DataConfig(data_dir="x", img_size=32, auto_augment="rand-m10-n4-inc1")
+    )
+    ops = [op for step in transform.transforms for op in getattr(step, "ops", [])]
+    assert ops and all(op.aug_fn is not auto_augment.posterize for op in ops)
+    assert any(op.aug_fn is posterize for op in ops)
+
+
+def test_torch_recipe_runs_over_the_data_with_randaugment_and_cutout(digits_dir):
+    cfg = _cfg(digits_dir, loader="torch", auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
+    images, targets = next(iter(create_loader(cfg, "train", 0, 1)))
+    assert images.shape == (64, 3, 32, 32) and torch.isfinite(images).all()
+
+
+@pytest.mark.parametrize("kind", ["torch", "dali"])
+def test_bilinear_and_bicubic_differ_only_slightly(digits_dir, kind):
+    batches = {
+        interp: next(
+            iter(create_loader(_cfg(digits_dir, loader=kind, interpolation=interp), "val", 0, 1))
+        )[0]  # fmt: skip
+        for interp in ("bicubic", "bilinear")
+    }
+    diff = (batches["bicubic"] - batches["bilinear"]).abs().mean().item()
+    assert 0 < diff < 0.2
