@@ -149,6 +149,10 @@ class Checkpointer:
         self._error: BaseException | None = None
         self.last_stall_s = 0.0
 
+    def preallocate(self, state: dict[str, Any]) -> None:
+        """Allocate (and touch) the host staging buffers now, so the first save stalls no longer."""
+        self.stager.stage(state)
+
     def step_dir(self, step: int) -> Path:
         return self.root / f"{STEP_PREFIX}{step:09d}"
 

@@ -135,6 +135,8 @@ class Trainer:
         if self.env.is_main:
             ckpt.atomic_write_json(dataclasses.asdict(cfg), _mkdir(self.run_dir) / "config.json")
         self._restore()
+        if cfg.checkpoint_every:
+            self.checkpointer.preallocate(self._state(epoch_end=False))
         while self.epoch < cfg.epochs and not self._reached_max_steps():
             self.train_loader.set_epoch(self.epoch)
             if self._train_epoch() == "preempted":
