@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -229,3 +230,24 @@ def test_empty_model_falls_back_to_the_profile_default(tmp_path, capsys):
     assert "--model volo_tiny" in script.read_text() and "volo_tiny-pretrain" in script.parent.name
     status, script, err = render(tmp_path, "--cluster", "dgxpod", "--model", "", capsys=capsys)
     assert status == 0 and "--model volo_d5" in script.read_text()
+
+
+@pytest.mark.parametrize("name", ["local", "localslurm"])
+def test_submit_refuses_a_missing_shared_path_before_writing(tmp_path, capsys, name):
+    if name == "localslurm" and not shutil.which("sbatch"):
+        pytest.skip("needs sbatch on PATH (the Slurm client) to get past the login-node check")
+    data = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
+    data["storage"] = {"data": str(tmp_path / "no-data"), "code": str(tmp_path / "no-code")}
+    profile = tmp_path / f"{name}.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    argv = ["--cluster", str(profile), "--model", "volo_tiny", "--run-root", str(tmp_path / "runs")]
+    assert cli.main(["submit", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"profile {name}: storage.data path '{tmp_path}/no-data/digits' does not exist" in err
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "no-data" / "digits").mkdir(parents=True)
+    assert cli.main(["submit", *argv]) == 2
+    assert f"storage.code path '{tmp_path}/no-code' does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    # `make render` writes the job for any cluster without touching its shared storage.
+    assert cli.main(["render", *argv]) == 0 and (tmp_path / "runs").is_dir()

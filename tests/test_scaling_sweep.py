@@ -119,3 +119,60 @@ def test_hostile_paths_and_args_are_quoted(tmp_path):
     assert "'x; touch /tmp/pwned'" in script
     assert f'#SBATCH --output="{study_dir}/logs/sweep-%A_%a.out"' in script
     assert subprocess.run(["bash", "-n", str(study_dir / "sweep.sbatch")]).returncode == 0
+
+
+def test_sweep_shares_the_requeue_rule_and_marker(tmp_path):
+    from workflows.scaling import build_parser, prepare
+    from workflows.spec import launch_plan
+
+    ns = build_parser().parse_args([*BASE, "--study-dir", str(tmp_path / "study"), "--gpus", "2"])
+    sweep = prepare(ns)
+    teardown = launch_plan(sweep.spec).teardown_lines
+    assert "\n".join(teardown) in sweep.script  # the same lines as job.sbatch, after srun
+    marker = f"{tmp_path / 'study'}/logs/" + '"requeue-${SLURM_JOB_ID}'
+    assert any(line.startswith("if ") and marker in line for line in teardown)
+    # Each point's bind.sh leaves its marker where that teardown looks.
+    bind = sweep.points[0].bind_script
+    assert f"export VITPOD_REQUEUE_MARKER={marker}" in bind
+
+
+def test_forced_parameter_server_gets_a_server_on_every_rank(tmp_path):
+    assert run(tmp_path, "--gpus", "1 2 4", "--args", "--topology ps") == 0
+    script = (tmp_path / "study" / "sweep.sbatch").read_text()
+    for index, gpus in enumerate((1, 2, 4)):
+        block = script.split(f"  {index})  #")[1].split(";;")[0]
+        assert "--topology ps\n" in block and f"--ps-servers {gpus}\n" in block
+        assert block.count("--ps-servers") == 1
+
+
+def _localslurm_copy(tmp_path, data):
+    import yaml
+
+    from workflows.profile import PROFILE_DIR
+
+    profile = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    profile["storage"] = {**profile["storage"], "data": str(data)}
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return str(path)
+
+
+def test_missing_shared_data_is_refused_before_anything_is_written(tmp_path):
+    if shutil.which("sbatch") is None:
+        pytest.skip("needs sbatch on PATH (the Slurm client) to get past the login-node check")
+    cluster = _localslurm_copy(tmp_path, tmp_path / "no" / "such" / "data")
+    argv = ["--cluster", cluster, "--model", "volo_tiny", "--gpus", "1 2"]
+    with pytest.raises(ConfigError, match=r"storage\.data path .*no/such/data/digits' does not"):
+        main([*argv, "--study-dir", str(tmp_path / "study")])
+    assert not (tmp_path / "study").exists()
+    # Rendering only (for another cluster, from anywhere) needs no shared path.
+    assert main([*argv, "--render-only", "--study-dir", str(tmp_path / "study")]) == 0
+
+
+def test_unsafe_study_dir_and_run_root_variable(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="study directory .*choose another --study-dir"):
+        main([*BASE, "--study-dir", str(tmp_path / "100%")])
+    monkeypatch.setenv("VITPOD_RUN_ROOT", str(tmp_path / "root"))
+    assert main([*BASE, "--gpus", "1"]) == 0
+    (study,) = (tmp_path / "root" / "studies").iterdir()
+    assert study.name.split("-")[1:3] == ["volo_tiny", "strong"]

@@ -10,7 +10,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -51,7 +51,7 @@ def atomic_torch_save(obj: Any, path: Path) -> dict[str, Any]:
     try:
         with open(tmp, "wb") as fh:
             writer = _HashingWriter(fh)
-            torch.save(obj, writer)
+            torch.save(obj, cast(IO[bytes], writer))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -260,7 +260,7 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
             )
         cfg.batch_size = cfg.global_batch // ranks
     if cfg.lr is None:
-        cfg.lr = cfg.lr_base * cfg.global_batch_size / cfg.lr_base_size
+        cfg.lr = (cfg.lr_base or recipe["lr_base"]) * cfg.global_batch_size / cfg.lr_base_size
     if cfg.apex_amp:
         cfg.amp = True
     return cfg
@@ -319,8 +319,9 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
 
 def _finetune_problems(cfg: TrainConfig) -> list[str]:
     """A saved model's manifest names its architecture: refuse another before any rank starts."""
-    for manifest in (Path(cfg.finetune) / "final" / "manifest.json", Path(cfg.finetune).parent
-                     / "manifest.json", Path(cfg.finetune) / "manifest.json"):  # fmt: skip
+    path = Path(cfg.finetune or "")
+    for manifest in (path / "final" / "manifest.json", path.parent / "manifest.json",
+                     path / "manifest.json"):  # fmt: skip
         if manifest.is_file():
             saved = json.loads(manifest.read_text()).get("model")
             if saved and saved != cfg.model:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -27,7 +28,7 @@ def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -
     """Build `name` (no pretrained weights: nothing is downloaded inside a job)."""
     if name == "volo_tiny":
         return VOLO(
-            img_size=img_size, layers=(1, 1), embed_dims=(32, 64), num_heads=(1, 2), patch_size=8,
+            img_size=img_size, layers=[1, 1], embed_dims=[32, 64], num_heads=[1, 2], patch_size=8,
             stem_hidden_dim=16, num_classes=num_classes, drop_path_rate=drop_path,
         )  # fmt: skip
     if not known_model(name):
@@ -104,7 +105,8 @@ def _resample_pos_embed(model: nn.Module, own: dict, state: dict) -> dict:
     if isinstance(model, VOLO):  # NHWC grid (1, H, W, C)
         new = resample_abs_pos_embed_nhwc(state["pos_embed"], list(target.shape[1:3]))
     else:
-        grid = model.patch_embed.grid_size
+        patch_embed: Any = model.patch_embed
+        grid = patch_embed.grid_size
         prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
         new = resample_abs_pos_embed(state["pos_embed"], list(grid), num_prefix_tokens=prefix)
     return {**state, "pos_embed": new}

@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """No decay on norms, biases (1-d) and the model's no_weight_decay() names (pos embeddings)."""
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    names = getattr(model, "no_weight_decay", None)
+    skip = set(names()) if callable(names) else set()
     return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
 
 

@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -48,7 +48,7 @@ def ring_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future
     """The built-in all-reduce arithmetic, timed."""
     start = time.perf_counter()
     buffer = _scale_like_builtin(bucket, state.world_size)
-    fut = dist.all_reduce(buffer, async_op=True).get_future()
+    fut = cast(dist.Work, dist.all_reduce(buffer, async_op=True)).get_future()
 
     def done(f: torch.futures.Future) -> torch.Tensor:
         state.record(start)
@@ -62,10 +62,10 @@ def ps_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[t
     start = time.perf_counter()
     buffer = _scale_like_builtin(bucket, state.world_size)
     server = state.servers[bucket.index() % len(state.servers)]
-    fut = dist.reduce(buffer, dst=server, async_op=True).get_future()
+    fut = cast(dist.Work, dist.reduce(buffer, dst=server, async_op=True)).get_future()
 
     def broadcast(_: torch.futures.Future) -> torch.Tensor:
-        dist.broadcast(buffer, src=server, async_op=True).get_future().wait()
+        dist.broadcast(buffer, src=server)
         state.record(start)
         return buffer
 

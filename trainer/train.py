@@ -53,7 +53,7 @@ def data_config(cfg: TrainConfig):
     return DataConfig(
         data_dir=cfg.data_dir or "", dataset=cfg.dataset, img_size=cfg.img_size,
         batch_size=cfg.batch_size, workers=cfg.workers, loader=cfg.loader,
-        crop_pct=cfg.crop_pct or 0.875, scale=tuple(cfg.scale), hflip=cfg.hflip,
+        crop_pct=cfg.crop_pct or 0.875, scale=(cfg.scale[0], cfg.scale[1]), hflip=cfg.hflip,
         auto_augment=cfg.aa or None,
         reprob=cfg.reprob, num_classes=cfg.num_classes, token_label=cfg.token_label,
         token_label_data=cfg.token_label_data or "",
@@ -115,7 +115,9 @@ class Trainer:
 
     def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         cfg = self.cfg
-        optimizer, _ = create_optimizer(model, cfg.opt, cfg.lr, cfg.weight_decay, self.device)
+        optimizer, _ = create_optimizer(
+            model, cfg.opt, cfg.lr or 0.0, cfg.weight_decay, self.device
+        )
         return optimizer
 
     def _build_data(self):

@@ -17,6 +17,7 @@ from workflows.profile import load_profile, profile_path
 from workflows.recipe import load_recipe
 from workflows.rundir import (
     RUN_ROOT_ENV,
+    check_path_safe,
     create_run_dir,
     git_info,
     image_info,
@@ -84,7 +85,7 @@ def prepare(ns: argparse.Namespace, run_dir: Path | None = None) -> Prepared:
     profile = load_profile(ns.cluster)
     recipe = load_recipe(ns.model or profile.default_model or DEFAULT_MODEL)
     run_dir = run_dir or new_run_path(runs_root(profile, ns.run_root), recipe.model, ns.stage)
-    _check_path_safe(run_dir)
+    check_path_safe(run_dir, "run root", "choose another storage.runs / --run-root")
     spec = build_spec(
         profile,
         recipe,
@@ -105,15 +106,6 @@ def prepare(ns: argparse.Namespace, run_dir: Path | None = None) -> Prepared:
     script = render(template, {"spec": spec, "plan": plan})
     manifest = _manifest(ns, spec, plan, recipe.stage(ns.stage).model_dump(), script_name)
     return Prepared(spec, plan, script_name, script, manifest)
-
-
-def _check_path_safe(run_dir: Path) -> None:
-    text = str(run_dir)
-    if any(c in text for c in '"\n\r%\\'):
-        raise ConfigError(
-            f"run root {text!r}: a run path cannot contain double quotes, '%', '\\' or newlines "
-            f"(they break #SBATCH lines); choose another storage.runs / --run-root"
-        )
 
 
 def _manifest(
@@ -176,8 +168,7 @@ def submit_main(argv: list[str]) -> int:
     """Render, then sbatch it (slurm) or run it here (local); job ids go into the manifest."""
     ns = stage_parser("submit").parse_args(argv)
     job = prepare(ns)
-    if job.spec.profile.scheduler == "slurm":
-        check_can_submit(job.spec)
+    check_can_submit(job.spec)
     script = materialize(job)
     if job.spec.profile.scheduler == "local":
         return _run_local(job, script)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 #: States after which a job never runs again (a requeued job goes back to PENDING instead).
@@ -27,8 +28,11 @@ TERMINAL = frozenset(
 #: Reported when neither squeue nor accounting knows the job (it left the controller's memory).
 GONE = "GONE"
 
-_SQUEUE_FIELDS = "JobID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:"
-_SACCT_FIELDS = "JobIDRaw,State,ExitCode,Reason"
+# JobArrayID and sacct's JobID name an array task `123_4` (a plain job: `123`); a pending
+# array's tasks not yet split off share one line, `123_[0-2%1]` or `123_[0,2]`.
+_SQUEUE_FIELDS = "JobArrayID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:"
+_SACCT_FIELDS = "JobID,State,ExitCode,Reason"
+_TASK_RANGE = re.compile(r"^(\d+)_\[([\d,-]+)(%\d+)?\]$")
 _CMD_TIMEOUT_S = 30
 
 
@@ -61,41 +65,55 @@ def _base_state(state: str) -> str:
     return state.split()[0].rstrip("+") if state else ""
 
 
+def expand_job_id(job_id: str) -> list[str]:
+    """`123_[0-2,5%1]` -> ['123_0', '123_1', '123_2', '123_5']; any other id as it is."""
+    match = _TASK_RANGE.match(job_id)
+    if match is None:
+        return [job_id]
+    ids = []
+    for part in match[2].split(","):
+        first, _, last = part.partition("-")
+        ids += [f"{match[1]}_{i}" for i in range(int(first), int(last or first) + 1)]
+    return ids
+
+
 def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """Parse `squeue -h -O JobID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:` output."""
+    """Parse `squeue -h -O JobArrayID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:` output."""
     jobs = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split("|")]
         if len(parts) < 4 or not parts[0]:
             continue
-        job_id, state, reason, restarts = parts[:4]
+        ids, state, reason, restarts = parts[:4]
         exit_code = parts[4] if len(parts) > 4 else ""
-        jobs[job_id] = JobInfo(
-            job_id=job_id,
-            state=_base_state(state),
-            reason="" if reason == "None" else reason,
-            restarts=int(restarts) if restarts.isdigit() else 0,
-            exit_code=exit_code,
-            source="squeue",
-        )
+        for job_id in expand_job_id(ids):
+            jobs[job_id] = JobInfo(
+                job_id=job_id,
+                state=_base_state(state),
+                reason="" if reason == "None" else reason,
+                restarts=int(restarts) if restarts.isdigit() else 0,
+                exit_code=exit_code,
+                source="squeue",
+            )
     return jobs
 
 
 def parse_sacct(text: str) -> dict[str, JobInfo]:
-    """Parse `sacct -n -P -X -o JobIDRaw,State,ExitCode,Reason` output (allocation lines only)."""
+    """Parse `sacct -n -P -X -o JobID,State,ExitCode,Reason` output (allocation lines only)."""
     jobs = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) < 3 or not parts[0] or "." in parts[0]:
             continue
         reason = parts[3] if len(parts) > 3 else ""
-        jobs[parts[0]] = JobInfo(
-            job_id=parts[0],
-            state=_base_state(parts[1]),
-            reason="" if reason == "None" else reason,
-            exit_code=parts[2],
-            source="sacct",
-        )
+        for job_id in expand_job_id(parts[0]):
+            jobs[job_id] = JobInfo(
+                job_id=job_id,
+                state=_base_state(parts[1]),
+                reason="" if reason == "None" else reason,
+                exit_code=parts[2],
+                source="sacct",
+            )
     return jobs
 
 
@@ -183,6 +201,29 @@ def failure(info: JobInfo) -> str | None:
     return None
 
 
+def _settled_polls(
+    poller: JobStatePoller,
+    timeout: float | None,
+    poll_s: float,
+    on_poll: Callable[[dict[str, JobInfo]], None] | None,
+) -> Iterator[tuple[dict[str, JobInfo], set[str]]]:
+    """Each poll's states and the jobs seen GONE for the first time (not to be trusted yet: a
+    job between queue states is missing for a moment); TimeoutError once `timeout` has passed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    gone_before: set[str] = set()
+    while True:
+        infos = poller.poll()
+        if on_poll is not None:
+            on_poll(infos)
+        gone = {j for j, i in infos.items() if i.state == GONE}
+        yield infos, gone - gone_before
+        gone_before = gone
+        if deadline is not None and time.monotonic() >= deadline:
+            states = ", ".join(f"{j}={i.state}" for j, i in infos.items())
+            raise TimeoutError(f"jobs not finished after {timeout:.0f} s: {states}")
+        time.sleep(poll_s)
+
+
 def wait_jobs(
     poller: JobStatePoller,
     timeout: float | None = None,
@@ -191,24 +232,23 @@ def wait_jobs(
 ) -> dict[str, JobInfo]:
     """Poll until every job is COMPLETED; raise JobFailedError as soon as one cannot complete.
 
-    A job must be missing from squeue on two polls in a row before it counts as gone, so a
-    job between queue states is not mistaken for a vanished one.
+    A job must be missing from squeue on two polls in a row before it counts as gone.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    gone_before: set[str] = set()
-    while True:
-        infos = poller.poll()
-        if on_poll is not None:
-            on_poll(infos)
+    for infos, unsure in _settled_polls(poller, timeout, poll_s, on_poll):
         for info in infos.values():
-            if info.state == GONE and info.job_id not in gone_before:
-                continue
-            if (reason := failure(info)) is not None:
+            if info.job_id not in unsure and (reason := failure(info)) is not None:
                 raise JobFailedError(info, reason)
-        gone_before = {j for j, i in infos.items() if i.state == GONE}
         if all(i.state == "COMPLETED" for i in infos.values()):
             return infos
-        if deadline is not None and time.monotonic() >= deadline:
-            states = ", ".join(f"{j}={i.state}" for j, i in infos.items())
-            raise TimeoutError(f"jobs not finished after {timeout:.0f} s: {states}")
-        time.sleep(poll_s)
+    raise AssertionError("unreachable")
+
+
+def wait_finished(
+    poller: JobStatePoller, timeout: float | None = None, poll_s: float = 2.0
+) -> dict[str, JobInfo]:
+    """Poll until every job has ended, however (e.g. each task of a job array); returns the
+    final states. A job missing from squeue on two polls in a row counts as GONE."""
+    for infos, unsure in _settled_polls(poller, timeout, poll_s, None):
+        if not unsure and all(i.terminal for i in infos.values()):
+            return infos
+    raise AssertionError("unreachable")

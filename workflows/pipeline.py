@@ -192,18 +192,6 @@ def _check_finetune_source(path: str) -> None:
         )
 
 
-def _check_shared_paths(job: Prepared) -> None:
-    """Data and code directories must exist before anything is submitted."""
-    spec = job.spec
-    data_dir = Path(spec.command[3]) if spec.command[1:3] == ("-m", "trainer") else None
-    for what, path in (("storage.data", data_dir), ("storage.code", Path(spec.code_dir))):
-        if path is not None and not path.exists():
-            raise ConfigError(
-                f"profile {spec.profile.name}: {what} path {str(path)!r} does not exist; create it "
-                f"on the shared file system (or fix the profile) before submitting"
-            )
-
-
 @dataclass
 class StageRecord:
     """One submitted stage: its run directory and job(s)."""
@@ -278,9 +266,7 @@ class Pipeline:
             source = self.finetune_from or str(directory / "pretrain")
             records[stage] = self._plan_stage(stage, directory, source)
         for rec in records.values():
-            _check_shared_paths(rec.prepared)
-            if profile.scheduler == "slurm":
-                check_can_submit(rec.prepared.spec)
+            check_can_submit(rec.prepared.spec)
         self.directory = directory
         return records
 

@@ -21,7 +21,7 @@ _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re
 _HCA = re.compile(r"^[A-Za-z0-9_]+:\d+$")
 _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 # Characters that would break an #SBATCH line or a Slurm filename pattern.
-_UNSAFE_PATH = re.compile(r'["\n\r%\\]')
+UNSAFE_PATH = re.compile(r'["\n\r%\\]')
 
 
 class Partition(Strict):
@@ -78,7 +78,7 @@ class Mount(Strict):
     @field_validator("src", "dst")
     @classmethod
     def _no_separator(cls, value: str) -> str:
-        if ":" in value or "," in value or _UNSAFE_PATH.search(value):
+        if ":" in value or "," in value or UNSAFE_PATH.search(value):
             raise ValueError(f"{value!r}: pyxis mounts cannot contain ':', ',', quotes or newlines")
         return value
 
@@ -116,7 +116,7 @@ class Storage(Strict):
     @field_validator("data", "code", "checkpoints", "results", "runs")
     @classmethod
     def _safe_path(cls, value: str | None) -> str | None:
-        if value is not None and _UNSAFE_PATH.search(value):
+        if value is not None and UNSAFE_PATH.search(value):
             raise ValueError(
                 f"{value!r}: paths cannot contain double quotes, '%', '\\' or newlines"
             )

@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workflows.profile import REPO_ROOT, Profile, resolve_path
+from workflows.errors import ConfigError
+from workflows.profile import REPO_ROOT, UNSAFE_PATH, Profile, resolve_path
 
 DIR_MODE = 0o750  # group may read a run; nobody else, and never world-writable
 RUN_ROOT_ENV = "VITPOD_RUN_ROOT"  # overrides every profile's storage.runs (tests, scratch runs)
@@ -23,6 +24,15 @@ def runs_root(profile: Profile, override: str | None = None) -> Path:
     """Where new runs go: `override` (--run-root), else $VITPOD_RUN_ROOT, else storage.runs."""
     chosen = override or os.environ.get(RUN_ROOT_ENV, "")
     return Path(chosen).expanduser().absolute() if chosen else resolve_path(profile.storage.runs)
+
+
+def check_path_safe(path: Path, what: str, fix: str) -> None:
+    """Refuse a run/study path that would break an #SBATCH line or a Slurm filename pattern."""
+    if UNSAFE_PATH.search(str(path)):
+        raise ConfigError(
+            f"{what} {str(path)!r}: a run path cannot contain double quotes, '%', '\\' or "
+            f"newlines (they break #SBATCH lines); {fix}"
+        )
 
 
 def new_run_path(root: Path, model: str, stage: str) -> Path:

@@ -6,82 +6,37 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import os
-import secrets
+import math
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
+from workflows import jobstate
 from workflows.errors import ConfigError
-from workflows.profile import Profile, load_profile, resolve_path
+from workflows.profile import Profile, load_profile
 from workflows.recipe import Recipe, load_recipe
-from workflows.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
+from workflows.rundir import (
+    RUN_ROOT_ENV,
+    check_path_safe,
+    create_run_dir,
+    new_run_path,
+    remove_run_dir,
+    runs_root,
+    write_atomic,
+    write_json,
+)
 from workflows.spec import JobSpec, build_spec, launch_plan
-from workflows.templating import argv_lines, render, sbatch_value
+from workflows.submission import check_can_submit, sbatch
+from workflows.templating import render
 from workflows.topology import TopologyDecision, decide, with_topology
 
 MODES = ("strong", "weak")
 STAGE = "pretrain"
 SCRIPT_NAME = "sweep.sbatch"
-RUN_ROOT_ENV = "VITPOD_RUN_ROOT"
-
-# The array body: each task picks its point, then runs it with the same srun flags, bind.sh and
-# environment as a single job (workflows.spec.launch_plan), on the first NODES nodes.
-BODY = """
-# vitpod scaling study ({{ mode }}, {{ model }}): {{ points | length }} points, one array task each.
-# Every task holds the largest point's allocation; a point uses its first NODES nodes.
-set -euo pipefail
-
-STUDY_DIR={{ study_dir | q }}
-RESTART=${SLURM_RESTART_COUNT:-0}
-TASK=${SLURM_ARRAY_TASK_ID:?this script runs as a Slurm array task}
-exec >>"$STUDY_DIR/logs/sweep-${SLURM_ARRAY_JOB_ID}_${TASK}-restart${RESTART}.log" 2>&1
-echo "vitpod: task $TASK (job $SLURM_JOB_ID) on $SLURM_JOB_NODELIST at $(date -u +%FT%TZ)"
-
-{% for line in setup_lines %}
-{{ line }}
-{% endfor %}
-
-case "$TASK" in
-{% for p in points %}
-  {{ p.index }})  # {{ p.gpus }} GPU(s) on {{ p.nodes }} node(s), batch {{ p.batch_size }} per rank
-    RUN_DIR={{ p.run_dir | q }} NODES={{ p.nodes }} NTASKS={{ p.gpus }} PER_NODE={{ p.per_node }}
-    CMD=(
-{% for line in p.argv | argv_lines %}
-      {{ line }}
-{% endfor %}
-    ) ;;
-{% endfor %}
-  *) echo "vitpod: no sweep point $TASK" >&2; exit 2 ;;
-esac
-STEP_NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n "$NODES" | paste -sd, -)
-echo "vitpod: $NTASKS rank(s) on $STEP_NODES, run directory $RUN_DIR"
-set +e
-srun \\
-{% for arg in srun_args %}
-  {{ arg | q }} \\
-{% endfor %}
-  --nodes="$NODES" --ntasks="$NTASKS" --ntasks-per-node="$PER_NODE" --nodelist="$STEP_NODES" \\
-  --output="$RUN_DIR/logs/train-%j-restart${RESTART}-rank%t.log" \\
-  "${CMD[@]}"
-rc=$?
-set -e
-{% if requeue %}
-if [ "$rc" -eq {{ requeue_exit }} ]; then
-  echo "vitpod: preempted (exit {{ requeue_exit }}); requeueing $SLURM_JOB_ID"
-  scontrol requeue "$SLURM_JOB_ID"
-  exit 0
-fi
-{% endif %}
-echo "vitpod: srun exited with status $rc at $(date -u +%FT%TZ)"
-exit "$rc"
-"""
+TEMPLATE = "sweep.sh.j2"  # the array body; the #SBATCH header is partials/header.sh.j2
 
 
 @dataclass(frozen=True)
@@ -107,6 +62,8 @@ class Sweep:
 
     study_dir: Path
     mode: str
+    spec: JobSpec
+    """The study's own job (its directory, the largest point's allocation): header, checks."""
     profile: Profile
     recipe: Recipe
     points: list[SweepPoint]
@@ -167,18 +124,9 @@ def per_rank_batches(mode: str, gpus: list[int], batch: int, accum: int) -> dict
     if bad:
         raise ConfigError(
             f"BATCH={batch} (global, strong scaling) does not divide over GPUS {bad} x "
-            f"ACCUM={accum}; choose a multiple of {_lcm([n * accum for n in gpus])}"
+            f"ACCUM={accum}; choose a multiple of {math.lcm(*[n * accum for n in gpus])}"
         )
     return {n: batch // (n * accum) for n in gpus}
-
-
-def _lcm(values: list[int]) -> int:
-    import math
-
-    out = 1
-    for v in values:
-        out = out * v // math.gcd(out, v)
-    return out
 
 
 def sweep_args(batch: int, accum: int, steps: int, warmup: int) -> list[str]:
@@ -213,18 +161,10 @@ def _study_dir(ns: argparse.Namespace, profile: Profile, model: str, mode: str) 
     if ns.study_dir:
         path = Path(ns.study_dir).expanduser().absolute()
     else:
-        override = ns.run_root or os.environ.get(RUN_ROOT_ENV, "")
-        root = (
-            Path(override).expanduser().absolute()
-            if override
-            else resolve_path(profile.storage.runs)
-        )
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        path = root / "studies" / f"{stamp}-{model}-{mode}-{secrets.token_hex(3)}"
+        path = new_run_path(runs_root(profile, ns.run_root) / "studies", model, mode)
     if path.exists():
         raise ConfigError(f"study directory {path} already exists; choose a new --study-dir")
-    if any(c in str(path) for c in '"\n\r%\\'):
-        raise ConfigError(f"study directory {str(path)!r}: no quotes, '%', '\\' or newlines")
+    check_path_safe(path, "study directory", "choose another --study-dir / --run-root")
     return path
 
 
@@ -258,13 +198,13 @@ def prepare(ns: argparse.Namespace) -> Sweep:
         run_dir = study_dir / f"gpus{n}"
         extra = [*shlex.split(ns.args or ""), *sweep_args(batches[n], accum, steps, warmup)]
         decision = decide(profile.fabric, recipe.model, nodes, gpus=n, args=extra)
-        if decision.algorithm == "ps_colocated" and "--ps-servers" not in extra:
-            extra += ["--ps-servers", str(n)]  # the model's colocated server: every rank serves
         spec = build_spec(
             profile, recipe, STAGE, run_dir=run_dir, nodes=nodes,
             args=shlex.join(with_topology(extra, decision)),
         )  # fmt: skip
-        plan = launch_plan(spec)
+        # bind.sh leaves its requeue marker where the array script's teardown (rendered from the
+        # study's spec) looks for it: the study's logs/.
+        plan = launch_plan(dataclasses.replace(spec, log_dir=str(study_dir / "logs")))
         points.append(
             SweepPoint(
                 index=index, gpus=n, nodes=nodes, per_node=ranks, batch_size=batches[n],
@@ -277,7 +217,7 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     )
     script = render_script(head_spec, points, ns.mode, _positive(ns.concurrent, "--concurrent", 1))
     study = _study_record(ns, profile, recipe, points, batch, accum, steps, warmup)
-    return Sweep(study_dir, ns.mode, profile, recipe, points, script, study)
+    return Sweep(study_dir, ns.mode, head_spec, profile, recipe, points, script, study)
 
 
 def render_script(
@@ -292,22 +232,8 @@ def render_script(
         line.replace("/sbatch-%j.", "/sweep-%A_%a.") if line.startswith("#SBATCH --") else line
         for line in lines
     ]
-    env = jinja2.Environment(
-        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, autoescape=False
-    )
-    env.filters.update(q=lambda v: shlex.quote(str(v)), argv_lines=argv_lines, sbatch=sbatch_value)
-    plan = launch_plan(spec)
-    body = env.from_string(BODY).render(
-        mode=mode,
-        model=spec.model,
-        points=points,
-        study_dir=spec.run_dir,
-        setup_lines=plan.setup_lines,
-        srun_args=plan.srun_args,
-        requeue=spec.requeue,
-        requeue_exit=spec.requeue_exit,
-    )
-    return "\n".join(lines) + "\n" + body + "\n"
+    context = {"spec": spec, "plan": launch_plan(spec), "points": points, "mode": mode}
+    return "\n".join(lines) + "\n" + render(TEMPLATE, context)
 
 
 def _study_record(
@@ -369,66 +295,33 @@ def materialize(sweep: Sweep) -> Path:
     return script
 
 
-def submit(script: Path) -> str:
-    """sbatch the array; returns the array job id."""
+def task_ids(job_id: str, points: int) -> list[str]:
+    """The array's task ids as Slurm names them: 123_0, 123_1, ..."""
+    return [f"{job_id}_{index}" for index in range(points)]
+
+
+def wait_array(
+    job_id: str, points: int, timeout: float | None, poll_s: float = 3.0
+) -> dict[int, str]:
+    """Wait (one batched squeue a poll, sacct only when squeue forgot a task) until every task has
+    ended; returns each task's final state, none for a task whose end nobody recorded."""
+    poller = jobstate.JobStatePoller(task_ids(job_id, points))
     try:
-        out = subprocess.run(
-            ["sbatch", "--parsable", str(script)],
-            capture_output=True, text=True, cwd=script.parent, timeout=60,
-        )  # fmt: skip
-    except FileNotFoundError:
-        raise ConfigError(
-            "sbatch is not on PATH (not a Slurm login node); use --render-only and submit "
-            f"{script} from a login node"
-        ) from None
-    if out.returncode != 0:
-        raise ConfigError(f"sbatch rejected {script}: {out.stderr.strip() or out.stdout.strip()}")
-    return out.stdout.strip().split(";")[0]
+        infos = jobstate.wait_finished(poller, timeout=timeout, poll_s=poll_s)
+    except TimeoutError:
+        subprocess.run(["scancel", job_id], check=False, capture_output=True)
+        raise TimeoutError(f"array {job_id} not done after {timeout} s; cancelled it") from None
+    return {
+        int(info.job_id.rpartition("_")[2]): info.state
+        for info in infos.values()
+        if info.state != jobstate.GONE
+    }
 
 
-def wait_array(job_id: str, timeout: float | None, poll_s: float = 3.0) -> None:
-    """Poll one squeue for the whole array until none of its tasks is queued or running."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    failures = 0
-    while True:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%i %T"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        if out.returncode == 0 and not out.stdout.strip():
-            return
-        failures = failures + 1 if out.returncode != 0 else 0
-        if failures >= 10:  # an array id squeue forgot answers with an empty list, not an error
-            raise RuntimeError(f"squeue keeps failing for array {job_id}: {out.stderr.strip()}")
-        if deadline is not None and time.monotonic() >= deadline:
-            subprocess.run(["scancel", job_id], check=False, capture_output=True)
-            raise TimeoutError(f"array {job_id} not done after {timeout} s; cancelled it")
-        time.sleep(poll_s)
-
-
-def array_states(job_id: str) -> dict[int, str]:
-    """Final state of each array task from accounting; empty when sacct does not work."""
-    try:
-        out = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    states = {}
-    for line in out.stdout.splitlines() if out.returncode == 0 else []:
-        task, _, state = line.partition("|")
-        _, _, index = task.partition("_")
-        if index.isdigit():
-            states[int(index)] = state.split()[0] if state else ""
-    return states
-
-
-def record_states(study_dir: Path, job_id: str) -> dict[str, Any]:
-    """Write each point's final Slurm state into study.json (None when accounting is absent)."""
+def record_states(study_dir: Path, states: dict[int, str]) -> dict[str, Any]:
+    """Write each point's final Slurm state into study.json (None when nobody recorded it)."""
     path = study_dir / "study.json"
     study = json.loads(path.read_text())
-    states = array_states(job_id)
     for point in study["points"]:
         point["state"] = states.get(point["index"])
     write_json(path, study)
@@ -444,13 +337,16 @@ def report(study_dir: Path) -> int:
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     sweep = prepare(ns)
+    if not ns.render_only:
+        hint = f"python -m workflows scaling --cluster {ns.cluster} ... --render-only"
+        check_can_submit(sweep.spec, render_hint=hint)
     script = materialize(sweep)
     print(f"study directory: {sweep.study_dir}")
     if ns.render_only:
         print(script)
         return 0
     try:
-        job_id = submit(script)
+        job_id = sbatch(script)
     except ConfigError:
         remove_run_dir(sweep.study_dir)
         raise
@@ -460,11 +356,11 @@ def main(argv: list[str]) -> int:
         print(f"when it is done: make report STUDY={shlex.quote(str(sweep.study_dir))}")
         return 0
     try:
-        wait_array(job_id, float(ns.timeout) if ns.timeout else None)
+        states = wait_array(job_id, len(sweep.points), float(ns.timeout) if ns.timeout else None)
     except (TimeoutError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    study = record_states(sweep.study_dir, job_id)
+    study = record_states(sweep.study_dir, states)
     rc = report(sweep.study_dir)
     failed = [p["gpus"] for p in study["points"] if p["state"] not in (None, "COMPLETED")]
     if failed:

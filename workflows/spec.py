@@ -60,6 +60,8 @@ class JobSpec:
     python: str
     code_dir: str
     """Where ranks start when there is no container (the repository on shared storage)."""
+    data_dir: str | None
+    """The trainer's DATA_DIR under storage.data (None when ranks do not run the trainer)."""
     command: tuple[str, ...]
     """The per-rank command after the binding step (python -m trainer DATA_DIR flags...)."""
     extra_args: tuple[str, ...]
@@ -161,12 +163,13 @@ def build_spec(
     _check_dependency(dependency)
     finetune = _finetune_source(stage_recipe.finetune, finetune_from, dependency)
     python = _python(profile)
+    data_dir: str | None = None
     if entry == "rankinfo":
         command: tuple[str, ...] = (python, "-m", "workflows.rankinfo")
     else:
         flags = _trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
-        data_dir = resolve_path(profile.storage.data) / (stage_recipe.data or "")
-        command = (python, "-m", "trainer", str(data_dir), "--model", recipe.model, *flags)
+        data_dir = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
+        command = (python, "-m", "trainer", data_dir, "--model", recipe.model, *flags)
     return JobSpec(
         profile=profile,
         model=recipe.model,
@@ -189,6 +192,7 @@ def build_spec(
         dependency=dependency,
         python=python,
         code_dir=str(resolve_path(profile.storage.code)),
+        data_dir=data_dir,
         command=command,
         extra_args=tuple(extra),
     )

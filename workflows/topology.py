@@ -121,20 +121,23 @@ def decide(
 
 
 def with_topology(args: Sequence[str], decision: TopologyDecision) -> list[str]:
-    """Trainer arguments that run the decision (unchanged if ARGS already names a topology).
+    """Trainer arguments that run the decision (a --topology ring|ps in ARGS is kept).
 
     The flags are the cost model's own (`Choice.trainer_flags`: the colocated parameter server
-    it prices has every rank serve, so --ps-servers = ranks); a --ps-servers in ARGS wins.
+    it prices has every rank serve, so --ps-servers = ranks, also when ARGS forced ps); a
+    --ps-servers in ARGS wins.
     """
     tokens = list(args)
-    if any(t == "--topology" or t.startswith("--topology=") for t in tokens):
-        if topology_override(tokens) is not None:
-            return tokens
-        tokens = _drop_topology(tokens)
     choice = Choice(decision.algorithm, decision.predicted_s, decision.reason)
     flags = choice.trainer_flags(decision.ranks)
     if any(t == "--ps-servers" or t.startswith("--ps-servers=") for t in tokens):
         flags = flags[:2]  # --topology VALUE only
+    if any(t == "--topology" or t.startswith("--topology=") for t in tokens):
+        forced = topology_override(tokens)
+        if forced is not None:
+            # A forced ps priced as the colocated server still needs its --ps-servers.
+            return [*tokens, *flags[2:]] if forced == decision.topology else tokens
+        tokens = _drop_topology(tokens)
     return [*tokens, *flags]
 
 
