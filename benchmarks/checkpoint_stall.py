@@ -1,8 +1,11 @@
-"""Checkpoint stall: our async save (blocked only for the host copy) vs a synchronous torch.save.
+"""Checkpoint stall: our async save (host copy overlapping forward/backward) vs torch.save.
 
 The state is VOLO-D5 sized: the real volo_d5 weights (about 296M parameters) plus AdamW's two
-moment tensors per parameter (about 3.5 GB). Both saves write the same state to the same local
-disk in the same run; files are deleted afterwards. Results go to
+moment tensors per parameter (about 3.5 GB). As in the trainer, save() starts the host copy in
+the background and a real volo_d5 forward/backward (batch 1, 224 px) runs before `fence()`, the
+point where the optimizer step would mutate the state; the stall is the time the loop is
+blocked (inside save() plus inside fence()). Sync and async rounds are interleaved; both write
+the same state to the same local disk; files are deleted afterwards. Results go to
 benchmarks/results/checkpoint_stall.json.
 """
 
@@ -25,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "checkpoint_stall.json"
 
 
-def volo_d5_state() -> dict:
-    """volo_d5 weights plus AdamW exp_avg/exp_avg_sq for every parameter, as in a checkpoint."""
+def volo_d5_state() -> tuple[torch.nn.Module, dict]:
+    """volo_d5 and its checkpoint state: weights plus AdamW exp_avg/exp_avg_sq per parameter."""
     from trainer.models import create_model, param_count
 
     model = create_model("volo_d5", 224, 1000, 0.0)
@@ -35,12 +38,19 @@ def volo_d5_state() -> dict:
         i: {"step": torch.tensor(10.0), "exp_avg": p.detach() * 1e-3, "exp_avg_sq": p.detach() ** 2}
         for i, p in enumerate(params.values())
     }
-    return {
+    return model, {
         "model": model.state_dict(),
         "optimizer": {"state": moments, "param_groups": [{"params": list(moments)}]},
         "step": 10,
         "params": param_count(model),
     }
+
+
+def forward_backward(model: torch.nn.Module) -> float:
+    start = time.perf_counter()
+    model(torch.randn(1, 3, 224, 224)).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
 
 
 def nbytes(obj) -> int:
@@ -64,52 +74,63 @@ def sync_save(state: dict, directory: Path) -> float:
     return elapsed
 
 
-def async_saves(state: dict, directory: Path, count: int) -> list[dict]:
-    """Stall (time save() blocks) and background write time of `count` consecutive saves."""
-    from trainer.checkpoint import Checkpointer
-
-    ck = Checkpointer(directory / "async", rank=0, world_size=1, keep_last=1)
+def async_save(ck, model: torch.nn.Module, state: dict, step: int) -> dict:
+    """One save overlapped with a forward/backward; blocked = time in save() + in fence()."""
+    buffers = {b.data_ptr() for b in model.buffers()}
     start = time.perf_counter()
-    ck.preallocate(state)  # what the trainer does before its loop starts
-    out = [{"preallocate_s": time.perf_counter() - start}]
-    for step in range(1, count + 1):
-        start = time.perf_counter()
-        ck.save(step, epoch=0, state=state)
-        stall = time.perf_counter() - start
-        ck.wait()
-        out.append({"stall_s": stall, "save_to_durable_s": time.perf_counter() - start})
-    ck.close()
-    return out
+    ck.save(step, epoch=0, state=state, overlap=True, copy_now=buffers)
+    in_save = time.perf_counter() - start
+    compute = forward_backward(model)
+    fence_start = time.perf_counter()
+    ck.fence()
+    in_fence = time.perf_counter() - fence_start
+    ck.wait()
+    return {
+        "stall_s": in_save + in_fence, "in_save_s": in_save, "in_fence_s": in_fence,
+        "forward_backward_s": compute, "save_to_durable_s": time.perf_counter() - start,
+    }  # fmt: skip
 
 
 def main() -> None:
+    from trainer.checkpoint import Checkpointer
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=None, help="local disk folder (default: a temp dir)")
-    parser.add_argument("--saves", type=int, default=4, help="consecutive async saves")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved sync/async rounds")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    state = volo_d5_state()
+    model, state = volo_d5_state()
     directory = Path(tempfile.mkdtemp(prefix="ckpt-stall-", dir=args.dir))
+    load = os.getloadavg()
     try:
-        sync_s = sync_save(state, directory)
-        saves = async_saves(state, directory, args.saves)
-        sync_again_s = sync_save(state, directory)  # load drifts: bracket the async saves
+        ck = Checkpointer(directory / "async", rank=0, world_size=1, keep_last=1)
+        start = time.perf_counter()
+        ck.preallocate(state)  # what the trainer does before its loop starts
+        prealloc = time.perf_counter() - start
+        alone = [forward_backward(model) for _ in range(2)]  # warm-up, then no save in flight
+        sync, saves = [], []
+        for step in range(1, args.rounds + 1):
+            sync.append(sync_save(state, directory))
+            saves.append(async_save(ck, model, state, step))
+        ck.close()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    sync_ref = min(sync_s, sync_again_s)
-    prealloc, saves = saves[0], saves[1:]
-    steady = min(s["stall_s"] for s in saves[1:]) if len(saves) > 1 else saves[0]["stall_s"]
+    best_sync, best = min(sync), min(saves, key=lambda s: s["stall_s"])
     result = {
         "benchmark": "checkpoint stall, VOLO-D5 weights + AdamW moments",
-        "params": state["params"], "state_bytes": nbytes(state), "device": "cpu",
-        "sync_torch_save_fsync_s": [sync_s, sync_again_s], "async_saves": saves,
-        "preallocate_before_loop_s": prealloc["preallocate_s"],
-        "first_stall_s": saves[0]["stall_s"], "steady_stall_s": steady,
-        "stall_ratio_first": saves[0]["stall_s"] / sync_ref,
-        "stall_ratio_steady": steady / sync_ref, "goal_ratio": 0.05,
-        "note": "stall = host copy into staging buffers allocated before the loop; ratios use "
-        "the faster of the two synchronous saves. On GPU the copy is device-to-host into pinned "
-        "memory.",
+        "params": state["params"], "state_bytes": nbytes(state), "device": "cpu (2 cores)",
+        "sync_torch_save_fsync_s": sync, "async_saves": saves,
+        "preallocate_before_loop_s": prealloc, "forward_backward_alone_s": alone[-1],
+        "best_sync_s": best_sync, "best_stall_s": best["stall_s"],
+        "stall_ratio": best["stall_s"] / best_sync,
+        "stall_ratio_median": sorted(s["stall_s"] for s in saves)[len(saves) // 2] / best_sync,
+        "goal_ratio": 0.05, "load_average_at_start": load,
+        "note": "stall = time the loop is blocked: save() (waiting for the previous write, "
+        "copying BatchNorm buffers) plus fence() before the optimizer step (what remains of the "
+        "host copy after a volo_d5 forward/backward, batch 1). Rounds interleave sync and async "
+        "saves; ratios use the best of each. The copy shares the CPU's 2 cores with the forward/"
+        "backward here (compare forward_backward_s with forward_backward_alone_s); on GPU it is "
+        "a device-to-host copy into pinned memory. The machine is shared by other engineers.",
     }  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,5 +1,6 @@
 """Async checkpoints: staged copy, atomic checksummed files, keep-last-K, corrupt skip; finetune."""
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -31,6 +32,37 @@ def test_save_returns_after_the_copy_and_writes_the_old_values(tmp_path: Path) -
     assert manifest["step"] == 1 and manifest["bytes"] > 256 * 256 * 4
     assert ck.verify(tmp_path / "step_000000001") is None
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]  # no temp files left
+
+
+def test_overlapped_copy_saves_the_state_of_the_checkpoint_step(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = create_model("volo_tiny", 32, 10, 0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    images, targets = torch.randn(4, 3, 32, 32), torch.arange(4)
+
+    def train_step() -> None:
+        torch.nn.functional.cross_entropy(model(images), targets).backward()
+        ck.fence()  # what the trainer does right before the optimizer step
+        opt.step()
+        opt.zero_grad()
+
+    ck = Checkpointer(tmp_path, rank=0, world_size=1)
+    train_step()
+    live = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    snapshot = copy.deepcopy(live)
+    buffers = {b.data_ptr() for b in model.buffers()}  # BatchNorm stats: the forward moves them
+    ck.save(step=1, epoch=0, state=live, overlap=True, copy_now=buffers)  # copy not done yet
+    for _ in range(3):  # training continues: forward/backward overlap the copy, then steps
+        train_step()
+    ck.wait()
+    saved = torch.load(tmp_path / "step_000000001" / "rank0.pt", weights_only=False)
+    for name, tensor in snapshot["model"].items():
+        assert torch.equal(saved["model"][name], tensor), name
+        assert not torch.equal(model.state_dict()[name], tensor) or "tracked" in name
+    for index, moments in snapshot["optimizer"]["state"].items():
+        for key, tensor in moments.items():
+            assert torch.equal(saved["optimizer"]["state"][index][key], tensor), (index, key)
+    assert ck.verify(tmp_path / "step_000000001") is None
 
 
 def test_keeps_last_k_plus_milestones(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""A real SIGUSR2 on one rank, then resume: the same parameters as a run never stopped."""
+"""A real SIGUSR2 on one rank, then resume: the same parameters as a run never stopped,
+with random augmentation on; and a SIGUSR2 before the first step still ends in exit 75."""
 
 import json
 import signal
@@ -16,11 +17,10 @@ ARGS = [
     "--workers", "0", "--loader", "torch", "--epochs", "3", "--warmup-epochs", "1",
     "--lr", "2e-3", "--drop-path", "0.1", "--checkpoint-every", "8", "--keep-last", "2",
     "--log-interval", "1000", "--seed", "5",
-    # Augmentation that draws no random numbers (RandAugment with 0 ops replaces timm's color
-    # jitter; full-image crops): a resumed torch DataLoader takes one extra draw from the global
-    # RNG when it starts, so random augmentations of the first batch after a resume differ.
-    # Model randomness (drop path 0.1 here) is reseeded per step and stays exact regardless.
-    "--aa", "rand-n0-m0", "--reprob", "0", "--hflip", "0", "--scale", "1", "1",
+    # Every random augmentation on: random resized crop, flip, RandAugment, random erasing.
+    # Each sample's augmentation is seeded from (seed, epoch, index), model randomness (drop
+    # path) from (seed, rank, step), so the resumed run sees the same batches bit for bit.
+    "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--hflip", "0.5", "--scale", "0.08", "1",
 ]  # fmt: skip
 SIGNAL_AT_STEP = 52  # in the middle of epoch 1 (45 steps per epoch)
 
@@ -72,3 +72,25 @@ def test_preempted_and_resumed_run_equals_uninterrupted_run(digits_dir: Path, tm
     assert not differing, differing[:5]
     steps = [json.loads((run / "summary.json").read_text())["steps"] for run in (straight, stopped)]
     assert steps == [135, 135]
+
+
+def handles(pid: int, signum: int) -> bool:
+    """Whether the process has installed a handler for `signum` (SigCgt in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(x for x in status.splitlines() if x.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
+def test_signal_during_startup_requeues_every_rank(digits_dir: Path, tmp_path: Path):
+    run = tmp_path / "early"
+    args = [str(digits_dir), *ARGS, "--output", str(run)]
+    procs = start_ranks(2, args, tmp_path / "logs")
+    deadline = time.monotonic() + 60
+    while not handles(procs[1].pid, signal.SIGUSR2):  # as soon as main() starts, mid-imports
+        assert time.monotonic() < deadline and procs[1].poll() is None, logs(tmp_path / "logs")
+        time.sleep(0.005)
+    procs[1].send_signal(signal.SIGUSR2)
+    assert wait_ranks(procs, tmp_path / "logs") == [REQUEUE, REQUEUE], logs(tmp_path / "logs")
+    assert last_step(run) == 0  # no step was taken, so nothing was worth a checkpoint
+    assert not list((run / "checkpoints").glob("step_*")) and not (run / "final").exists()
+    assert "before the first step" in logs(tmp_path / "logs")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from trainer import dist as tdist
-from trainer.config import ConfigError, parse_args, problems
 from trainer.exitcodes import OK, USAGE
+from trainer.preempt import Preemption
 
 
 def setup_logging(rank: int) -> None:
@@ -25,6 +24,11 @@ def usage_error(messages: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    preemption = Preemption()
+    preemption.install()  # first: a SIGUSR2/SIGTERM from here on sets a flag instead of killing
+    from trainer import dist as tdist
+    from trainer.config import ConfigError, parse_args, problems
+
     env = tdist.detect()
     try:
         cfg = parse_args(argv, world_size=env.world_size)
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.train import Trainer, startup_errors
 
     try:
-        trainer = Trainer(cfg, env)
+        trainer = Trainer(cfg, env, preemption)
     except startup_errors() as exc:
         tdist.teardown_quietly()
         return usage_error([str(exc)])

@@ -1,4 +1,4 @@
-"""Asynchronous, atomic, verified checkpoints: the loop waits only for the copy to host memory."""
+"""Async, atomic, verified checkpoints: the host copy overlaps the next forward/backward."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -85,17 +86,21 @@ class HostStager:
     def __init__(self) -> None:
         self.buffers: dict[tuple, torch.Tensor] = {}
 
-    def stage(self, obj: Any, path: tuple = ()) -> Any:
+    def stage(self, obj: Any, only: Callable[[torch.Tensor], bool] | None = None,
+              path: tuple = ()) -> Any:  # fmt: skip
+        """A copy of `obj` whose tensors live in the host buffers (with `only`: just those)."""
         if isinstance(obj, torch.Tensor):
-            return self._copy(obj, path)
+            return self._copy(obj, path) if only is None or only(obj) else obj
         if isinstance(obj, dict):
-            return {k: self.stage(v, (*path, k)) for k, v in obj.items()}
+            return {k: self.stage(v, only, (*path, k)) for k, v in obj.items()}
         if isinstance(obj, list | tuple):
-            return type(obj)(self.stage(v, (*path, i)) for i, v in enumerate(obj))
+            return type(obj)(self.stage(v, only, (*path, i)) for i, v in enumerate(obj))
         return obj
 
     def _copy(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
         buf = self.buffers.get(path)
+        if buf is tensor:  # staged already (by an earlier `only` pass)
+            return buf
         if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
             buf = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
             self.buffers[path] = buf
@@ -147,7 +152,9 @@ class Checkpointer:
         self.stager = HostStager()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.last_stall_s = 0.0
+        self._staged = threading.Event()
+        self._staged.set()
+        self.last_stall_s = 0.0  # time the loop was blocked by the latest save (save + fence)
 
     def preallocate(self, state: dict[str, Any]) -> None:
         """Allocate (and touch) the host staging buffers now, so the first save stalls no longer."""
@@ -156,25 +163,72 @@ class Checkpointer:
     def step_dir(self, step: int) -> Path:
         return self.root / f"{STEP_PREFIX}{step:09d}"
 
-    def save(self, step: int, epoch: int, state: dict[str, Any], epoch_end: bool = False) -> None:
-        """Stage `state` to host memory now; write, fsync, rename and prune in the background."""
-        self.wait()  # the stager's buffers are reused: the previous write must be finished
+    def save(
+        self,
+        step: int,
+        epoch: int,
+        state: dict[str, Any],
+        epoch_end: bool = False,
+        overlap: bool = False,
+        copy_now: Collection[int] = (),
+    ) -> None:
+        """Copy `state` to host buffers, then write, fsync, rename and prune in the background.
+
+        With `overlap`, the copy runs in the background too and the caller must call `fence()`
+        before anything mutates the state's tensors in place (the next optimizer step): the
+        copy then overlaps the forward/backward in between. Tensors that the forward itself
+        changes (BatchNorm running stats: pass their `data_ptr()`s as `copy_now`) are copied
+        before this returns.
+        """
         start = time.perf_counter()
-        host = self.stager.stage(state)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.last_stall_s = time.perf_counter() - start
+        self.wait()  # the stager's buffers are reused: the previous write must be finished
         milestone = bool(
             epoch_end and self.milestone_every and (epoch + 1) % self.milestone_every == 0
         )
         meta = {"step": step, "epoch": epoch, "rank": self.rank, "world_size": self.world_size,
                 "milestone": milestone, "epoch_end": epoch_end}  # fmt: skip
-        if self.use_async:
-            self._thread = threading.Thread(target=self._write, args=(host, meta), daemon=False)
-            self._thread.start()
-        else:
-            self._write(host, meta)
+        if not self.use_async:
+            self._write(self._stage(state), meta)
             self._raise_pending()
+            return
+        self._staged.clear()
+        if overlap:
+            now = set(copy_now)
+            state, host = self.stager.stage(state, only=lambda t: t.data_ptr() in now), None
+        else:
+            host = self._stage(state)
+        self._thread = threading.Thread(
+            target=self._stage_and_write, args=(state, host, meta), daemon=False
+        )
+        self._thread.start()
+        self.last_stall_s = time.perf_counter() - start
+
+    def fence(self) -> None:
+        """Block until the pending save's host copy is complete (then the state may change)."""
+        if self._staged.is_set():
+            return
+        start = time.perf_counter()
+        self._staged.wait()
+        self.last_stall_s += time.perf_counter() - start
+
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        host = self.stager.stage(state)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return host
+
+    def _stage_and_write(
+        self, state: dict[str, Any], host: dict[str, Any] | None, meta: dict[str, Any]
+    ) -> None:
+        try:
+            if host is None:
+                host = self._stage(state)
+        except BaseException as exc:
+            self._error = exc
+            return
+        finally:
+            self._staged.set()
+        self._write(host, meta)
 
     def _write(self, host: dict[str, Any], meta: dict[str, Any]) -> None:
         try:
@@ -189,6 +243,7 @@ class Checkpointer:
             self._error = exc
 
     def wait(self) -> None:
+        """Block until the pending save is durable on disk (re-raising its error, if any)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None

@@ -6,16 +6,15 @@ import logging
 import signal
 import types
 
-import torch
-import torch.distributed as dist
-
 from trainer.exitcodes import PREEMPT_SIGNALS
 
 log = logging.getLogger(__name__)
 
 
 class Preemption:
-    """Install with `install()`; ask `agreed()` at every step boundary (a collective)."""
+    """Install with `install()` first thing in main (before torch is even imported, so a signal
+    during imports, dist init or model build only sets the flag); ask `agreed()` before the
+    first step and at every step boundary (a collective)."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -32,6 +31,9 @@ class Preemption:
 
     def agreed(self) -> bool:
         """True on every rank as soon as any rank received a preemption signal."""
+        import torch
+        import torch.distributed as dist
+
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
         if dist.is_initialized() and dist.get_world_size() > 1:
             if dist.get_backend() == "nccl":

@@ -73,7 +73,9 @@ def make_criterion(cfg: TrainConfig) -> nn.Module:
 class Trainer:
     """One rank of a training run; `run()` returns an exit status from trainer.exitcodes."""
 
-    def __init__(self, cfg: TrainConfig, env: tdist.DistEnv) -> None:
+    def __init__(
+        self, cfg: TrainConfig, env: tdist.DistEnv, preemption: Preemption | None = None
+    ) -> None:
         self.cfg, self.env = cfg, env
         self.run_dir = Path(cfg.output)
         self.device = tdist.init(env)
@@ -99,7 +101,7 @@ class Trainer:
         self.metrics = MetricsLogger(
             self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device
         )
-        self.preemption = Preemption()
+        self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
         self.last_eval: dict[str, float] = {}
         self.throughput = {"images": 0.0, "seconds": 0.0}
@@ -133,10 +135,12 @@ class Trainer:
     # ----------------------------------------------------------------------------- the loop
     def run(self) -> int:
         cfg = self.cfg
-        self.preemption.install()
+        self.preemption.install()  # main() installed it already; again for Trainers built directly
         if self.env.is_main:
             ckpt.atomic_write_json(dataclasses.asdict(cfg), _mkdir(self.run_dir) / "config.json")
         self._restore()
+        if self.preemption.agreed():  # signalled during startup, before any step of this process
+            return self._requeue_before_training()
         if cfg.checkpoint_every:
             self.checkpointer.preallocate(self._state(epoch_end=False))
         while self.epoch < cfg.epochs and not self._reached_max_steps():
@@ -156,6 +160,16 @@ class Trainer:
         self._finish()
         return OK
 
+    def _requeue_before_training(self) -> int:
+        """Nothing new to save: the resumed checkpoint (if any) already holds this state."""
+        log.warning(
+            "preempted (%s) before the first step; state is step %d (%s)",
+            self.preemption.signal_name or "another rank",
+            self.step,
+            "already checkpointed" if self.step else "nothing to save",
+        )
+        return REQUEUE
+
     def _train_epoch(self) -> str:
         cfg, engine = self.cfg, self.engine
         self.model.train()
@@ -173,6 +187,7 @@ class Trainer:
             if not last:
                 continue
             self.scheduler.step_update(num_updates=self.step)
+            self.checkpointer.fence()  # a checkpoint's host copy must finish before params change
             engine.step()
             timer.lap("optimizer")
             self._record_step(loss.item(), timer.finish(engine.comm_seconds()))
@@ -180,7 +195,7 @@ class Trainer:
             if self.preemption.agreed():
                 return "preempted"
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                self._save(epoch_end=False)
+                self._save(epoch_end=False, overlap=True)
             if self._reached_max_steps():
                 return "max_steps"
         engine.optimizer.zero_grad(set_to_none=True)  # an incomplete accumulation is dropped
@@ -239,9 +254,19 @@ class Trainer:
             state.update(self.engine.state_dict(), scheduler=self.scheduler.state_dict())
         return state
 
-    def _save(self, epoch_end: bool, wait: bool = False) -> None:
+    @property
+    def _forward_mutates_state(self) -> bool:
+        """BatchNorm-style running stats change in forward: their copy must not overlap it."""
+        return any(getattr(m, "track_running_stats", False) for m in self.engine.model.modules())
+
+    def _save(self, epoch_end: bool, wait: bool = False, overlap: bool = False) -> None:
         self.engine.save_sharded(self.checkpointer.step_dir(self.step))
-        self.checkpointer.save(self.step, self.epoch, self._state(epoch_end), epoch_end=epoch_end)
+        state = self._state(epoch_end)
+        # Buffers (BatchNorm running stats) change in the forward: copied before it runs.
+        buffers = {b.data_ptr() for b in self.engine.model.buffers()}
+        self.checkpointer.save(
+            self.step, self.epoch, state, epoch_end, overlap=overlap, copy_now=buffers
+        )
         if wait:
             self.checkpointer.wait()
 

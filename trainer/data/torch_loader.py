@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,19 @@ from trainer.data.sources import Split
 from trainer.data.transforms import BoxedTrainTransform, eval_transform, train_transform
 
 Item = tuple[int, Any, Any]  # (index, image tensor or None if skipped, target or skipped path)
+Key = tuple[int, int]  # (sample index, augmentation seed)
+
+
+def augment_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's augmentation: a pure function of (seed, epoch, index)."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
+
+
+def seed_augmentation(aug_seed: int) -> None:
+    """timm transforms draw from python `random` and torch; numpy seeded too for custom ones."""
+    random.seed(aug_seed)
+    np.random.seed(aug_seed)
+    torch.manual_seed(aug_seed)
 
 
 class SplitDataset(Dataset):
@@ -30,7 +44,25 @@ class SplitDataset(Dataset):
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, index: int) -> Item:
+    def __getitem__(self, key: int | Key) -> Item:
+        """`key` is an index, or (index, seed) to make the random augmentation reproducible:
+        the same crop, flip, RandAugment and erasing whichever worker or resumed run draws it."""
+        if isinstance(key, int):
+            return self._load(key)
+        index, aug_seed = key
+        if torch.utils.data.get_worker_info() is not None:
+            seed_augmentation(aug_seed)
+            return self._load(index)
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        seed_augmentation(aug_seed)  # in the main process (workers=0): leave its RNGs as found
+        try:
+            return self._load(index)
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.set_rng_state(states[2])
+
+    def _load(self, index: int) -> Item:
         label = int(self.split.labels[index])
         if self.split.arrays is not None:
             return index, self.transform(Image.fromarray(self.split.arrays[index])), label
@@ -77,13 +109,23 @@ def collate(items: list[Item]) -> tuple[torch.Tensor, Any, torch.Tensor, list[st
 
 
 class _PlanSampler:
-    """A batch sampler whose batches the Loader sets before each pass (keeps workers persistent)."""
+    """A batch sampler whose batches the Loader sets before each pass (keeps workers persistent).
 
-    def __init__(self) -> None:
+    Training batches carry each sample's augmentation seed from (seed, epoch, index): torch's
+    DataLoader seeds workers from the global RNG when an iterator starts, which a resumed run
+    does at another point than an uninterrupted one.
+    """
+
+    def __init__(self, seed: int, train: bool) -> None:
         self.batches: list[np.ndarray] = []
+        self.seed, self.train, self.epoch = seed, train, 0
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return (batch.tolist() for batch in self.batches)
+    def __iter__(self) -> Iterator[list[int] | list[Key]]:
+        for batch in self.batches:
+            if self.train:
+                yield [(i, augment_seed(self.seed, self.epoch, i)) for i in batch.tolist()]
+            else:
+                yield batch.tolist()
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -101,7 +143,7 @@ class TorchLoader(Loader):
     def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool,
                  token_labels: Any = None):  # fmt: skip
         super().__init__(split, cfg, rank, world_size, train)
-        self._sampler = _PlanSampler()
+        self._sampler = _PlanSampler(cfg.seed, train)
         self._loader: DataLoader | None = None
         self._token_labels = token_labels if train else None
 
@@ -134,7 +176,7 @@ class TorchLoader(Loader):
             return
         if self._loader is None:
             self._loader = self._build()
-        self._sampler.batches = batches
+        self._sampler.batches, self._sampler.epoch = batches, self.epoch
         for images, targets, indices, skipped in self._loader:
             self.skipped.extend(skipped)
             yield images, targets, indices
