@@ -240,14 +240,23 @@ def test_submit_refuses_a_missing_shared_path_before_writing(tmp_path, capsys, n
     data["storage"] = {"data": str(tmp_path / "no-data"), "code": str(tmp_path / "no-code")}
     profile = tmp_path / f"{name}.yaml"
     profile.write_text(yaml.safe_dump(data))
-    argv = ["--cluster", str(profile), "--model", "volo_tiny", "--run-root", str(tmp_path / "runs")]
+    argv = ["--cluster", str(profile), "--model", "volo_d1", "--run-root", str(tmp_path / "runs")]
     assert cli.main(["submit", *argv]) == 2
     err = capsys.readouterr().err
-    assert f"profile {name}: storage.data path '{tmp_path}/no-data/digits' does not exist" in err
+    assert f"profile {name}: storage.data path '{tmp_path}/no-data' does not exist" in err
     assert not (tmp_path / "runs").exists()
-    (tmp_path / "no-data" / "digits").mkdir(parents=True)
+    (tmp_path / "no-data").mkdir(parents=True)
     assert cli.main(["submit", *argv]) == 2
     assert f"storage.code path '{tmp_path}/no-code' does not exist" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     # `make render` writes the job for any cluster without touching its shared storage.
     assert cli.main(["render", *argv]) == 0 and (tmp_path / "runs").is_dir()
+
+
+def test_a_generated_data_set_need_not_exist_before_submit(tmp_path):
+    """digits (the demo set) is written by the trainer on first use, so a fresh checkout works."""
+    profile, recipe = load_profile("localslurm"), load_recipe("volo_tiny")
+    spec = build_spec(profile, recipe, "pretrain", run_dir=tmp_path / "run")
+    assert spec.data_dir is None and "digits" in spec.command[3]
+    folder = build_spec(profile, load_recipe("volo_d1"), "pretrain", run_dir=tmp_path / "run")
+    assert folder.data_dir == folder.command[3]

@@ -34,6 +34,10 @@ _RESERVED = {
 }
 
 
+GENERATED_DATASETS = ("digits", "synthetic")
+"""Data sets the trainer writes or makes up on first use (atomically), so none need exist."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """Everything the templates and the submitit path need; nothing is computed in Jinja."""
@@ -61,7 +65,8 @@ class JobSpec:
     code_dir: str
     """Where ranks start when there is no container (the repository on shared storage)."""
     data_dir: str | None
-    """The trainer's DATA_DIR under storage.data (None when ranks do not run the trainer)."""
+    """The DATA_DIR that must exist before submission (None when ranks do not run the trainer,
+    or when the trainer generates the data set itself: digits, synthetic)."""
     command: tuple[str, ...]
     """The per-rank command after the binding step (python -m trainer DATA_DIR flags...)."""
     extra_args: tuple[str, ...]
@@ -168,8 +173,10 @@ def build_spec(
         command: tuple[str, ...] = (python, "-m", "workflows.rankinfo")
     else:
         flags = _trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
-        data_dir = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
-        command = (python, "-m", "trainer", data_dir, "--model", recipe.model, *flags)
+        data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
+        command = (python, "-m", "trainer", data_path, "--model", recipe.model, *flags)
+        if stage_recipe.dataset not in GENERATED_DATASETS:
+            data_dir = data_path
     return JobSpec(
         profile=profile,
         model=recipe.model,
