@@ -193,7 +193,7 @@ def _bad_profile(tmp_path: Path) -> str:
     ("argv", "expected"),
     [
         (["--nodes", "five"], r"NODES='five' is not a whole number"),
-        (["--nodes", "0"], r"NODES=0: need at least 1 node"),
+        (["--nodes", "0"], r"NODES=0: must be at least 1"),
         (["--args", "--epochs '10"], r"ARGS=.*No closing quotation; balance the quotes"),
         (["--args", "--output /tmp/elsewhere"], r"ARGS: --output is set by vitpod"),
         (["--args", "--img-size 256"], r"--token-label-size=14 must be img_size/16 = 16"),

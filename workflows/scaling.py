@@ -28,7 +28,7 @@ from workflows.rundir import (
     write_atomic,
     write_json,
 )
-from workflows.spec import JobSpec, build_spec, launch_plan
+from workflows.spec import JobSpec, build_spec, launch_plan, whole_number
 from workflows.submission import check_can_submit, sbatch
 from workflows.templating import render
 from workflows.topology import TopologyDecision, decide, with_topology
@@ -83,18 +83,6 @@ def parse_gpus(text: str) -> list[int]:
     if min(counts) < 1 or len(set(counts)) != len(counts):
         raise ConfigError(f"GPUS={text!r}: counts must be >= 1 and distinct")
     return sorted(counts)
-
-
-def _positive(value: str | int | None, name: str, default: int | None) -> int | None:
-    if value in (None, ""):
-        return default
-    try:
-        number = int(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a whole number") from None
-    if number < 1:
-        raise ConfigError(f"{name}={number}: must be >= 1")
-    return number
 
 
 def placement(gpus: int, per_node: int, max_nodes: int, profile: str) -> tuple[int, int]:
@@ -181,15 +169,15 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     recipe = load_recipe(ns.model)
     stage = recipe.stage(STAGE)
     gpus = parse_gpus(ns.gpus)
-    accum = _positive(ns.accum, "ACCUM", 1) or 1
-    steps = _positive(ns.steps, "--steps", 30) or 30
+    accum = whole_number(ns.accum, "ACCUM", 1)
+    steps = whole_number(ns.steps, "--steps", 30)
     warmup = int(ns.warmup or 0)
     if not 0 <= warmup < steps:
         raise ConfigError(f"--warmup={warmup}: must be >= 0 and below --steps={steps}")
     per_node = profile.ranks_per_node
     layout = {n: placement(n, per_node, profile.nodes, profile.name) for n in gpus}
     default = stage.batch_size if ns.mode == "weak" else stage.batch_size * max(gpus) * accum
-    batch = _positive(ns.batch, "BATCH", default) or default
+    batch = whole_number(ns.batch, "BATCH", default)
     batches = per_rank_batches(ns.mode, gpus, batch, accum)
     study_dir = _study_dir(ns, profile, recipe.model, ns.mode)
     points = []
@@ -215,7 +203,8 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     head_spec = build_spec(
         profile, recipe, STAGE, run_dir=study_dir, nodes=max(p.nodes for p in points), args=ns.args
     )
-    script = render_script(head_spec, points, ns.mode, _positive(ns.concurrent, "--concurrent", 1))
+    concurrent = whole_number(ns.concurrent, "--concurrent", 1)
+    script = render_script(head_spec, points, ns.mode, concurrent)
     study = _study_record(ns, profile, recipe, points, batch, accum, steps, warmup)
     return Sweep(study_dir, ns.mode, head_spec, profile, recipe, points, script, study)
 

@@ -220,15 +220,21 @@ def _trainer_flags(
     return flags
 
 
-def _nodes(value: int | str | None, profile: Profile) -> int:
+def whole_number(value: str | int | None, name: str, default: int) -> int:
+    """A user's count (NODES=5, ACCUM=2): empty means the default; else a whole number >= 1."""
     if value in (None, ""):
-        return profile.nodes
+        return default
     try:
-        nodes = int(value)  # type: ignore[arg-type]
+        number = int(value)  # type: ignore[arg-type]
     except ValueError:
-        raise ConfigError(f"NODES={value!r} is not a whole number; write e.g. NODES=5") from None
-    if nodes < 1:
-        raise ConfigError(f"NODES={nodes}: need at least 1 node")
+        raise ConfigError(f"{name}={value!r} is not a whole number; write e.g. {name}=2") from None
+    if number < 1:
+        raise ConfigError(f"{name}={number}: must be at least 1")
+    return number
+
+
+def _nodes(value: int | str | None, profile: Profile) -> int:
+    nodes = whole_number(value, "NODES", profile.nodes)
     if profile.scheduler == "local" and nodes != 1:
         raise ConfigError(f"NODES={nodes}: profile {profile.name} runs on this machine only; use 1")
     return nodes
