@@ -60,3 +60,19 @@ def local_slurm() -> LocalSlurm:
     conf = STATE / "etc" / "slurm.conf"
     os.environ["SLURM_CONF"] = str(conf)
     return LocalSlurm(conf=conf, state=STATE)
+
+
+def preempted_once_python(path: Path, then: str) -> Path:
+    """A stand-in `python` for a profile: on its first start rank 0 is "preempted" (exit 75) and
+    the other ranks die of SIGTERM, as when srun ends them, so srun reports 143 and only rank 0's
+    requeue marker asks for the requeue. After the requeue it runs the shell line `then`."""
+    path.write_text(
+        "#!/bin/bash\n"
+        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
+        '  [ "$SLURM_PROCID" = 0 ] && exit 75\n'
+        "  sleep 3; kill -TERM $$\n"
+        "fi\n"
+        f"{then}\n"
+    )
+    path.chmod(0o755)
+    return path

@@ -5,6 +5,7 @@ import json
 import pytest
 import yaml
 
+from tests.fixtures_slurm import preempted_once_python
 from workflows import jobstate
 from workflows.profile import PROFILE_DIR
 from workflows.scaling import build_parser, materialize, prepare, task_ids, wait_array
@@ -51,18 +52,7 @@ def test_throttled_array_tasks_are_polled_to_their_end(local_slurm, tmp_path):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_sweep_task_requeues_on_a_ranks_marker(local_slurm, tmp_path):
-    wrapper = tmp_path / "python-preempted-once"
-    wrapper.write_text(
-        "#!/bin/bash\n"
-        # First start: rank 0 is "preempted" (exit 75) and the other rank dies of SIGTERM, so
-        # srun reports 143: only bind.sh's marker asks for the requeue. Then the point passes.
-        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
-        '  [ "$SLURM_PROCID" = 0 ] && exit 75\n'
-        "  sleep 3; kill -TERM $$\n"
-        "fi\n"
-        "exit 0\n"
-    )
-    wrapper.chmod(0o755)
+    wrapper = preempted_once_python(tmp_path / "python-preempted-once", then="exit 0")
     data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
     data["python"] = str(wrapper)
     data["storage"] = {**data["storage"], "data": str(tmp_path)}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures_slurm import preempted_once_python
 from workflows.profile import PROFILE_DIR
 from workflows.rankinfo import PREFIX
 
@@ -91,18 +92,8 @@ def test_make_pretrain_runs_the_trainer_on_two_nodes(local_slurm, tmp_path):
 
 @pytest.mark.slow
 def test_exit_75_requeues_and_the_restart_logs_separately(local_slurm, tmp_path):
-    wrapper = tmp_path / "python-preempted-once"
-    wrapper.write_text(
-        "#!/bin/bash\n"
-        # First start: rank 0 is "preempted" (exit 75); the other ranks then die of SIGTERM, as
-        # when srun ends them, so srun reports 143: only rank 0's marker asks for the requeue.
-        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
-        '  [ "$SLURM_PROCID" = 0 ] && exit 75\n'
-        "  sleep 3; kill -TERM $$\n"
-        "fi\n"
-        f'exec {sys.executable} "$@"\n'
-    )
-    wrapper.chmod(0o755)
+    then = f'exec {sys.executable} "$@"'
+    wrapper = preempted_once_python(tmp_path / "python-preempted-once", then=then)
     data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
     data["python"] = str(wrapper)
     profile = tmp_path / "preempted.yaml"
