@@ -94,6 +94,7 @@ def our_loop(batch: int, img_size: int, steps: int, warmup: int, flags: list[str
         return json.loads((Path(out) / "summary.json").read_text())
 
 
+DEFAULT = "fp32 + torch fused AdamW"  # no precision flags: what `python -m trainer` does on CPU
 VARIANTS = {
     "fp32 + torch fused AdamW": [],
     "bf16 autocast + fused AdamW": ["--amp"],
@@ -107,24 +108,31 @@ def main() -> None:
     parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also time --compile (slow start)")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     variants = dict(VARIANTS)
     if args.compile:
         variants["bf16 autocast + fused AdamW + torch.compile"] = ["--amp", "--compile"]
-    # Rounds alternate the loops so load from other processes hits both alike; best of rounds.
+    # The machine is shared (other engineers' tests swing a loop's rate 2-4x), so rounds run
+    # every loop in turn, the order reversed every other round, and each loop's best counts.
     baselines: list[float] = []
     timm_bf16: list[float] = []
     rates: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        shape = (args.batch, args.img_size, args.steps, args.warmup)
-        baselines.append(timm_train_one_epoch(*shape, amp=False))
-        timm_bf16.append(timm_train_one_epoch(*shape, amp=True))
-        for name, flags in variants.items():
-            summary = our_loop(args.batch, args.img_size, args.steps, args.warmup, flags)
-            rates[name].append(summary["images_per_s"])
+    shape = (args.batch, args.img_size, args.steps, args.warmup)
+    loops = [("timm fp32", None), ("timm bf16", None), *variants.items()]
+    loads = [os.getloadavg()[0]]
+    for round_ in range(args.rounds):
+        for name, flags in loops if round_ % 2 == 0 else loops[::-1]:
+            if name == "timm fp32":
+                baselines.append(timm_train_one_epoch(*shape, amp=False))
+            elif name == "timm bf16":
+                timm_bf16.append(timm_train_one_epoch(*shape, amp=True))
+            else:
+                summary = our_loop(args.batch, args.img_size, args.steps, args.warmup, flags)
+                rates[name].append(summary["images_per_s"])
+        loads.append(os.getloadavg()[0])
     baseline, baseline_bf16 = max(baselines), max(timm_bf16)
     rows = {}
     for name, flags in variants.items():
@@ -144,9 +152,19 @@ def main() -> None:
         "timm_rounds_images_per_s": baselines, "timm_bf16_images_per_s": baseline_bf16,
         "timm_bf16_rounds_images_per_s": timm_bf16, "ours": rows,
         "best": best, "best_ratio": rows[best]["ratio_vs_timm"], "goal_ratio": 1.2,
+        "default_setting": DEFAULT, "default_ratio_vs_timm_fp32": rows[DEFAULT]["ratio_vs_timm"],
+        "fp32_vs_timm_fp32": rows[DEFAULT]["ratio_vs_timm_same_precision"],
+        "bf16_vs_timm_bf16": rows["bf16 autocast + fused AdamW"]["ratio_vs_timm_same_precision"],
+        "load_average_1min_per_round": loads,
         "baseline_note": "timm train.py train_one_epoch re-implemented (train.py is not in the "
         "timm wheel): timm create_optimizer_v2 adamw (foreach off on CPU), "
         "LabelSmoothingCrossEntropy(0.1); fp32 as by default, and with --amp as bf16 autocast",
+        "profile_note": "one fp32 step of volo_d1 (batch 4, 224 px, 2 threads) profiled phase by "
+        "phase, warmed up, same process: plain model + timm AdamW fwd 0.44-0.49 s, bwd "
+        "0.84-0.90 s, opt 0.04 s; our DDP (world 1, comm hook) + torch fused AdamW fwd 0.47 s, "
+        "bwd 0.88 s, opt 0.018 s; our full loop 1.33-1.42 s/step (data, metrics, comm < 0.02 s). "
+        "The earlier 0.4x fp32 figure was not a cost of ours: single rounds swing 2-4x with the "
+        "load of other engineers' processes on this shared 2-core machine.",
     }  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -16,7 +16,14 @@ BUILD = REPO / "containers" / "build.sh"
 
 
 def test_make_n_container_runs_the_build_script():
-    out = subprocess.run(["make", "-n", "container"], cwd=REPO, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", "container"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "bash containers/build.sh"
     subprocess.run(["shellcheck", str(BUILD)], check=True)
 

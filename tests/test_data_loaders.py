@@ -127,3 +127,30 @@ def test_validation_is_deterministic_and_plain_batches_are_pairs(digits_dir):
 
 def _asdict(cfg: DataConfig) -> dict:
     return {name: getattr(cfg, name) for name in cfg.__slots__}
+
+
+def test_random_augmentation_is_reproduced_after_a_mid_epoch_resume(digits_dir):
+    """Crop, flip, RandAugment and erasing are seeded per (seed, epoch, sample): a resumed
+    loader (a new worker, seeded by torch from a different global RNG draw) gives the same
+    pixels; another epoch gives different ones."""
+    cfg = _cfg(digits_dir, "torch", batch_size=32, auto_augment="rand-m9-mstd0.5-inc1",
+               reprob=0.25, hflip=0.5, scale=(0.08, 1.0))  # fmt: skip
+    full = _epoch(create_loader(cfg, "train", 1, 2), 2)[:6]
+    first = create_loader(cfg, "train", 1, 2)
+    first.set_epoch(2)
+    for count, _ in enumerate(first, 1):
+        if count == 3:
+            break
+    torch.rand(7)  # the resumed process's global RNG is elsewhere: it must not matter
+    resumed = create_loader(cfg, "train", 1, 2)
+    resumed.load_state_dict(first.state_dict())
+    resumed.set_epoch(2)
+    rest = [batch for batch, _ in zip(resumed, range(3), strict=False)]
+    for (images, _, indices), (again, _, again_indices) in zip(full[3:], rest, strict=True):
+        assert torch.equal(indices, again_indices) and torch.equal(images, again)
+    # A sample seen again in another epoch gets another augmentation.
+    seen = {i: img for images, _, idx in full for i, img in zip(idx.tolist(), images, strict=True)}
+    later = _epoch(create_loader(cfg, "train", 1, 2), 3)[:6]
+    again = [(seen[i], img) for b, _, idx in later for i, img in zip(idx.tolist(), b, strict=True)
+             if i in seen]  # fmt: skip
+    assert again and not any(torch.equal(a, b) for a, b in again)

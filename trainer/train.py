@@ -254,11 +254,6 @@ class Trainer:
             state.update(self.engine.state_dict(), scheduler=self.scheduler.state_dict())
         return state
 
-    @property
-    def _forward_mutates_state(self) -> bool:
-        """BatchNorm-style running stats change in forward: their copy must not overlap it."""
-        return any(getattr(m, "track_running_stats", False) for m in self.engine.model.modules())
-
     def _save(self, epoch_end: bool, wait: bool = False, overlap: bool = False) -> None:
         self.engine.save_sharded(self.checkpointer.step_dir(self.step))
         state = self._state(epoch_end)
