@@ -48,6 +48,12 @@ wait_for() {
   die "timed out waiting for $what (logs under $STATE/log)"
 }
 
+# One local Slurm per host: its ports are fixed, so a second checkout's cluster cannot start.
+if pgrep -x slurmctld >/dev/null && ! alive "$STATE/run/slurmctld.pid" slurmctld; then
+  die "a Slurm controller not started from $STATE is running (another checkout's local Slurm?); \
+stop it with 'make slurm-down' in that checkout, or point VITPOD_SLURM_STATE at its state dir"
+fi
+
 CHANGED=()
 write_if_changed() {  # write stdin to $1 only when the content differs; mode $2
   local tmp
