@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from registry import runfiles
 from trainer import checkpoint as ckpt
 from trainer import dist as tdist
 from trainer.config import TrainConfig
@@ -94,7 +95,7 @@ class Trainer:
         )  # fmt: skip
         self.criterion = make_criterion(cfg)
         self.checkpointer = ckpt.Checkpointer(
-            self.run_dir / "checkpoints", env.rank, env.world_size, cfg.keep_last,
+            self.run_dir / runfiles.CHECKPOINTS, env.rank, env.world_size, cfg.keep_last,
             cfg.milestone_every,
         )  # fmt: skip
         total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
