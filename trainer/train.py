@@ -289,8 +289,11 @@ class Trainer:
         self.checkpointer.wait()
         if not self.last_eval:
             self._evaluate()
+        # On the collective's device: NCCL has no CPU tensors (found on an H100, not on gloo).
         rate = torch.tensor(
-            [self.throughput["images"], self.throughput["seconds"]], dtype=torch.float64
+            [self.throughput["images"], self.throughput["seconds"]],
+            dtype=torch.float64,
+            device=self.device,
         )
         images = rate.clone()
         dist.all_reduce(images)
