@@ -203,8 +203,9 @@ def steps_section(cases: list[tuple[str, int, int]], peak: float | None, matmul:
                 "mfu_datasheet": flops / seconds / peak if peak else None,
                 "mfu_measured_matmul": flops / seconds / matmul,
             }
-            print(f"steps {name} b{batch} {key}: {rate:.0f} img/s, "
-                  f"{flops / seconds / 1e12:.0f} TFLOP/s, first step {first:.1f} s", flush=True)  # fmt: skip
+            tflops = flops / seconds / 1e12
+            print(f"steps {name} b{batch} {key}: {rate:.0f} img/s, {tflops:.0f} TFLOP/s, "
+                  f"first step {first:.1f} s", flush=True)  # fmt: skip
             del run
         base = row["timm_loop"]["images_per_s"]
         for key in ("vitpod", "vitpod_compiled"):
