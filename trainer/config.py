@@ -43,7 +43,11 @@ class TrainConfig:
     crop_pct: float | None = field(
         default=None, metadata=_arg("data", "eval crop ratio (model default)")
     )
-    num_classes: int = field(default=1000, metadata=_arg("data", "number of classes"))
+    num_classes: int | None = field(
+        default=None,
+        metadata=_arg("data", "number of classes (default: counted from the data set; given: "
+                      "must match it)"),
+    )  # fmt: skip
     aa: str | None = field(
         default="rand-m9-mstd0.5-inc1", metadata=_arg("data", "RandAugment policy ('' = off)")
     )
@@ -311,7 +315,8 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         "lr_base_size",
         "ps_servers",
     ):
-        if getattr(cfg, name) < 1:
+        value = getattr(cfg, name)
+        if value is not None and value < 1:  # num_classes None: counted from the data later
             out.append(f"--{name.replace('_', '-')} must be at least 1")
     if cfg.lr is not None and cfg.lr <= 0:
         out.append(f"--lr {cfg.lr}: must be positive")

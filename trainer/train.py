@@ -63,6 +63,18 @@ def data_config(cfg: TrainConfig):
     )  # fmt: skip
 
 
+def resolve_num_classes(cfg: TrainConfig) -> None:
+    """--num-classes not given: count the data set's classes (the model is built before the data).
+
+    An explicit --num-classes is kept as given: load_split checks it against the data and
+    refuses a mismatch naming the flag. cfg is updated, so config.json records the count.
+    """
+    if cfg.num_classes is None:
+        from trainer.data.sources import count_classes
+
+        cfg.num_classes = count_classes(data_config(cfg))
+
+
 def make_criterion(cfg: TrainConfig) -> nn.Module:
     if cfg.token_label:
         from trainer.data.token_label import TokenLabelCriterion
@@ -81,6 +93,7 @@ class Trainer:
         self.run_dir = Path(cfg.output)
         self.device = tdist.init(env)
         seed_everything(cfg.seed)
+        resolve_num_classes(cfg)
         self.model = self._build_model()
         self.precision = make_precision(
             self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, cfg.channels_last
@@ -110,7 +123,7 @@ class Trainer:
 
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
-        model = create_model(cfg.model, cfg.img_size, cfg.num_classes, cfg.drop_path or 0.0)
+        model = create_model(cfg.model, cfg.img_size, _classes(cfg), cfg.drop_path or 0.0)
         if cfg.finetune:
             reset = load_finetune(model, cfg.finetune, cfg.model)
             log.info("fine-tuning from %s (re-initialised: %s)", cfg.finetune, reset or "none")
@@ -301,7 +314,7 @@ class Trainer:
         seconds = float(rate[1])
         if self.env.is_main:
             cfg = self.cfg
-            manifest = model_manifest(cfg.model, cfg.img_size, cfg.num_classes)
+            manifest = model_manifest(cfg.model, cfg.img_size, _classes(cfg))
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
             ckpt.save_final(self.run_dir, self.engine.model.state_dict(), manifest)
             self.metrics.summary(
@@ -326,6 +339,12 @@ def _to_device(targets: Any, device: torch.device) -> Any:
     if isinstance(targets, torch.Tensor):
         return targets.to(device, non_blocking=True)
     return targets
+
+
+def _classes(cfg: TrainConfig) -> int:
+    if cfg.num_classes is None:
+        raise RuntimeError("num_classes unresolved: call resolve_num_classes(cfg) first")
+    return cfg.num_classes
 
 
 def _mkdir(path: Path) -> Path:
