@@ -135,7 +135,12 @@ class TrainConfig:
     )
     keep_last: int = field(default=3, metadata=_arg("run", "checkpoints kept (plus milestones)"))
     milestone_every: int = field(
-        default=50, metadata=_arg("run", "keep epoch-end checkpoints every N epochs")
+        default=50,
+        metadata=_arg(
+            "run",
+            "also keep the checkpoints at the end of epochs N, 2N, ... "
+            "(epochs counted from 1; 0 = none)",
+        ),
     )
     eval: bool = field(default=True, metadata=_arg("run", "evaluate on the val split"))
     log_interval: int = field(default=50, metadata=_arg("run", "metrics line every N steps"))
