@@ -312,6 +312,7 @@ class Trainer:
         dist.all_reduce(images)
         dist.all_reduce(rate, op=dist.ReduceOp.MAX)
         seconds = float(rate[1])
+        corrupt = self._corrupt_images()
         if self.env.is_main:
             cfg = self.cfg
             manifest = model_manifest(cfg.model, cfg.img_size, _classes(cfg))
@@ -322,10 +323,19 @@ class Trainer:
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
                     "steps": self.step, "images_per_s": float(images[0]) / max(seconds, 1e-9),
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
-                    "topology": self.engine.name,
+                    "topology": self.engine.name, "corrupt_images": corrupt,
                 },
                 self.run_dir,
             )  # fmt: skip
+
+    def _corrupt_images(self) -> int:
+        """Distinct corrupt files skipped by any rank (shards change each epoch, so one file may
+        have been met by several ranks); each rank's own list goes to its metrics file."""
+        own = sorted(self.train_loader.corrupt_files | self.val_loader.corrupt_files)
+        self.metrics.write({"kind": "corrupt", "rank": self.env.rank, "files": own})
+        every: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(every, own)
+        return len(set().union(*every))
 
     def close(self) -> None:
         """Flush checkpoints and metrics, release DDP/optimizer objects, leave the group."""
