@@ -15,7 +15,9 @@ from trainer.config import parse_args, problems
 from trainer.data import DataConfig
 from trainer.data.sources import SYNTHETIC_CLASSES, count_classes
 from trainer.exitcodes import OK
+from workflows.plan import Request, plan_job
 from workflows.recipe import load_recipe
+from workflows.topology import grad_bytes
 
 # One optimizer step of the tiny VOLO on digits: the command, made cheap.
 QUICK = [
@@ -88,8 +90,12 @@ def test_print_config_shows_the_counted_classes_when_the_data_is_there(
     assert json.loads(capsys.readouterr().out)["num_classes"] is None
 
 
-def test_recipes_pass_num_classes_only_when_they_set_it() -> None:
+def test_recipes_pass_num_classes_only_when_they_set_it(tmp_path: Path) -> None:
     imagenet = load_recipe("volo_d1").stage("pretrain")
     assert imagenet.num_classes is None and "--num-classes" not in imagenet.trainer_flags()
     tiny = load_recipe("volo_tiny").stage("pretrain").trainer_flags()
     assert tiny[tiny.index("--num-classes") + 1] == "10"
+    # The login-node planner sizes gradients without the data: an ImageNet head (1000 classes).
+    plan = plan_job(Request(cluster="dgxpod", model="volo_d5", run_root=str(tmp_path)))
+    assert "--num-classes" not in plan.spec.command
+    assert plan.topology is not None and plan.topology.grad_bytes == grad_bytes("volo_d5", 1000)
