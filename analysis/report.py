@@ -67,8 +67,9 @@ the mean seconds per optimizer step over all ranks and timed steps; communicatio
 comm / step time. Predicted communication comes from the alpha-beta cost model
 (analysis/commcost.py) for the topology the run used; ratio = measured / predicted.</p>
 <h2>Throughput and efficiency</h2>
-<table id="throughput"><tr><th>GPUs</th><th>nodes</th><th class="text">state</th><th>global batch</th>
-<th>images/s</th><th>images/s per GPU</th><th>speedup</th><th>ideal</th><th>efficiency</th></tr>
+<table id="throughput"><tr><th>GPUs</th><th>nodes</th><th class="text">state</th>
+<th>global batch</th><th>images/s</th><th>images/s per GPU</th><th>speedup</th><th>ideal</th>
+<th>efficiency</th></tr>
 {% for r in rows %}{% if r.state == "ok" %}<tr><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td>
 <td class="text">ok</td><td>{{ r.global_batch }}</td>
 <td>{{ "%.1f"|format(r.images_per_s) }}</td>
