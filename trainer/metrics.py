@@ -140,11 +140,12 @@ class MetricsLogger:
     def step(self, step: int, epoch: int, batch_size: int, loss: float, lr: float,
              times: dict[str, float], warmup: bool) -> None:  # fmt: skip
         rate = batch_size / times["step"] if times["step"] > 0 else 0.0
+        peak = peak_memory_bytes(self.device)
         # total_steps and the wall-clock time let `make status FOLLOW=1` show progress and ETA.
         record = {
             "kind": "step", "step": step, "epoch": epoch, "rank": self.rank,
             "world_size": self.world_size, "batch_size": batch_size, "loss": loss, "lr": lr,
-            "images_per_s": rate, "time": times, "peak_mem_bytes": peak_memory_bytes(self.device),
+            "images_per_s": rate, "time": times, "peak_mem_bytes": peak,
             "warmup": warmup, "total_steps": self.total_steps, "wall_time": time.time(),
         }  # fmt: skip
         self.write(record)
@@ -154,10 +155,13 @@ class MetricsLogger:
             for name, value in (("loss", loss), ("lr", lr), ("images_per_s", rate)):
                 self.tb.add_scalar(f"train/{name}", value, step)
         if self.wandb is not None:
-            logged = {f"train/{k}": v for k, v in (("loss", loss), ("lr", lr), ("epoch", epoch))}
-            logged.update({"train/images_per_s": rate, "train/warmup": int(warmup)})
+            # The JSONL step line's numbers under TensorBoard-style names.
+            logged: dict[str, float] = {
+                "train/loss": loss, "train/lr": lr, "train/epoch": epoch,
+                "train/images_per_s": rate, "train/warmup": int(warmup),
+                "train/peak_mem_bytes": peak,
+            }  # fmt: skip
             logged.update({f"time/{k}": v for k, v in times.items()})
-            logged["train/peak_mem_bytes"] = record["peak_mem_bytes"]
             self.wandb.log(logged, step=step)
         if self.bar is not None:
             self.bar.update(1)

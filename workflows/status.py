@@ -241,15 +241,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workflows status", description=__doc__)
     parser.add_argument("--run", required=True, help="pipeline directory or stage run directory")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--follow", action="store_true", help="live view until the run ends (make ... FOLLOW=1)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=None, help="seconds between polls with --follow"
+    )
     args = parser.parse_args(argv)
     run = Path(args.run) if args.run else None
-    if run is None or not ((run / PIPELINE_FILE).is_file() or (run / "manifest.json").is_file()):
+    markers = (PIPELINE_FILE, "manifest.json", "study.json")
+    if run is None or not any((run / name).is_file() for name in markers):
         print(
-            f"error: RUN={args.run!r} is not a run directory (no {PIPELINE_FILE} or manifest.json);"
-            " pass the directory printed by `make pipeline`/`make pretrain`",
+            f"error: RUN={args.run!r} is not a run directory (no {', '.join(markers)}); pass the "
+            "directory printed by `make pipeline`/`make pretrain`/`make scaling`",
             file=sys.stderr,
         )
         return USAGE
+    if args.interval is not None and args.interval <= 0:
+        print(f"error: --interval {args.interval}: must be a positive number of seconds",
+              file=sys.stderr)  # fmt: skip
+        return USAGE
+    if args.follow or (run / "study.json").is_file():
+        from workflows import follow
+
+        if not args.follow:  # a study's snapshot: one poll, plain lines
+            target = follow.Target(run)
+            target.poll()
+            print("\n".join(follow.plain_lines(target)))
+            return 0
+        return follow.follow(run, interval=args.interval)
     statuses = run_status(run)
     if args.json:
         print(json.dumps([asdict(s) for s in statuses], indent=2))
