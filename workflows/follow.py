@@ -154,7 +154,8 @@ def cells(row: Row) -> dict[str, str]:
     tail = row.tail
     step, total = (tail.step, tail.total) if tail else (None, None)
     ips = tail.images_per_s if tail else None
-    state = row.state + (f" ({row.reason})" if row.reason and not row.ended else "")
+    reason = row.reason if len(row.reason) <= 40 else row.reason[:39] + "…"
+    state = row.state + (f" ({reason})" if reason and not row.ended else "")
     return {
         "stage": row.name,
         "state": state,
