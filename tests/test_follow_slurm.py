@@ -101,7 +101,7 @@ def test_status_follow_ends_on_failure_with_the_root_cause(local_slurm, tmp_path
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout.strip()  # fmt: skip
     (run / "logs" / f"train-{job}-restart0-rank1.log").write_text(
-        "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
         "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1234\n"
     )
     (run / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": [job]}))

@@ -15,6 +15,7 @@ appended to the metrics JSONL since the previous poll.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections import deque
 from collections.abc import Callable
@@ -344,7 +345,11 @@ def outcome(target: Target) -> tuple[int, list[str]]:
         if html.is_file():
             lines.append(f"report: {html}")
             return (1 if points else 0), lines
-        lines.append(f"error: the report job ended without writing {html}; see {target.path}/logs")
+        if not target.rows[-1].job_ids:  # a study submitted before report jobs existed
+            lines.append(f"no report job: make report STUDY={shlex.quote(str(target.path))}")
+        else:
+            lines.append(f"error: the report job ended without writing {html}; see its log in "
+                         f"{target.path / 'logs'}")  # fmt: skip
         return 1, lines
     if failed:
         for row in failed:
