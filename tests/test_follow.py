@@ -13,6 +13,7 @@ from rich.console import Console
 
 from tests.test_pipeline_local import TINY, _profile
 from workflows import follow
+from workflows.errors import ConfigError
 from workflows.pipeline import Pipeline
 
 
@@ -60,6 +61,9 @@ def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
 
     assert main(["--run", str(tmp_path), "--follow"]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+    (tmp_path / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": []}))
+    with pytest.raises(ConfigError, match="--interval 0.0: must be a positive number"):
+        main(["--run", str(tmp_path), "--follow", "--interval", "0"])
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workflows import jobstate, status
+from workflows.errors import ConfigError
 from workflows.rundir import write_json
 
 STUDY_FILE = "study.json"
@@ -108,8 +109,10 @@ class MetricsTail:
 
     def eta_s(self) -> float | None:
         """Seconds left at the recent pace (wall clock, so data loading and checkpoints count)."""
-        if self.done or self.step is None or not self.total or self.step >= self.total:
-            return 0.0 if self.done else None
+        if self.done or (self.step is not None and self.total and self.step >= self.total):
+            return 0.0  # finished, or past its last step (final eval, saving)
+        if self.step is None or not self.total:
+            return None
         left = self.total - self.step
         if len(self.recent) >= 2 and self.recent[-1][0] > self.recent[0][0]:
             (s0, t0), (s1, t1) = self.recent[0], self.recent[-1]
@@ -396,6 +399,8 @@ def follow(
     """
     from rich.console import Console
 
+    if interval is not None and not interval > 0:
+        raise ConfigError(f"--interval {interval}: must be a positive number of seconds")
     console = console or Console()
     live = console.is_terminal
     interval = interval if interval is not None else (2.0 if live else 30.0)

@@ -257,10 +257,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return USAGE
-    if args.interval is not None and args.interval <= 0:
-        print(f"error: --interval {args.interval}: must be a positive number of seconds",
-              file=sys.stderr)  # fmt: skip
-        return USAGE
     if args.follow or (run / "study.json").is_file():
         from workflows import follow
 
