@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -88,8 +89,9 @@ def test_status_follow_ends_on_failure_with_the_root_cause(local_slurm, tmp_path
     when the job fails and shows the non-communication traceback, live table included."""
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
-    code = (
-        "import sys, time\n"
+    script = tmp_path / "rank0.py"
+    script.write_text(
+        "import time\n"
         "time.sleep(3)\n"
         "def load_shard(): raise ValueError('shard 7 is corrupt')\n"
         "load_shard()\n"
@@ -97,7 +99,7 @@ def test_status_follow_ends_on_failure_with_the_root_cause(local_slurm, tmp_path
     job = subprocess.run(
         ["sbatch", "--parsable", "--partition=pretrain", "--ntasks=1", "--time=5",
          f"--output={run}/logs/train-%j-restart0-rank0.log", "--wrap",
-         f"{sys.executable} -c {json.dumps(code)}"],
+         shlex.join([sys.executable, str(script)])],
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout.strip()  # fmt: skip
     (run / "logs" / f"train-{job}-restart0-rank1.log").write_text(
