@@ -7,6 +7,7 @@ The offline run file is read back record by record, so the test checks what W&B 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -133,3 +134,19 @@ def test_metrics_logger_raises_the_same_error_when_import_fails(tmp_path, monkey
         MetricsLogger(tmp_path, 0, 1, 10, 1, torch.device("cpu"), config={"log_wandb": True})
     # Other ranks never touch W&B, even when asked.
     MetricsLogger(tmp_path, 1, 2, 10, 1, torch.device("cpu"), config={"log_wandb": True}).close()
+
+
+def test_online_without_an_api_key_is_one_clear_error(tmp_path):
+    """Online W&B with no key (none exported, no ~/.netrc): exit 2 naming WANDB_API_KEY and the
+    offline alternative, instead of a prompt or a hang inside a batch job."""
+    env = {**os.environ, "WANDB_MODE": "online", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    env.pop("WANDB_API_KEY", None)
+    argv = ["--dataset", "synthetic", "--model", "volo_tiny", "--img-size", "32", "--workers",
+            "0", "--output", str(tmp_path / "run"), "--log-wandb"]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", *argv], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "--log-wandb: W&B did not start" in out.stderr
+    assert "WANDB_API_KEY" in out.stderr and "WANDB_MODE=offline" in out.stderr
