@@ -84,3 +84,15 @@ def test_pipeline_follow_live_view_ends_with_the_report(tmp_path, digits_dir):
     stages = json.loads(report.read_text())["stages"]
     assert [stages[s]["state"] for s in ("pretrain", "finetune")] == ["COMPLETED"] * 2
     assert stages["finetune"]["steps"] == 6
+
+
+def test_a_poll_without_an_answering_squeue_keeps_following(tmp_path, monkeypatch):
+    """squeue failing (here: no slurm.conf to read; on a cluster, a controller restarting) is
+    shown under the rows and the view goes on with the last states instead of crashing."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": ["7"]}))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    target = follow.Target(tmp_path)
+    target.poll()
+    assert "squeue did not answer" in target.note and not target.ended()
+    assert target.rows[0].state == "PENDING"
+    assert any("squeue did not answer" in line for line in follow.plain_lines(target))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
@@ -181,6 +182,7 @@ class Target:
         self.study = (path / STUDY_FILE).is_file()
         self.rows: list[Row] = []
         self.uses_slurm = True
+        self.note = ""  # shown under the rows (a failed poll)
         if self.study:
             self._study_rows()
         else:
@@ -189,10 +191,13 @@ class Target:
         self.poller = jobstate.JobStatePoller(ids)
 
     def _run_rows(self) -> None:
-        record_path = self.path / status.PIPELINE_FILE
+        record_path, manifest_path = self.path / status.PIPELINE_FILE, self.path / "manifest.json"
         if record_path.is_file():
             self.uses_slurm = json.loads(record_path.read_text()).get("executor") != "local"
-        for name, run_dir, ids, _recorded in status._stages_of(self.path):
+        elif manifest_path.is_file():
+            profile = json.loads(manifest_path.read_text()).get("profile", {})
+            self.uses_slurm = profile.get("values", {}).get("scheduler", "slurm") == "slurm"
+        for name, run_dir, ids, _recorded in status.stages_of(self.path):
             self.rows.append(Row(name, run_dir, ids, tail=MetricsTail(run_dir)))
 
     def _study_rows(self) -> None:
@@ -207,7 +212,14 @@ class Target:
         self.rows.append(Row("report", None, report_ids))
 
     def poll(self) -> None:
-        infos = self.poller.poll() if self.uses_slurm else {}
+        infos: dict[str, jobstate.JobInfo] = {}
+        self.note = ""
+        if self.uses_slurm:
+            try:
+                infos = self.poller.poll()
+            except (jobstate.SlurmCommandError, OSError, subprocess.TimeoutExpired) as exc:
+                # A controller restarting for a moment: keep the last states, try again.
+                self.note = f"squeue did not answer ({exc}); showing the last known states"
         recorded = {name: state for name, _, _, state in self._recorded()}
         now = time.time()
         for row in self.rows:
@@ -221,7 +233,7 @@ class Target:
         """States kept in pipeline.json (the local executor's only source of truth)."""
         if self.study or self.uses_slurm:
             return []
-        return status._stages_of(self.path)
+        return status.stages_of(self.path)
 
     def _set_state(self, row: Row, infos: list[jobstate.JobInfo], recorded: str) -> None:
         done_here = row.run_dir is not None and (row.run_dir / "summary.json").is_file()
@@ -233,6 +245,8 @@ class Target:
             row.restarts = max(i.restarts for i in infos)
         else:
             row.state = recorded or ("NOT_SUBMITTED" if not row.job_ids else row.state)
+            if not self.uses_slurm and not recorded and done_here:  # a run without a scheduler
+                row.state = "COMPLETED"
         if row.run_dir is not None:
             row.restarts = max(row.restarts, status.restarts_from_logs(row.run_dir / "logs"))
         # A job missing from squeue on one poll may be between queue states: GONE counts only
@@ -283,10 +297,12 @@ def _live_table(target: Target) -> Any:
             text["jobs"], text["restarts"], bar, text["step"], text["loss"], text["images/s"],
             text["ETA"], text["ckpt age"],
         )  # fmt: skip
+    captions = [target.note] if target.note else []
     if target.study:
         points = target.rows[:-1]
-        finished = sum(r.ended for r in points)
-        table.caption = f"points ended: {finished}/{len(points)}"
+        captions.append(f"points ended: {sum(r.ended for r in points)}/{len(points)}")
+    if captions:
+        table.caption = "\n".join(captions)
         table.caption_justify = "left"
     return table
 
@@ -301,7 +317,7 @@ def plain_lines(target: Target) -> list[str]:
             f"step={c['step']} loss={c['loss']} images/s={c['images/s']} ETA={c['ETA']} "
             f"ckpt_age={c['ckpt age']}"
         )
-    return lines
+    return lines + ([f"{stamp} {target.note}"] if target.note else [])
 
 
 def _pipeline_report(path: Path) -> Path | None:

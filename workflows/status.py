@@ -200,7 +200,7 @@ def stage_status(
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb)
 
 
-def _stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
+def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
     """(stage, run_dir, job ids, recorded state) for a pipeline directory or a single run dir."""
     if (run / PIPELINE_FILE).is_file():
         record = json.loads((run / PIPELINE_FILE).read_text())
@@ -215,7 +215,7 @@ def _stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
 
 def run_status(run: Path, executor: str | None = None) -> list[StageStatus]:
     """Status of every stage of a run; one batched scheduler poll for all of its jobs."""
-    stages = _stages_of(run)
+    stages = stages_of(run)
     all_ids = [j for _, _, ids, _ in stages for j in ids]
     record_path = run / PIPELINE_FILE
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
