@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -66,6 +67,18 @@ def test_report_appears_by_itself_with_failed_points(local_slurm, tmp_path, caps
     study = json.loads((study_dir / "study.json").read_text())
     assert [p["state"] for p in study["points"]] == ["FAILED", "FAILED"]
     assert html.read_text().count("FAILED") >= 2
+
+    # `make status RUN=... FOLLOW=1` on the ended study returns by itself (plain lines, no
+    # terminal), names the failed points with their first error, and gives the report's path.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    shown = subprocess.run(
+        ["make", "-s", "status", f"RUN={study_dir}", "FOLLOW=1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode != 0, shown.stdout  # failed points: the command exits 1
+    assert "failed points (shown as failed in the report): 1 GPU(s), 2 GPU(s)" in shown.stdout
+    assert "no-such-trainer-flag" in shown.stdout
+    assert shown.stdout.strip().splitlines()[-1] == f"report: {html}"
 
 
 def test_scaling_follow_ends_when_the_report_exists(local_slurm, tmp_path, capsys):
