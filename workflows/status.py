@@ -210,7 +210,8 @@ def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
         ]
     manifest = json.loads((run / "manifest.json").read_text())
     ids = manifest.get("job_ids") or ([manifest["job_id"]] if manifest.get("job_id") else [])
-    return [(str(manifest.get("stage", run.name)), run, [str(j) for j in ids], "")]
+    stage = manifest.get("stage") or manifest.get("recipe", {}).get("stage") or run.name
+    return [(str(stage), run, [str(j) for j in ids], "")]
 
 
 def run_status(run: Path, executor: str | None = None) -> list[StageStatus]:
