@@ -434,24 +434,29 @@ def follow(
             raise TimeoutError(f"{path}: still running after {timeout:.0f} s")
         time.sleep(interval)
 
-    if live:
-        from rich.live import Live
+    try:
+        if live:
+            from rich.live import Live
 
-        with Live(console=console, auto_refresh=False, transient=False) as view:
+            with Live(console=console, auto_refresh=False, transient=False) as view:
+                while True:
+                    ended = step()
+                    view.update(_live_table(target), refresh=True)
+                    if ended:
+                        break
+                    wait_or_timeout()
+        else:
             while True:
                 ended = step()
-                view.update(_live_table(target), refresh=True)
+                for line in plain_lines(target):
+                    console.print(line, markup=False, highlight=False, soft_wrap=True)
                 if ended:
                     break
                 wait_or_timeout()
-    else:
-        while True:
-            ended = step()
-            for line in plain_lines(target):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
-            if ended:
-                break
-            wait_or_timeout()
+    except KeyboardInterrupt:  # Ctrl-C stops watching, not the jobs
+        again = f"make status RUN={shlex.quote(str(path))} FOLLOW=1"
+        console.print(f"stopped following; the jobs go on. Again: {again}", markup=False)
+        return 130
     code, lines = outcome(target)
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
