@@ -71,7 +71,7 @@ def test_log_wandb_offline_writes_the_metrics_into_the_run_dir(digits_dir, tmp_p
     monkeypatch.setenv("WANDB_PROJECT", "from-the-profile")  # what a profile's env: would set
     run = tmp_path / "run"
     args = [str(digits_dir), *ARGS, "--output", str(run), "--log-wandb", "--wandb-name", "tiny"]
-    codes = run_ranks(2, args, tmp_path / "logs")
+    codes = run_ranks(2, args, tmp_path / "logs", timeout=600)  # generous: a shared machine
     assert codes == [0, 0], logs(tmp_path / "logs")
 
     # One W&B run (rank 0 only), inside the run directory.
