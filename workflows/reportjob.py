@@ -23,14 +23,17 @@ from workflows.templating import render
 
 SCRIPT_NAME = "report.sbatch"
 TIME_LIMIT = "00:15:00"  # matplotlib plots of a handful of points take seconds
+# A small share of one node: the profile's `mem: "0"` would take a whole GPU node's memory
+# (all of it, where memory is a consumable resource) for a job that needs well under 1 GB.
+MEMORY = "2G"
 
 
 def render_script(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
-    """One task on one node of the study's partition, no GPU, not requeued, after the array."""
+    """One task (1 CPU, 2 GB, no GPU) on the study's partition, not requeued, after the array."""
     spec = dataclasses.replace(
         spec, job_name=f"vitpod-report-{spec.model}", nodes=1, tasks_per_node=1,
-        gpus_per_node=0, time=TIME_LIMIT, requeue=False, exclusive=False,
-        dependency=f"afterany:{array_job_id}",
+        gpus_per_node=0, cpus_per_task=1, mem=MEMORY, time=TIME_LIMIT, requeue=False,
+        exclusive=False, dependency=f"afterany:{array_job_id}",
     )  # fmt: skip
     header = render("partials/header.sh.j2", {"spec": spec}).rstrip("\n").splitlines()
     header = [
