@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
@@ -144,6 +145,21 @@ class TrainConfig:
     )
     eval: bool = field(default=True, metadata=_arg("run", "evaluate on the val split"))
     log_interval: int = field(default=50, metadata=_arg("run", "metrics line every N steps"))
+    # Experiment tracking (timm train.py's --log-wandb); rank 0 only, see trainer/metrics.py.
+    log_wandb: bool = field(
+        default=False,
+        metadata=_arg("run", "also log metrics and config to Weights & Biases (rank 0)"),
+    )
+    wandb_project: str | None = field(
+        default=None, metadata=_arg("run", "W&B project (default: $WANDB_PROJECT, else vitpod)")
+    )
+    wandb_entity: str | None = field(
+        default=None, metadata=_arg("run", "W&B entity (default: $WANDB_ENTITY)")
+    )
+    wandb_name: str | None = field(
+        default=None,
+        metadata=_arg("run", "W&B run name (default: $WANDB_NAME, else the run directory name)"),
+    )
     warmup_steps_excluded: int = field(
         default=5, metadata=_arg("run", "steps left out of throughput")
     )
@@ -339,6 +355,11 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         out.append(f"--resume {cfg.resume}: no such checkpoint; use auto, none or an existing path")
     if for_training:
         out += _path_problems(cfg)
+    if cfg.log_wandb and for_training and importlib.util.find_spec("wandb") is None:
+        out.append(
+            "--log-wandb: the wandb package is not installed in this environment; install it "
+            "(pip install wandb, part of vitpod's [train] extra) or drop --log-wandb"
+        )
     if cfg.finetune:
         out += _finetune_problems(cfg)
     return out

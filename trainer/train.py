@@ -113,8 +113,9 @@ class Trainer:
         )  # fmt: skip
         total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
         self.metrics = MetricsLogger(
-            self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device
-        )
+            self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device,
+            config=dataclasses.asdict(cfg),
+        )  # fmt: skip
         self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
         self.last_eval: dict[str, float] = {}
