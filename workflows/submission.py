@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from workflows.container import check_container_paths
 from workflows.errors import ConfigError
 from workflows.spec import JobSpec
 
@@ -23,6 +24,7 @@ def check_can_submit(spec: JobSpec, render_hint: str | None = None) -> None:
             f"run `{hint}` and submit it from a login node with `sbatch <script>`"
         )
     check_shared_paths(spec)
+    check_container_paths(spec.profile)  # what pyxis would find wrong only on the node
     if spec.profile.scheduler != "slurm":
         return
     partitions = cluster_partitions()
