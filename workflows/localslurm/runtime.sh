@@ -76,20 +76,23 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ] \
   log "built in $((SECONDS - start)) s"
 fi
 
-# enroot's paths: one directory per user under sticky, world-writable parents, so jobs run as
-# root and as unprivileged users (the default /run/enroot is root-only). pyxis removes ENROOT_*
-# from the job's environment, so these live in the configuration file.
+# enroot's paths: one directory per node and user under sticky, world-writable parents, so jobs
+# run as root and as unprivileged users (the default /run/enroot is root-only). Every node of
+# the local Slurm is this one host: up.sh gives each slurmd an `enroot` wrapper that sets
+# VITPOD_ENROOT_NODE=<node>, so two nodes never extract a job's container into the same
+# directory; outside Slurm it is "host". pyxis removes ENROOT_* from
+# the job's environment, so the paths live in the configuration file (values are shell-expanded).
 VAR=$PREFIX/var
-mkdir -p "$VAR/run" "$VAR/data" "$VAR/cache" "$VAR/tmp"
-chmod 1777 "$VAR/run" "$VAR/data" "$VAR/cache" "$VAR/tmp"
+mkdir -p "$VAR/run/host" "$VAR/data/host" "$VAR/cache/host" "$VAR/tmp"
+chmod 1777 "$VAR/run" "$VAR/data" "$VAR/cache" "$VAR/tmp" "$VAR/run/host" "$VAR/data/host" "$VAR/cache/host"
 chmod 0755 "$PREFIX" "$VAR"
 conf=$PREFIX/etc/enroot/enroot.conf
 tmp=$(mktemp "$conf.XXXX")
 cat >"$tmp" <<EOF
 # Written by workflows/localslurm/runtime.sh for the vitpod local test Slurm.
-ENROOT_RUNTIME_PATH $VAR/run/user-\$(id -u)
-ENROOT_DATA_PATH $VAR/data/user-\$(id -u)
-ENROOT_CACHE_PATH $VAR/cache/user-\$(id -u)
+ENROOT_RUNTIME_PATH $VAR/run/\${VITPOD_ENROOT_NODE:-host}/user-\$(id -u)
+ENROOT_DATA_PATH $VAR/data/\${VITPOD_ENROOT_NODE:-host}/user-\$(id -u)
+ENROOT_CACHE_PATH $VAR/cache/\${VITPOD_ENROOT_NODE:-host}/user-\$(id -u)
 ENROOT_TEMP_PATH $VAR/tmp
 ENROOT_ROOTFS_WRITABLE yes
 ENROOT_MOUNT_HOME no

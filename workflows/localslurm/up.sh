@@ -62,14 +62,27 @@ PLUGSTACK_LINE=""
 rt_rc=0
 VITPOD_RUNTIME_PREFIX=$RUNTIME_PREFIX bash "$HERE/runtime.sh" >/dev/null || rt_rc=$?
 case $rt_rc in
-  0) # pyxis runs enroot through slurmstepd's PATH, inherited from slurmd (started below).
+  0) # pyxis runs enroot through slurmstepd's PATH, inherited from slurmd (started below; of
+     # slurmd's environment, slurmstepd keeps PATH but not other variables).
      # container_scope stays pyxis's default (global): with `job`, every job's epilog runs
      # `enroot list` with PATH=/usr/local/bin:/usr/bin:/bin (pyxis_slurmd.c), which cannot
      # find a project-prefix enroot, fails, and drains the node. Unnamed containers (all that
      # vitpod starts) are removed at the end of their step either way.
      export PATH="$RUNTIME_PREFIX/bin:$PATH"
      PLUGSTACK_LINE="required $RUNTIME_PREFIX/lib/slurm/spank_pyxis.so runtime_path=$RUNTIME_PREFIX/var/pyxis"
-     mkdir -p "$RUNTIME_PREFIX/var/pyxis" ;;
+     mkdir -p "$RUNTIME_PREFIX/var/pyxis"
+     # All nodes are this host: each slurmd finds, first on its PATH, an `enroot` that names
+     # its node, so enroot's per-node directories (runtime.sh) keep two nodes from extracting
+     # one job's container into the same place.
+     for n in "${NODES[@]}"; do
+       for d in run data cache; do
+         mkdir -p "$RUNTIME_PREFIX/var/$d/$n" && chmod 1777 "$RUNTIME_PREFIX/var/$d/$n"
+       done
+       mkdir -p "$RUNTIME_PREFIX/var/nodes/$n/bin"
+       printf '#!/bin/sh\nVITPOD_ENROOT_NODE=%s exec %s "$@"\n' "$n" "$RUNTIME_PREFIX/bin/enroot" \
+         >"$RUNTIME_PREFIX/var/nodes/$n/bin/enroot"
+       chmod 0755 "$RUNTIME_PREFIX/var/nodes/$n/bin/enroot"
+     done ;;
   3) log "no pyxis/enroot: container jobs are not available on this cluster" ;;
   *) die "building pyxis/enroot failed (see above)" ;;
 esac
@@ -201,23 +214,30 @@ elif [ ${#CHANGED[@]} -gt 0 ]; then
   log "configuration changed (${CHANGED[*]}): scontrol reconfigure"
   scontrol reconfigure
 fi
-# Does the running slurmd lack the enroot directory on its PATH (started before the runtime was
-# built)? Its job steps then could not find enroot: restart it (running steps are unaffected).
-slurmd_path_stale() {
+# Was the running slurmd started without its node's enroot first on its PATH (before the
+# runtime was built)? Its job steps then could not run containers: restart it (running steps
+# are unaffected).
+slurmd_env_stale() {
   [ -n "$PLUGSTACK_LINE" ] || return 1
-  ! tr '\0' '\n' <"/proc/$(cat "$1")/environ" 2>/dev/null | grep -q "^PATH=$RUNTIME_PREFIX/bin:"
+  local env
+  env=$(tr '\0' '\n' <"/proc/$(cat "$1")/environ" 2>/dev/null)
+  ! grep -q "^PATH=$RUNTIME_PREFIX/var/nodes/$2/bin:$RUNTIME_PREFIX/bin:" <<<"$env"
 }
 for n in "${NODES[@]}"; do
   mkdir -p "$STATE/spool/$n"
-  if alive "$STATE/run/slurmd-$n.pid" slurmd && slurmd_path_stale "$STATE/run/slurmd-$n.pid"; then
-    log "restarting slurmd -N $n (enroot was not on its PATH)"
+  if alive "$STATE/run/slurmd-$n.pid" slurmd && slurmd_env_stale "$STATE/run/slurmd-$n.pid" "$n"; then
+    log "restarting slurmd -N $n (its PATH lacks enroot)"
     pid=$(cat "$STATE/run/slurmd-$n.pid")
     kill -TERM "$pid"
     WAIT=30 wait_for "slurmd $n to stop" bash -c "! kill -0 $pid"
   fi
   if ! alive "$STATE/run/slurmd-$n.pid" slurmd; then
     log "starting slurmd -N $n"
-    slurmd -f "$SLURM_CONF" -N "$n"
+    if [ -n "$PLUGSTACK_LINE" ]; then
+      PATH="$RUNTIME_PREFIX/var/nodes/$n/bin:$PATH" slurmd -f "$SLURM_CONF" -N "$n"
+    else
+      slurmd -f "$SLURM_CONF" -N "$n"
+    fi
   fi
 done
 
