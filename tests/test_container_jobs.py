@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.fixtures_container import unprivileged_user
-from tests.fixtures_slurm import preempted_once_python
+from tests.fixtures_slurm import FINISHED, LocalSlurm, preempted_once_python
 from workflows import cli
 from workflows.profile import PROFILE_DIR
 from workflows.rankinfo import PREFIX
@@ -55,6 +58,21 @@ def rank_logs(run_dir: Path, job: str, restart: int = 0) -> list[str]:
     return [(logs / f"train-{job}-restart{restart}-rank{r}.log").read_text() for r in range(4)]
 
 
+def wait(job: str, timeout: float) -> str:
+    """The job's final state per sacct; a slow answer (a loaded machine) is polled again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = LocalSlurm.sacct_state(None, job)  # type: ignore[arg-type]
+        except subprocess.TimeoutExpired:
+            state = None
+        if state in FINISHED:
+            return state
+        time.sleep(2)
+    subprocess.run(["scancel", job], check=False)
+    raise TimeoutError(f"job {job} not finished after {timeout} s")
+
+
 def srun_in_container(srun_args: list[str], command: str, **env: str) -> str:
     """One task on one node with `srun_args`, running `command` in bash; its stdout."""
     out = subprocess.run(
@@ -80,10 +98,7 @@ def test_every_rank_runs_in_the_image_and_logs_its_digest(pyxis_image, tmp_path)
     job, run_dir = submit(tmp_path, profile)
     assert pyxis_image.path.is_file() and not Path("/etc/vitpod-image.json").exists()
     assert pyxis_image  # the image exists; the host has no provenance file: only the image does
-    from tests.fixtures_slurm import LocalSlurm
-
-    slurm = LocalSlurm(conf=Path(os.environ["SLURM_CONF"]), state=Path("."))
-    assert slurm.wait(job, timeout=400) == "COMPLETED"
+    assert wait(job, timeout=400) == "COMPLETED"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["image"]["digest"] == pyxis_image.digest
     assert manifest["image"]["path"] == str(pyxis_image.path)
@@ -113,6 +128,7 @@ def test_image_variables_win_without_container_env(pyxis_image):
 @pytest.mark.parametrize("mount_home", [False, True])
 def test_home_is_mounted_only_when_asked(pyxis_image, tmp_path, mount_home):
     profile, _ = localpyxis_copy(tmp_path, mount_home=mount_home)
+    (tmp_path / "runs").mkdir()
     ns = cli.stage_parser("render").parse_args(
         ["--cluster", str(profile), "--model", "volo_tiny", "--entry", "rankinfo"]
         + ["--run-root", str(tmp_path / "runs")]
@@ -140,16 +156,15 @@ def test_requeue_after_preemption_starts_a_fresh_container(pyxis_image, tmp_path
         'echo "restart=${SLURM_RESTART_COUNT:-0}"'
     )
     python = preempted_once_python(runs / "python-preempted-once", then=then)
-    text = python.read_text().replace(
-        "#!/bin/bash\n", "#!/bin/bash\ntouch /var/tmp/vitpod-first-start\n", 1
+    first_start = "= 0 ]; then\n"
+    text = python.read_text()
+    assert first_start in text
+    python.write_text(
+        text.replace(first_start, first_start + "  touch /var/tmp/vitpod-first-start\n", 1)
     )
-    python.write_text(text)
     profile, _ = localpyxis_copy(tmp_path, python=str(python))
     job, run_dir = submit(tmp_path, profile, entry="rankinfo")
-    from tests.fixtures_slurm import LocalSlurm
-
-    slurm = LocalSlurm(conf=Path(os.environ["SLURM_CONF"]), state=Path("."))
-    assert slurm.wait(job, timeout=600) == "COMPLETED"
+    assert wait(job, timeout=600) == "COMPLETED"
     first = (run_dir / "logs" / f"sbatch-{job}-restart0.log").read_text()
     assert f"requeueing job {job}" in first
     for log in rank_logs(run_dir, job, restart=1):
@@ -157,10 +172,11 @@ def test_requeue_after_preemption_starts_a_fresh_container(pyxis_image, tmp_path
         assert "restart=1" in log
 
 
-def test_an_unprivileged_user_runs_a_container(pyxis_image, tmp_path):
+def test_an_unprivileged_user_runs_a_container(pyxis_image):
     user = unprivileged_user()
-    tmp_path.chmod(0o777)
-    out_file = tmp_path / "out.txt"
+    shared = Path(tempfile.mkdtemp(prefix="vitpod-unprivileged-", dir="/tmp"))
+    shared.chmod(0o777)  # pytest's tmp_path is private to root
+    out_file = shared / "out.txt"
     step = (
         f"srun --container-image={pyxis_image.path} --no-container-mount-home "
         "bash -c 'id -un; cat /etc/vitpod-image.json'"
@@ -170,14 +186,13 @@ def test_an_unprivileged_user_runs_a_container(pyxis_image, tmp_path):
         + [f"--output={out_file}", "--wrap", step],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=shared,
         check=True,
     ).stdout.strip()
-    from tests.fixtures_slurm import LocalSlurm
-
-    slurm = LocalSlurm(conf=Path(os.environ["SLURM_CONF"]), state=Path("."))
-    assert slurm.wait(job, timeout=300) == "COMPLETED", out_file.read_text()
-    lines = out_file.read_text()
+    state = wait(job, timeout=300)
+    lines = out_file.read_text() if out_file.exists() else ""
+    shutil.rmtree(shared, ignore_errors=True)
+    assert state == "COMPLETED", lines
     assert lines.splitlines()[0] == user
     assert json.loads(lines.split("\n", 1)[1])["digest"] == pyxis_image.digest
 
@@ -194,10 +209,7 @@ def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
         run_root=str(tmp_path / "runs"),
     ).submit()
     record = run.stages["pretrain"]
-    from tests.fixtures_slurm import LocalSlurm
-
-    slurm = LocalSlurm(conf=Path(os.environ["SLURM_CONF"]), state=Path("."))
-    assert slurm.wait(record.job_ids[0], timeout=400) == "COMPLETED"
+    assert wait(record.job_ids[0], timeout=400) == "COMPLETED"
     outs = sorted((record.run_dir / "submitit").glob("*_log.out"))
     assert len(outs) == 4
     for out in outs:
