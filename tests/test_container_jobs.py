@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.fixtures_container import unprivileged_user
-from tests.fixtures_slurm import FINISHED, LocalSlurm, preempted_once_python
+from tests.fixtures_slurm import FINISHED, preempted_once_python
 from workflows import cli
 from workflows.profile import PROFILE_DIR
 from workflows.rankinfo import PREFIX
@@ -63,9 +63,15 @@ def wait(job: str, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            state = LocalSlurm.sacct_state(None, job)  # type: ignore[arg-type]
+            out = subprocess.run(
+                ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout.split()
         except subprocess.TimeoutExpired:
-            state = None
+            out = []
+        state = out[0] if out else None
         if state in FINISHED:
             return state
         time.sleep(2)
