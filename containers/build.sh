@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Build the vitpod image with docker, import it once with enroot into a squashfs on shared
-# storage (under a lock, verified with unsquashfs, then renamed into place), and record its
-# path and sha256 digest in containers/image.json, which `make render` copies into manifests.
+# `make container`: build the vitpod image with a private dockerd, import it once with enroot
+# into the profile's .sqsh (under a lock; verified with `unsquashfs -l`; renamed into place) and
+# record its digest beside it (IMAGE.json). The last line printed is the .sqsh path.
 #
-#   make container IMAGE=/lustre/fsw/vitpod/images/vitpod.sqsh
-#   DRY_RUN=1 bash containers/build.sh     # print the commands only
-# IMAGE defaults to the container image of profile $CLUSTER (or dgxpod's if it has none).
+#   make container                          # CLUSTER's image (localpyxis's when it has none)
+#   make container CLUSTER=dgxpod           # NGC base, training stack in the image
+#   make container IMAGE=/shared/images/vitpod.sqsh
+#
+# The image's digest is the sha256 of its inputs (base, Dockerfile, target, build arguments,
+# copied files, interpreter); it is baked into the image as /etc/vitpod-image.json with the
+# git commit and build time. Unchanged inputs are not rebuilt: the .sqsh is reused.
+# The dockerd is the project's own (data-root, exec-root and socket under VITPOD_CACHE, no
+# iptables, no bridge), started for the build and stopped afterwards; never the host's.
+# Registries are not needed for the local (venv) image: its base is made from Debian packages.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -13,72 +20,179 @@ REPO=$(cd "$HERE/.." && pwd)
 cd "$REPO"
 PY=$REPO/.venv/bin/python
 [ -x "$PY" ] || PY=python3
-RECORD=${IMAGE_RECORD:-$HERE/image.json}
+CACHE=${VITPOD_CACHE:-$REPO/.cache}/container
+RUNTIME_PREFIX=${VITPOD_RUNTIME_PREFIX:-$REPO/.runtime}
+DEBIAN_SUITE=bookworm
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEBIAN_PACKAGES=python3,numactl
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1700000000}  # reproducible base tarballs
+export SOURCE_DATE_EPOCH
 
 die() { echo "container: error: $*" >&2; exit 1; }
-run() { echo "+ $*" >&2; [ -n "${DRY_RUN:-}" ] || "$@"; }
+log() { echo "container: $*" >&2; }
+sha() { sha256sum | cut -d' ' -f1; }
 
-if [ -z "${IMAGE:-}" ]; then
-  IMAGE=$("$PY" - "${CLUSTER:-dgxpod}" <<'PYEOF'
+# ---- what to build: the profile's image path, its stack, and (venv) the environment's python
+read -r IMAGE_DEFAULT STACK VENV_PY < <("$PY" - "${CLUSTER:-local}" <<'PYEOF'
 import sys
+from pathlib import Path
 from workflows.profile import load_profile
+from workflows.container import host_path, sqsh_path
 profile = load_profile(sys.argv[1])
-print((profile.container or load_profile("dgxpod").container).image)
+if profile.container is None:
+    profile = load_profile("localpyxis")
+c = profile.container
+venv = Path(host_path(str(Path(c.python).parent))).parent if c.stack == "venv" else "-"
+print(sqsh_path(c.image) or "-", c.stack, venv)
 PYEOF
-)
-fi
+) || die "cannot read profile ${CLUSTER:-local}"
+IMAGE=${IMAGE:-$IMAGE_DEFAULT}
 case "$IMAGE" in
-  /*.sqsh | ./*.sqsh) ;;
-  *) die "IMAGE=$IMAGE must be a .sqsh path starting with / or ./ (pyxis needs that)" ;;
+  /*.sqsh) ;;
+  ./*.sqsh) IMAGE=$REPO/${IMAGE#./} ;;
+  *) die "IMAGE=$IMAGE must be a .sqsh path starting with / or ./ (pyxis reads only those as files)" ;;
 esac
-NGC_TAG=$(sed -n 's/^ARG NGC_TAG=//p' "$HERE/Dockerfile")
-TAG="vitpod:$(git rev-parse --short HEAD 2>/dev/null || echo dev)-$NGC_TAG"
+case "$STACK" in image | venv) ;; *) die "unknown stack $STACK" ;; esac
 
-if [ -z "${DRY_RUN:-}" ]; then
-  for tool in docker enroot flock unsquashfs sha256sum; do
-    command -v "$tool" >/dev/null || die "$tool not found (build on a machine with docker and enroot)"
-  done
-fi
-
-run docker build -f "$HERE/Dockerfile" -t "$TAG" "$REPO"
-image_id=dry-run
-if [ -z "${DRY_RUN:-}" ]; then
-  image_id=$(docker image inspect --format '{{.Id}}' "$TAG")
-fi
-
-run mkdir -p "$(dirname "$IMAGE")"
-echo "+ flock $IMAGE.lock (one import at a time on shared storage)" >&2
-if [ -z "${DRY_RUN:-}" ]; then
-  exec 9>"$IMAGE.lock"
-  flock -w 7200 9 || die "timed out waiting for $IMAGE.lock"
-fi
-if [ -s "$IMAGE" ] && [ "$(cat "$IMAGE.source" 2>/dev/null)" = "$image_id" ]; then
-  echo "container: $IMAGE already holds $TAG ($image_id)" >&2
-else
-  tmp="$IMAGE.importing.$$"
-  trap 'rm -f "$tmp"' EXIT
-  run rm -f "$tmp"
-  run enroot import --output "$tmp" "dockerd://$TAG"
-  echo "+ unsquashfs -l $tmp >/dev/null" >&2
-  if [ -z "${DRY_RUN:-}" ] && ! unsquashfs -l "$tmp" >/dev/null 2>&1; then
-    die "enroot produced an unreadable squashfs; $IMAGE left unchanged"
+export PATH="$RUNTIME_PREFIX/bin:/usr/sbin:/usr/bin:$PATH"  # Debian's docker CLI, our enroot
+for tool in dockerd docker enroot flock unsquashfs sha256sum; do
+  command -v "$tool" >/dev/null || die "$tool not found; run 'make setup' (docker.io, enroot from the vendored sources)"
+done
+mkdir -p "$CACHE" "$(dirname "$IMAGE")"
+WORK=$(mktemp -d "$CACHE/build.XXXXXX")
+DOCKERD_PID=""
+cleanup() {
+  if [ -n "$DOCKERD_PID" ]; then
+    kill -TERM "$DOCKERD_PID" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.5; done
   fi
-  run mv -f "$tmp" "$IMAGE"
-  [ -n "${DRY_RUN:-}" ] || echo "$image_id" >"$IMAGE.source"
+  rm -rf "$WORK" "$IMAGE.importing.$$"
+}
+trap cleanup EXIT
+
+# ---- the inputs that decide the image, and their digest
+CTX=$WORK/context
+mkdir -p "$CTX/python" "$CTX/code"
+BASE_REF=""
+BASE_ID=""
+INTERP="-"
+if [ "$STACK" = venv ]; then
+  cfg=$VENV_PY/pyvenv.cfg
+  [ -f "$cfg" ] || die "$VENV_PY is not a virtual environment (no pyvenv.cfg); run 'make setup'"
+  home=$(sed -n 's/^home *= *//p' "$cfg")
+  INTERP=$(dirname "$home")
+  if [ "$INTERP" != /usr ]; then
+    # The interpreter without its tests, static library and site-packages (the venv has its own).
+    ver=$(sed -n 's/^version *= *\([0-9]*\.[0-9]*\).*/\1/p' "$cfg")
+    tar -C / -cf - --exclude="lib/python$ver/test" --exclude="lib/python$ver/site-packages/*" \
+      --exclude="lib/python$ver/config-*" --exclude='*.a' --exclude="lib/python$ver/idlelib" \
+      --exclude="lib/python$ver/tkinter" "${INTERP#/}" | tar -C "$CTX/python" -xf -
+  fi
+  BASE_KEY=$(printf '%s\n' "$DEBIAN_SUITE" "$DEBIAN_MIRROR" "$DEBIAN_PACKAGES" "$SOURCE_DATE_EPOCH" | sha)
+  BASE_TAR=$CACHE/debian-$DEBIAN_SUITE-${BASE_KEY:0:16}.tar
+  BASE_REF="vitpod-base:${BASE_KEY:0:16}"
+  if [ ! -s "$BASE_TAR.sha256" ]; then
+    command -v mmdebstrap >/dev/null || die "mmdebstrap not found; run 'make setup'"
+    log "making the Debian $DEBIAN_SUITE base ($DEBIAN_PACKAGES) with mmdebstrap"
+    mmdebstrap --quiet --variant=minbase --include="$DEBIAN_PACKAGES" \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' \
+      "$DEBIAN_SUITE" "$BASE_TAR.tmp" "$DEBIAN_MIRROR" || die "mmdebstrap failed"
+    mv -f "$BASE_TAR.tmp" "$BASE_TAR"
+    sha256sum "$BASE_TAR" | cut -d' ' -f1 >"$BASE_TAR.sha256"
+  fi
+  BASE_ID="sha256:$(cat "$BASE_TAR.sha256")"
+else
+  BASE_REF=${BASE_IMAGE:-$(sed -n 's/^ARG BASE_IMAGE=//p' "$HERE/Dockerfile")}
+  case "$BASE_REF" in *@sha256:*) ;; *) die "BASE_IMAGE=$BASE_REF: pin the base by digest (IMAGE@sha256:...)" ;; esac
+  BASE_ID=${BASE_REF#*@}
+  for f in pyproject.toml README.md constraints.txt; do cp "$f" "$CTX/code/"; done
+  git ls-files -z workflows trainer analysis templates | tar --null -T - -cf - | tar -C "$CTX/code" -xf -
+fi
+tree_sha() { (cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum | sha); }
+"$PY" - "$WORK/inputs.json" "$BASE_REF" "$BASE_ID" "$(sha <"$HERE/Dockerfile")" "$STACK" \
+  "$INTERP" "$(tree_sha "$CTX/python")" "$(tree_sha "$CTX/code")" <<'PYEOF'
+import json, sys
+out, base_ref, base_id, dockerfile, target, interp, interp_sha, code_sha = sys.argv[1:]
+inputs = {
+    "base": {"ref": base_ref, "id": base_id},
+    "dockerfile_sha256": dockerfile,
+    "target": target,
+    "build_args": {"BASE_IMAGE": base_ref},
+    "interpreter": {"path": interp, "sha256": interp_sha},
+    "code_sha256": code_sha,
+}
+with open(out, "w") as f:
+    json.dump(inputs, f, sort_keys=True, separators=(",", ":"))
+PYEOF
+DIGEST="sha256:$(sha <"$WORK/inputs.json")"
+log "inputs digest $DIGEST (target $STACK, base $BASE_REF)"
+
+# ---- one import at a time per .sqsh; a second run waits here, then reuses the first's import
+exec 9>"$IMAGE.lock"
+flock -w 3600 9 || die "timed out waiting for $IMAGE.lock"
+recorded=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("digest",""))' "$IMAGE.json" 2>/dev/null || true)
+if [ -s "$IMAGE" ] && [ "$recorded" = "$DIGEST" ] && unsquashfs -l "$IMAGE" >/dev/null 2>&1; then
+  log "$IMAGE already holds $DIGEST (inputs unchanged): not rebuilt"
+  echo "$IMAGE"
+  exit 0
 fi
 
-echo "+ sha256sum $IMAGE > $RECORD" >&2
-[ -z "${DRY_RUN:-}" ] || exit 0
-digest=$(sha256sum "$IMAGE" | cut -d' ' -f1)
-"$PY" - "$RECORD" "$IMAGE" "$digest" "$TAG" "$image_id" <<'PYEOF'
-import datetime, json, os, sys
-record, path, digest, tag, image_id = sys.argv[1:]
-data = {"path": path, "sha256": digest, "tag": tag, "docker_id": image_id,
-        "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-with open(record + ".tmp", "w") as f:
-    json.dump(data, f, indent=2)
-    f.flush()
-    os.fsync(f.fileno())
-os.replace(record + ".tmp", record)
+# ---- the project's own dockerd (one at a time: they share the data-root)
+DOCKER_DIR=$CACHE/docker
+mkdir -p "$DOCKER_DIR/data" "$DOCKER_DIR/exec" "$DOCKER_DIR/run"
+exec 8>"$DOCKER_DIR/lock"
+flock -w 3600 8 || die "timed out waiting for $DOCKER_DIR/lock"
+export DOCKER_HOST=unix://$DOCKER_DIR/run/docker.sock
+log "starting a private dockerd ($DOCKER_DIR)"
+setsid dockerd --iptables=false --ip-masq=false --bridge=none --data-root "$DOCKER_DIR/data" \
+  --exec-root "$DOCKER_DIR/exec" --pidfile "$DOCKER_DIR/run/docker.pid" -H "$DOCKER_HOST" \
+  </dev/null >"$DOCKER_DIR/dockerd.log" 2>&1 &
+DOCKERD_PID=$!
+for _ in $(seq 1 120); do docker version >/dev/null 2>&1 && break; sleep 0.5; done
+docker version >/dev/null 2>&1 || die "dockerd did not start (see $DOCKER_DIR/dockerd.log)"
+
+start=$SECONDS
+if [ "$STACK" = venv ] && ! docker image inspect "$BASE_REF" >/dev/null 2>&1; then
+  docker import -c 'CMD ["/bin/bash"]' "$BASE_TAR" "$BASE_REF" >/dev/null
+fi
+"$PY" - "$WORK/inputs.json" "$DIGEST" "$CTX/vitpod-image.json" <<'PYEOF'
+import datetime, json, subprocess, sys
+inputs = json.load(open(sys.argv[1]))
+git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                       capture_output=True, text=True).stdout.strip()
+record = {"digest": sys.argv[2], "inputs": inputs, "git": {"commit": git or None, "dirty": bool(dirty)},
+          "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+json.dump(record, open(sys.argv[3], "w"), indent=2)
 PYEOF
-echo "container: $IMAGE sha256:$digest (recorded in $RECORD)"
+cp "$HERE/Dockerfile" "$CTX/Dockerfile"
+TAG="vitpod:${DIGEST:7:16}"
+log "docker build --target $STACK -t $TAG"
+DOCKER_BUILDKIT=1 docker build --quiet --network=host --target "$STACK" \
+  --build-arg "BASE_IMAGE=$BASE_REF" -t "$TAG" "$CTX" >/dev/null || die "docker build failed"
+
+tmp="$IMAGE.importing.$$"
+log "enroot import dockerd://$TAG"
+ENROOT_TEMP_PATH=$WORK enroot import --output "$tmp" "dockerd://$TAG" >"$WORK/import.log" 2>&1 \
+  || { tail -20 "$WORK/import.log" >&2; die "enroot import failed; $IMAGE left unchanged"; }
+unsquashfs -l "$tmp" >/dev/null 2>&1 || die "enroot produced an unreadable squashfs; $IMAGE left unchanged"
+mv -f "$tmp" "$IMAGE"
+chmod 0644 "$IMAGE"
+docker image rm "$TAG" >/dev/null 2>&1 || true
+"$PY" - "$IMAGE" "$CTX/vitpod-image.json" "$((SECONDS - start))" <<'PYEOF'
+import hashlib, json, os, sys
+path, provenance, seconds = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
+h = hashlib.sha256()
+with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+st = os.stat(path)
+record = {**provenance, "sqsh": {"path": path, "sha256": h.hexdigest(), "bytes": st.st_size,
+          "mtime_ns": st.st_mtime_ns}, "build_seconds": seconds}
+with open(path + ".json.tmp", "w") as f:
+    json.dump(record, f, indent=2)
+os.replace(path + ".json.tmp", path + ".json")
+PYEOF
+log "built $IMAGE ($(du -h "$IMAGE" | cut -f1), $((SECONDS - start)) s after dockerd start); digest $DIGEST"
+echo "$IMAGE"

@@ -7,8 +7,12 @@ PIP=("$VENV/bin/pip" install --quiet -c constraints.txt)
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
-  # chromium: the report test renders report.html in a real headless browser.
-  for p in slurmctld slurmd slurm-client slurmdbd munge mariadb-server shellcheck numactl squashfs-tools chromium; do
+  # chromium: the report test renders report.html in a real headless browser. The second line:
+  # the container runtime of the local Slurm (pyxis and enroot build from the vendored sources;
+  # docker.io's private dockerd and mmdebstrap make the local image).
+  for p in slurmctld slurmd slurm-client slurmdbd munge mariadb-server shellcheck numactl squashfs-tools chromium \
+    libslurm-dev build-essential libcap-dev jq parallel bsdmainutils pigz gawk zstd curl libcap2-bin \
+    busybox-static docker.io mmdebstrap; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then
@@ -23,4 +27,10 @@ fi
 "${PIP[@]}" -e '.[train,analysis,dev]'
 # DeepSpeed builds from its sdist against the torch above: no isolated build env.
 "$VENV/bin/python" -c 'import deepspeed' 2>/dev/null || "${PIP[@]}" --no-build-isolation deepspeed
+# pyxis + enroot for the local Slurm (exit 3: no vendored sources; containers are then skipped).
+if [ "$(id -u)" = 0 ]; then
+  rc=0
+  bash workflows/localslurm/runtime.sh || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 3 ] || exit "$rc"
+fi
 echo "setup done: $VENV"

@@ -11,4 +11,5 @@ os.environ.setdefault(
 pytest_plugins = [
     "tests.fixtures_data",
     "tests.fixtures_slurm",
+    "tests.fixtures_container",
 ]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from analysis import memory
 from registry import models, runfiles
+from workflows.container import check_container_paths
 from workflows.errors import ConfigError
 from workflows.profile import NodeType, Profile
 
@@ -235,17 +236,11 @@ def finetune_source_problem(path: str) -> str | None:
 
 
 def image_problems(profile: Profile) -> list[str]:
-    """A squashfs image must exist and be readable where the nodes will look for it."""
-    if profile.container is None:
-        return []
-    image = profile.container.image
-    if not image.startswith(("/", "./")):
-        return []  # a registry reference: enroot pulls it on the node
-    if not Path(image).is_file():
-        return [
-            f"profile {profile.name}: container.image {image!r} does not exist; build it with "
-            f"`make container IMAGE={image}` or fix container.image"
-        ]
+    """What pyxis would find wrong only on the node: the .sqsh and the mount sources."""
+    try:
+        check_container_paths(profile)
+    except ConfigError as exc:
+        return [str(exc)]
     return []
 
 

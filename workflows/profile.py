@@ -151,22 +151,34 @@ class NodeType(Strict):
 
 
 class Mount(Strict):
-    """One pyxis mount; relative paths are relative to the repository (on shared storage)."""
+    """One pyxis mount, `{src, dst, readonly}` or pyxis's own `SRC[:DST[:ro|rw]]`; paths start
+    with '/' or '.' (relative to the repository, on shared storage): workflows.container checks
+    pyxis's rules and names the field."""
 
     src: str
     dst: str
     readonly: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pyxis_form(cls, data: Any) -> Any:
+        if not isinstance(data, str):
+            return data
+        src, *rest = data.split(":")
+        if len(rest) > 2 or (len(rest) == 2 and rest[1] not in ("ro", "rw")):
+            raise ValueError(f"{data!r}: write SRC:DST or SRC:DST:ro (vitpod passes ro/rw only)")
+        return {"src": src, "dst": rest[0] if rest else src, "readonly": rest[1:] == ["ro"]}
+
     @field_validator("src", "dst")
     @classmethod
-    def _no_separator(cls, value: str) -> str:
-        if ":" in value or "," in value or UNSAFE_PATH.search(value):
-            raise ValueError(f"{value!r}: pyxis mounts cannot contain ':', ',', quotes or newlines")
+    def _safe(cls, value: str) -> str:
+        if UNSAFE_PATH.search(value):
+            raise ValueError(f"{value!r}: mount paths cannot contain quotes, '%', '\\' or newlines")
         return value
 
 
 class Container(Strict):
-    """The enroot image each rank runs in (through pyxis)."""
+    """The enroot image each rank runs in (through pyxis); workflows.container checks it."""
 
     image: str = Field(
         description="squashfs path (/abs or ./rel) or a registry ref (nvcr.io#nvidia/pytorch:TAG)"
@@ -174,16 +186,14 @@ class Container(Strict):
     mounts: list[Mount] = []
     workdir: str = "."
     mount_home: bool = False
-    python: str = "python"
-
-    @field_validator("image")
-    @classmethod
-    def _pyxis_image(cls, value: str) -> str:
-        if any(c.isspace() for c in value) or not value:
-            raise ValueError(f"{value!r}: an image name cannot be empty or contain whitespace")
-        if value.endswith(".sqsh") and not value.startswith(("/", "./")):
-            raise ValueError(f"{value!r}: pyxis needs a squashfs path starting with '/' or './'")
-        return value
+    python: str = Field(default="python", description="interpreter in the container")
+    name: str | None = Field(default=None, description="--container-name NAME[:FLAG]")
+    stack: Literal["image", "venv"] = Field(
+        default="image",
+        description="what `make container` builds: image = the training stack in the image "
+        "(NGC base); venv = a Debian base with the interpreter of `python`'s virtual "
+        "environment, which is mounted at the same path (this machine's test image)",
+    )
 
 
 class Storage(Strict):
@@ -293,23 +303,7 @@ class Profile(Strict):
                 )
         if self.scheduler == "local" and self.container is not None:
             raise ValueError("container: a local profile runs without a container; remove it")
-        self._storage_is_mounted()
         return self
-
-    def _storage_is_mounted(self) -> None:
-        if self.container is None:
-            return
-        dsts = [resolve_path(m.dst) for m in self.container.mounts]
-        for field in ("data", "code", "checkpoints", "results", "runs"):
-            value = getattr(self.storage, field)
-            if value is None:
-                continue
-            path = resolve_path(value)
-            if not any(path == d or d in path.parents for d in dsts):
-                raise ValueError(
-                    f"storage.{field}={value!r} is not under any container.mounts dst; mount it "
-                    f"(e.g. {{src: {path}, dst: {path}}})"
-                )
 
     def partition(self, stage: str) -> Partition:
         part = self.partitions.get(stage)  # type: ignore[call-overload]
@@ -364,8 +358,15 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
 
 def load_profile(name_or_path: str) -> Profile:
     """Read and validate a profile; any problem raises ConfigError naming the field and the fix."""
+    from workflows.container import check_container_static
+
     path = profile_path(name_or_path)
     try:
-        return Profile.model_validate(read_yaml(path, "profile"))
+        profile = Profile.model_validate(read_yaml(path, "profile"))
     except ValidationError as exc:
         raise describe(exc, f"profile {path}") from None
+    try:
+        check_container_static(profile)
+    except ConfigError as exc:
+        raise ConfigError(f"profile {path}: field {exc}") from None
+    return profile

@@ -18,7 +18,6 @@ from workflows.profile import REPO_ROOT, UNSAFE_PATH, Profile, resolve_path
 
 DIR_MODE = 0o750  # group may read a run; nobody else, and never world-writable
 RUN_ROOT_ENV = "VITPOD_RUN_ROOT"  # overrides every profile's storage.runs (tests, scratch runs)
-IMAGE_RECORD = REPO_ROOT / "containers" / "image.json"  # written by containers/build.sh
 
 
 def runs_root(profile: Profile, override: str | None = None) -> Path:
@@ -94,19 +93,18 @@ def git_info() -> dict[str, Any]:
 
 
 def image_info(profile: Profile) -> dict[str, Any] | None:
-    """The profile's image and, if containers/build.sh recorded that image, its sha256 digest."""
+    """The profile's image, the digest baked into it (/etc/vitpod-image.json; each rank logs the
+    same as `container: <digest>`) and the .sqsh's sha256 recorded by `make container`."""
     if profile.container is None:
         return None
-    record: dict[str, Any] = {}
-    if IMAGE_RECORD.is_file():
-        try:
-            record = json.loads(IMAGE_RECORD.read_text())
-        except json.JSONDecodeError:
-            record = {}
-    image = profile.container.image
-    same = record.get("path") == image
+    from workflows.container import image_digest, image_record, sqsh_path
+
+    record = image_record(profile) or {}
     return {
-        "image": image,
-        "sha256": record.get("sha256") if same else None,
-        "record": str(IMAGE_RECORD) if same else None,
+        "image": profile.container.image,
+        "path": sqsh_path(profile.container.image),
+        "digest": image_digest(profile),
+        "sha256": record.get("sqsh", {}).get("sha256"),
+        "git": record.get("git"),
+        "built": record.get("built"),
     }

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from registry import runfiles
 from trainer.exitcodes import REQUEUE
+from workflows import container
 from workflows.errors import ConfigError
 from workflows.profile import NodeType, Profile, resolve_path
 from workflows.recipe import Recipe, StageRecipe, check_token_label_size
@@ -257,7 +258,8 @@ def _finetune_source(needs: bool, finetune_from: str | None) -> str | None:
 
 def _python(profile: Profile) -> str:
     if profile.container is not None:
-        return profile.container.python
+        python = profile.container.python  # a relative path is relative to the repository
+        return python if "/" not in python else container.host_path(python, resolve=False)
     return profile.python or sys.executable
 
 
@@ -288,21 +290,14 @@ def environment(spec: JobSpec) -> dict[str, str]:
     return env
 
 
-def _container_args(profile: Profile, env_names: list[str]) -> list[str]:
-    container = profile.container
-    if container is None:
+def _container_args(spec: JobSpec, env_names: list[str]) -> list[str]:
+    if spec.profile.container is None:
         return []
-    mounts = ",".join(
-        f"{resolve_path(m.src)}:{resolve_path(m.dst)}" + (":ro" if m.readonly else "")
-        for m in container.mounts
-    )
-    args = [f"--container-image={container.image}"]
-    args += [f"--container-mounts={mounts}"] if mounts else []
-    args += [f"--container-workdir={resolve_path(container.workdir)}"]
-    args += ["--container-mount-home" if container.mount_home else "--no-container-mount-home"]
-    # pyxis: image variables win over the job's unless named here.
-    args += [f"--container-env={','.join(env_names)}"]
-    return args
+    # The run's directory tree (its siblings: a pipeline's other stage) and a fine-tune source
+    # are mounted at the same paths when no profile mount covers them.
+    extra = [str(Path(spec.run_dir).parent)]
+    extra += [p for p in (_last_value(list(spec.command), "--finetune"),) if p]
+    return container.srun_args(spec.profile.container, env_names, extra)
 
 
 def launch_plan(spec: JobSpec) -> LaunchPlan:
@@ -313,7 +308,7 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
     srun_args = [f"--mpi={profile.mpi}", f"--wait={RANK_EXIT_WAIT_S}", "--cpu-bind=none"]
     if profile.container is None:  # ranks start in the code directory (in a container: workdir)
         srun_args.append(f"--chdir={spec.code_dir}")
-    srun_args += _container_args(profile, env_names)
+    srun_args += _container_args(spec, env_names)
     context = {
         "env": env,
         "secrets": profile.secrets,

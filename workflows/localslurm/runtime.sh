@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Build the container runtime of the local test Slurm: NVIDIA pyxis (a Slurm SPANK plugin) and
+# NVIDIA enroot, from the unmodified upstream tarballs in the vendor directory, into a
+# project-owned prefix; then write enroot's configuration. Idempotent: an unchanged vendor
+# directory is not rebuilt. Called by scripts/setup.sh and workflows/localslurm/up.sh.
+#
+#   VITPOD_VENDOR=DIR        where the tarballs and SHA256SUMS are (default: ../shared/vendor
+#                            beside the repository, or beside the main checkout of a worktree)
+#   VITPOD_RUNTIME_PREFIX=P  install prefix (default: <repo>/.runtime)
+#
+# Exit status 0 with "runtime: ready PREFIX" as the last line; 3 with the reason when the
+# vendored sources are absent (everything else still works, container tests skip); 1 on error.
+# Build steps follow the pyxis README (make && make install with prefix=) and enroot's
+# doc/installation.md (the prefix is also written into the enroot script at build time).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+PREFIX=${VITPOD_RUNTIME_PREFIX:-$REPO/.runtime}
+PYXIS=pyxis-0.24.0
+ENROOT=enroot-4.1.2
+ENROOT_DEPS=(musl linux-headers makeself)
+
+log() { echo "runtime: $*" >&2; }
+die() { echo "runtime: error: $*" >&2; exit 1; }
+
+vendor_dir() {
+  if [ -n "${VITPOD_VENDOR:-}" ]; then echo "$VITPOD_VENDOR"; return; fi
+  local common
+  for candidate in "$REPO/../shared/vendor" \
+    "$(common=$(git -C "$REPO" rev-parse --path-format=absolute --git-common-dir 2>/dev/null) \
+       && dirname "$(dirname "$common")")/shared/vendor"; do
+    [ -d "$candidate" ] && { (cd "$candidate" && pwd); return; }
+  done
+  echo "$REPO/../shared/vendor"
+}
+VENDOR=$(vendor_dir)
+
+if [ ! -f "$VENDOR/$PYXIS.tar.gz" ] || [ ! -f "$VENDOR/$ENROOT.tar.gz" ]; then
+  echo "runtime: pyxis/enroot sources not found in $VENDOR ($PYXIS.tar.gz, $ENROOT.tar.gz);" \
+    "set VITPOD_VENDOR=DIR to build them. The local Slurm runs without containers." >&2
+  exit 3
+fi
+(cd "$VENDOR" && sha256sum --quiet -c SHA256SUMS) \
+  || die "$VENDOR: SHA256SUMS does not match; refusing to build altered sources"
+
+STAMP=$PREFIX/.vendor-sha256
+want=$(cd "$VENDOR" && sha256sum "$PYXIS.tar.gz" "$ENROOT.tar.gz" enroot-dep-*.tar.gz | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ] \
+  || [ ! -f "$PREFIX/lib/slurm/spank_pyxis.so" ] || [ ! -x "$PREFIX/bin/enroot" ]; then
+  for tool in make cc unsquashfs mksquashfs jq; do
+    command -v "$tool" >/dev/null || die "$tool not found; run 'make setup' (Debian packages)"
+  done
+  [ -f /usr/include/slurm/spank.h ] || die "slurm/spank.h not found; install libslurm-dev"
+  build=$(mktemp -d)
+  trap 'rm -rf "$build"' EXIT
+  log "building $PYXIS and $ENROOT from $VENDOR into $PREFIX"
+  start=$SECONDS
+  tar -xzf "$VENDOR/$PYXIS.tar.gz" -C "$build"
+  tar -xzf "$VENDOR/$ENROOT.tar.gz" -C "$build"
+  for dep in "${ENROOT_DEPS[@]}"; do
+    tar -xzf "$VENDOR/enroot-dep-$dep.tar.gz" -C "$build/$ENROOT/deps"
+  done
+  jobs=$(nproc)
+  if ! { make -s -C "$build/$PYXIS" -j"$jobs" && make -s -C "$build/$PYXIS" install prefix="$PREFIX"; } \
+    >"$build/pyxis.log" 2>&1; then
+    tail -20 "$build/pyxis.log" >&2
+    die "pyxis build failed"
+  fi
+  if ! { make -C "$build/$ENROOT" -j"$jobs" prefix="$PREFIX" && make -C "$build/$ENROOT" install prefix="$PREFIX"; } \
+    >"$build/enroot.log" 2>&1; then
+    tail -20 "$build/enroot.log" >&2
+    die "enroot build failed"
+  fi
+  echo "$want" >"$STAMP"
+  log "built in $((SECONDS - start)) s"
+fi
+
+# enroot's paths: one directory per node and user under sticky, world-writable parents, so jobs
+# run as root and as unprivileged users (the default /run/enroot is root-only). Every node of
+# the local Slurm is this one host: up.sh gives each slurmd an `enroot` wrapper that sets
+# VITPOD_ENROOT_NODE=<node>, so two nodes never extract a job's container into the same
+# directory; outside Slurm it is "host". pyxis removes ENROOT_* from
+# the job's environment, so the paths live in the configuration file (values are shell-expanded).
+VAR=$PREFIX/var
+mkdir -p "$VAR/run/host" "$VAR/data/host" "$VAR/cache/host" "$VAR/tmp"
+chmod 1777 "$VAR/run" "$VAR/data" "$VAR/cache" "$VAR/tmp" "$VAR/run/host" "$VAR/data/host" "$VAR/cache/host"
+chmod 0755 "$PREFIX" "$VAR"
+conf=$PREFIX/etc/enroot/enroot.conf
+tmp=$(mktemp "$conf.XXXX")
+cat >"$tmp" <<EOF
+# Written by workflows/localslurm/runtime.sh for the vitpod local test Slurm.
+ENROOT_RUNTIME_PATH $VAR/run/\${VITPOD_ENROOT_NODE:-host}/user-\$(id -u)
+ENROOT_DATA_PATH $VAR/data/\${VITPOD_ENROOT_NODE:-host}/user-\$(id -u)
+ENROOT_CACHE_PATH $VAR/cache/\${VITPOD_ENROOT_NODE:-host}/user-\$(id -u)
+ENROOT_TEMP_PATH $VAR/tmp
+ENROOT_ROOTFS_WRITABLE yes
+ENROOT_MOUNT_HOME no
+ENROOT_SQUASH_OPTIONS -comp lzo -noD -exit-on-error
+EOF
+chmod 0644 "$tmp"
+mv -f "$tmp" "$conf"
+echo "runtime: ready $PREFIX"
