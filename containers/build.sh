@@ -94,12 +94,16 @@ if [ "$STACK" = venv ]; then
   if [ ! -s "$BASE_TAR.sha256" ]; then
     command -v mmdebstrap >/dev/null || die "mmdebstrap not found; run 'make setup'"
     log "making the Debian $DEBIAN_SUITE base ($DEBIAN_PACKAGES) with mmdebstrap"
-    mmdebstrap --quiet --variant=minbase --include="$DEBIAN_PACKAGES" \
+    rm -rf "$BASE_TAR.tmp" "$BASE_TAR"
+    # --format=tar: mmdebstrap picks the format from the name's extension otherwise, and
+    # ".tmp" would make it write a directory.
+    mmdebstrap --quiet --variant=minbase --format=tar --include="$DEBIAN_PACKAGES" \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' \
       "$DEBIAN_SUITE" "$BASE_TAR.tmp" "$DEBIAN_MIRROR" || die "mmdebstrap failed"
     mv -f "$BASE_TAR.tmp" "$BASE_TAR"
-    sha256sum "$BASE_TAR" | cut -d' ' -f1 >"$BASE_TAR.sha256"
+    digest=$(sha256sum "$BASE_TAR") || die "cannot read $BASE_TAR"
+    echo "${digest%% *}" >"$BASE_TAR.sha256"
   fi
   BASE_ID="sha256:$(cat "$BASE_TAR.sha256")"
 else
