@@ -30,10 +30,10 @@ WF := $(PY) -m workflows
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render pretrain finetune pipeline demo status scaling report \
-        container slurm-up slurm-down bench
+        container slurm-up slurm-down bench calibrate
 
 help:
-	@echo "targets: setup test lint render pretrain finetune pipeline demo status scaling report container slurm-up slurm-down bench"
+	@echo "targets: setup test lint render pretrain finetune pipeline demo status scaling report calibrate container slurm-up slurm-down bench"
 	@echo "variables (default): CLUSTER=$(CLUSTER) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE="
 
 setup:
@@ -70,6 +70,10 @@ scaling:
 
 report:
 	$(PY) -m analysis report "$$STUDY"
+
+# Time collectives on the partition's nodes, fit latency/bandwidth, store <profile>.calibration.json.
+calibrate:
+	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES"
 
 container:
 	bash containers/build.sh

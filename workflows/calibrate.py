@@ -1,0 +1,154 @@
+"""`make calibrate CLUSTER=...`: time collectives on the partition's nodes, fit the cost model,
+store the fit beside the profile.
+
+One Slurm job (the usual rendered script and bind.sh, entry `commbench`) runs
+`python -m trainer.commbench` on every rank; this command waits for it, fits latency and
+bandwidth per level with `analysis.calibrate.fit`, and writes `<profile>.calibration.json`
+beside the profile file (bundled profiles: workflows/profiles/<name>.calibration.json) with the
+date, the job id and the raw points. Topology decisions (`workflows.topology.decide`) and
+scaling studies use it from then on and say so. The fit's path is the last line printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from analysis import calibrate as fitting
+from workflows import jobstate
+from workflows.errors import ConfigError
+from workflows.profile import load_profile, profile_path
+from workflows.recipe import load_recipe
+from workflows.rundir import (
+    RUN_ROOT_ENV,
+    check_path_safe,
+    create_run_dir,
+    new_run_path,
+    remove_run_dir,
+    runs_root,
+    write_atomic,
+    write_json,
+)
+from workflows.spec import COMMBENCH_OUT, JobSpec, build_spec, launch_plan
+from workflows.submission import check_can_submit, sbatch
+from workflows.templating import render
+
+DEFAULT_MODEL = "volo_tiny"  # build_spec wants a recipe; the benchmark ignores it
+SCRIPT_NAME = "job.sbatch"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workflows calibrate", description=__doc__)
+    p.add_argument("--cluster", default="localslurm", help="a Slurm profile name or YAML path")
+    p.add_argument("--nodes", default="", help="nodes to measure (default: the profile's)")
+    p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"),
+                   help="whose partition to measure")  # fmt: skip
+    p.add_argument("--sizes", default="", help="message sizes, e.g. '4K 64K 1M 16M'")
+    p.add_argument("--iters", default="", help="timed calls per size (default 10)")
+    p.add_argument("--out", default="", help="where to store the fit (default: beside the profile)")
+    p.add_argument("--run-root", default="", help=f"parent of calibrations/ (or ${RUN_ROOT_ENV})")
+    p.add_argument("--timeout", default="900", help="seconds to wait for the job")
+    return p
+
+
+def bench_args(ns: argparse.Namespace) -> str:
+    """The benchmark's own flags, passed through build_spec's ARGS."""
+    args = []
+    if ns.sizes:
+        args += ["--sizes", ns.sizes]
+    if ns.iters:
+        args += ["--iters", str(ns.iters)]
+    return shlex.join(args)
+
+
+def prepare(ns: argparse.Namespace) -> tuple[JobSpec, str, Path]:
+    """The benchmark job (spec, rendered script) and where the fit will go; nothing on disk."""
+    profile = load_profile(ns.cluster)
+    if profile.scheduler != "slurm":
+        raise ConfigError(
+            f"CLUSTER={profile.name}: calibration runs as a Slurm job over the partition's "
+            "nodes; use a Slurm profile (CLUSTER=localslurm for the local test cluster)"
+        )
+    recipe = load_recipe(profile.default_model or DEFAULT_MODEL)
+    root = runs_root(profile, ns.run_root) / "calibrations"
+    run_dir = new_run_path(root, "commbench", ns.stage)
+    check_path_safe(run_dir, "run root", "choose another storage.runs / --run-root")
+    spec = build_spec(
+        profile, recipe, ns.stage, run_dir=run_dir, nodes=ns.nodes, args=bench_args(ns),
+        entry="commbench",
+    )  # fmt: skip
+    spec = dataclasses.replace(spec, job_name=f"vitpod-calibrate-{profile.name}")
+    script = render("sbatch.sh.j2", {"spec": spec, "plan": launch_plan(spec)})
+    out = (
+        Path(ns.out).expanduser() if ns.out else fitting.calibration_path(profile_path(ns.cluster))
+    )
+    return spec, script, out.absolute()
+
+
+def submit(spec: JobSpec, script: str) -> tuple[Path, str]:
+    """Create the run directory (script, bind.sh, manifest) and sbatch it; (run dir, job id)."""
+    run_dir = Path(spec.run_dir)
+    create_run_dir(run_dir)
+    try:
+        path = run_dir / SCRIPT_NAME
+        write_atomic(path, script, mode=0o750)
+        launch_plan(spec).write_bind_script()
+        manifest = {"kind": "calibration", "profile": spec.profile.name, "nodes": spec.nodes,
+                    "command": list(spec.command), "job_ids": []}  # fmt: skip
+        write_json(run_dir / "manifest.json", manifest)
+        job_id = sbatch(path)
+    except BaseException:
+        remove_run_dir(run_dir)
+        raise
+    write_json(run_dir / "manifest.json", {**manifest, "job_ids": [job_id]})
+    return run_dir, job_id
+
+
+def wait(job_id: str, run_dir: Path, timeout: float) -> None:
+    """Until the job completes; a failed job raises with the end of its logs."""
+    try:
+        jobstate.wait_jobs(jobstate.JobStatePoller([job_id]), timeout=timeout, poll_s=2.0)
+    except (jobstate.JobFailedError, TimeoutError) as exc:
+        tails = [
+            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+            for p in sorted((run_dir / "logs").glob("*.log"))
+        ]
+        raise RuntimeError(f"calibration job {job_id}: {exc}\n" + "\n".join(tails)) from None
+
+
+def fit_and_store(run_dir: Path, profile_name: str, nics_per_node: int, out: Path) -> Path:
+    """Fit the job's benchmark file and store the fit at `out`; returns the path."""
+    bench_file = run_dir / COMMBENCH_OUT
+    if not bench_file.is_file():
+        raise RuntimeError(f"{bench_file} was not written; see {run_dir / 'logs'}")
+    bench = json.loads(bench_file.read_text())
+    cal = fitting.fit(bench, cluster=profile_name, nics_per_node=nics_per_node)
+    print("\n".join(fitting.summary(cal)))
+    return fitting.save(cal, out)
+
+
+def run(ns: argparse.Namespace) -> Path:
+    """Submit, wait, fit, store: the whole command as a function (tests call it)."""
+    spec, script, out = prepare(ns)
+    check_can_submit(spec, render_hint="(calibration needs a Slurm login node)")
+    run_dir, job_id = submit(spec, script)
+    print(f"calibration job {job_id}: {spec.nodes} node(s) x {spec.tasks_per_node} rank(s), "
+          f"run directory {run_dir}", flush=True)  # fmt: skip
+    wait(job_id, run_dir, float(ns.timeout))
+    nics = int(spec.profile.fabric.get("nics_per_node", 1))
+    return fit_and_store(run_dir, spec.profile.name, nics, out)
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        path = run(ns)
+    except (RuntimeError, fitting.CalibrationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
