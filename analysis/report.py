@@ -53,12 +53,17 @@ speedup and efficiency.</b>{% endif %}</p>
 <p>Images/s is the trainer's global throughput with warmup steps excluded. The breakdown is
 the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
 comm / step time. Predicted communication comes from the alpha-beta cost model
-(analysis/commcost.py) for the topology the run used; ratio = measured / predicted.</p>
+(analysis/commcost.py) for the topology the run used, priced with the {{ fabric_source }};
+ratio = measured / predicted. A rank's comm clock starts when its gradients are ready, so it
+also counts waiting for slower ranks; "exchange" is the median over steps of the least comm
+time over ranks (the last rank ready waits for nobody): the exchange itself, which is what the
+model predicts.</p>
 <h2>Table</h2>
 <table><tr><th>GPUs</th><th>nodes</th><th>state</th><th>global batch</th><th>images/s</th>
 <th>images/s per GPU</th><th>speedup</th><th>ideal</th><th>efficiency</th>
 <th>data ms</th><th>compute ms</th><th>comm ms</th><th>optimizer ms</th><th>step ms</th>
-<th>comm %</th><th>topology</th><th>predicted comm ms</th><th>measured/predicted</th></tr>
+<th>comm %</th><th>topology</th><th>predicted comm ms</th><th>measured/predicted</th>
+<th>exchange ms</th><th>exchange/predicted</th></tr>
 {% for r in rows %}{% if r.state == "ok" %}<tr><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td>
 <td>ok</td><td>{{ r.global_batch }}</td><td>{{ "%.1f"|format(r.images_per_s) }}</td>
 <td>{{ "%.1f"|format(r.images_per_s_per_gpu) }}</td><td>{{ "%.2f"|format(r.speedup) }}</td>
@@ -68,9 +73,11 @@ comm / step time. Predicted communication comes from the alpha-beta cost model
 <td>{{ "%.1f"|format(r.comm_pct) if r.comm_pct is not none else "n/a" }}</td>
 <td>{{ r.topology or "n/a" }}</td>
 <td>{{ "%.3f"|format(1000 * r.predicted_comm_s) if r.predicted_comm_s is not none else "n/a" }}</td>
-<td>{{ "%.2f"|format(r.comm_ratio) if r.comm_ratio is not none else "n/a" }}</td></tr>
+<td>{{ "%.2f"|format(r.comm_ratio) if r.comm_ratio is not none else "n/a" }}</td>
+<td>{{ "%.3f"|format(1000 * r.exchange_s) if r.exchange_s is not none else "n/a" }}</td>
+<td>{{ "%.2f"|format(r.exchange_ratio) if r.exchange_ratio is not none else "n/a" }}</td></tr>
 {% else %}<tr class="failed"><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td><td>FAILED</td>
-<td colspan="15" style="text-align:left">{{ r.error }} ({{ r.run_dir }})</td></tr>
+<td colspan="17" style="text-align:left">{{ r.error }} ({{ r.run_dir }})</td></tr>
 {% endif %}{% endfor %}</table>
 <h2>Plots</h2>
 {% for name, data in images %}<img alt="{{ name }}" src="data:image/png;base64,{{ data }}">
@@ -121,6 +128,7 @@ def render_html(study: Study, rows: list[Row], images: dict[str, bytes]) -> str:
         title=study.model or study.root.name,
         mode=study.mode,
         model=study.model,
+        fabric_source=study.fabric_source,
         base=f"{base.gpus} GPU(s)" if base else "none (every point failed)",
         failed=sum(r.state != "ok" for r in rows),
         definition=DEFINITIONS[study.mode],

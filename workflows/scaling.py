@@ -16,7 +16,7 @@ from typing import Any
 
 from workflows import jobstate
 from workflows.errors import ConfigError
-from workflows.profile import Profile, load_profile
+from workflows.profile import Profile, load_profile, profile_path
 from workflows.recipe import Recipe, load_recipe
 from workflows.rundir import (
     RUN_ROOT_ENV,
@@ -31,7 +31,7 @@ from workflows.rundir import (
 from workflows.spec import JobSpec, build_spec, launch_plan, whole_number
 from workflows.submission import check_can_submit, sbatch
 from workflows.templating import render
-from workflows.topology import TopologyDecision, decide, with_topology
+from workflows.topology import TopologyDecision, calibration_for, decide, with_topology
 
 MODES = ("strong", "weak")
 STAGE = "pretrain"
@@ -180,12 +180,15 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     batch = whole_number(ns.batch, "BATCH", default)
     batches = per_rank_batches(ns.mode, gpus, batch, accum)
     study_dir = _study_dir(ns, profile, recipe.model, ns.mode)
+    calibration = _calibration(ns.cluster)
     points = []
     for index, n in enumerate(gpus):
         nodes, ranks = layout[n]
         run_dir = study_dir / f"gpus{n}"
         extra = [*shlex.split(ns.args or ""), *sweep_args(batches[n], accum, steps, warmup)]
-        decision = decide(profile.fabric, recipe.model, nodes, gpus=n, args=extra)
+        decision = decide(
+            profile.fabric, recipe.model, nodes, gpus=n, args=extra, calibration=calibration
+        )
         spec = build_spec(
             profile, recipe, STAGE, run_dir=run_dir, nodes=nodes,
             args=shlex.join(with_topology(extra, decision)),
@@ -207,6 +210,14 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     script = render_script(head_spec, points, ns.mode, concurrent)
     study = _study_record(ns, profile, recipe, points, batch, accum, steps, warmup)
     return Sweep(study_dir, ns.mode, head_spec, profile, recipe, points, script, study)
+
+
+def _calibration(cluster: str) -> Any:
+    """The profile's stored fit (make calibrate), or None; a broken one is a ConfigError."""
+    try:
+        return calibration_for(profile_path(cluster))
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; rerun `make calibrate CLUSTER={cluster}` or delete it") from None
 
 
 def render_script(
@@ -249,6 +260,8 @@ def _study_record(
         "script": SCRIPT_NAME,
         "job_id": None,
         "fabric": dict(profile.fabric),
+        "fabric_source": points[0].decision.fabric_source,
+        "calibration": _calibration_record(ns.cluster, points[0].decision),
         "grad_bytes": points[0].decision.grad_bytes,
         "points": [
             {
@@ -266,6 +279,20 @@ def _study_record(
             for p in points
         ],
     }
+
+
+def _calibration_record(cluster: str, decision: TopologyDecision) -> dict[str, Any] | None:
+    """Which fit priced the points (None: the profile's fabric numbers)."""
+    if decision.fabric_source == "profile fabric":
+        return None
+    from analysis.calibrate import calibration_path
+
+    cal = calibration_for(profile_path(cluster))
+    assert cal is not None
+    return {
+        "path": str(calibration_path(profile_path(cluster)).resolve()),
+        "date": cal.date, "job_id": cal.job_id, "fabric": cal.fabric, "backend": cal.backend,
+    }  # fmt: skip
 
 
 def materialize(sweep: Sweep) -> Path:
