@@ -13,7 +13,7 @@ from workflows import topology
 MiB = 1024**2
 SIZES = [4096 * 4**i for i in range(7)]
 # Round, distinct numbers so a mix-up of levels or fields shows.
-O = 30e-6  # per-call overhead
+OVERHEAD = 30e-6  # per-call overhead
 A_INTRA, B_INTRA = 200e-6, 2e9
 A_INTER, B_WORLD = 500e-6, 0.5e9
 B_RAIL = 0.8e9
@@ -25,7 +25,7 @@ PROFILE_FABRIC = Fabric(
 
 
 def ring(n: int, alpha: float, bw: float, size: float) -> float:
-    return O + 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bw
+    return OVERHEAD + 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bw
 
 
 def synthetic_bench(**changes) -> dict:
@@ -34,7 +34,7 @@ def synthetic_bench(**changes) -> dict:
         "format": "vitpod-commbench/1", "backend": "gloo", "device": "cpu", "world_size": 4,
         "nodes": 2, "ranks_per_node": 2, "job_id": "1234", "sizes": SIZES,
         "levels": {
-            "self": {"ranks": 1, "nodes": 1, "median_s": {"all_reduce": [O] * len(SIZES)}},
+            "self": {"ranks": 1, "nodes": 1, "median_s": {"all_reduce": [OVERHEAD] * len(SIZES)}},
             "intra": {"ranks": 2, "nodes": 1, "median_s": {
                 "all_reduce": [ring(2, A_INTRA, B_INTRA, m) for m in SIZES],
                 "reduce": [1e-4 + m * 1e-9 for m in SIZES],
@@ -51,7 +51,7 @@ def synthetic_bench(**changes) -> dict:
 
 def test_fit_recovers_latency_bandwidth_and_overhead_exactly():
     cal = calibrate.fit(synthetic_bench(), cluster="test", date="2026-01-02T03:04:05+00:00")
-    assert cal.call_overhead == pytest.approx(O)
+    assert cal.call_overhead == pytest.approx(OVERHEAD)
     assert cal.levels["intra"].latency_s == pytest.approx(A_INTRA, rel=1e-9)
     assert cal.levels["intra"].bw == pytest.approx(B_INTRA, rel=1e-9)
     assert cal.levels["inter"].latency_s == pytest.approx(A_RAIL, rel=1e-9)
@@ -60,7 +60,7 @@ def test_fit_recovers_latency_bandwidth_and_overhead_exactly():
     # The world ring is slower than the node's links: the network bounds it, so it sets the
     # cross-node numbers the flat-ring formula uses.
     assert cal.fabric == pytest.approx(
-        {"call_overhead": O, "intra_latency": A_INTRA, "intra_bw": B_INTRA,
+        {"call_overhead": OVERHEAD, "intra_latency": A_INTRA, "intra_bw": B_INTRA,
          "inter_latency": A_INTER, "nic_bw": B_WORLD}, rel=1e-9,
     )  # fmt: skip
     assert cal.lines["reduce"]["intra"](1e6) == pytest.approx(1e-4 + 1e-3)
@@ -125,7 +125,8 @@ def test_step_costs_sum_buckets_with_their_latency_and_overhead():
     assert set(table) == {"ring", "ps_colocated"}
     assert {"tree", "hierarchical"} <= set(commcost.step_costs(fab, grad, 1, gpus=2))
     # One rank still pays one hook call per bucket (DDP calls the hook at world size 1).
-    assert commcost.step_costs(fab, grad, 1, gpus=1, backend="gloo")["ring"] == pytest.approx(2 * O)
+    alone = commcost.step_costs(fab, grad, 1, gpus=1, backend="gloo")
+    assert alone["ring"] == pytest.approx(2 * OVERHEAD)
     with pytest.raises(ValueError, match="backend 'mpi'"):
         commcost.step_costs(fab, grad, 1, gpus=2, backend="mpi")
 

@@ -92,12 +92,26 @@ def timed_call(op: str, buf: torch.Tensor, root: int, group: Any) -> float:
     return ended[0] - start
 
 
+def busy(seconds: float, work: torch.Tensor) -> None:
+    """Keep this rank's CPU busy for `seconds` of wall time, as a CPU training step does.
+
+    On CPU-only nodes the ranks compute between exchanges, and the kernel's scheduler treats a
+    process that has just used its share of a CPU differently on wake-up from one that mostly
+    slept (Linux EEVDF: a task's lag carries over its sleep), so an exchange right after
+    compute can be slower than one in an idle loop. 0 (the default) on GPU clusters."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.mm(work, work)
+
+
 def run_level(
-    ranks: list[int], group: Any, sizes: list[int], iters: int, warmup: int, device: torch.device
-) -> dict[str, list[list[float]]] | None:
+    ranks: list[int], group: Any, sizes: list[int], iters: int, warmup: int, device: torch.device,
+    busy_s: float = 0.0,
+) -> dict[str, list[list[float]]] | None:  # fmt: skip
     """This rank's seconds per (op, size, iteration) within `group`; None when not a member."""
     if dist.get_rank() not in ranks:
         return None
+    work = torch.rand(64, 64)
     sync: Callable[[], None] = (
         (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     )
@@ -110,6 +124,8 @@ def run_level(
             for i in range(warmup + iters):
                 if len(ranks) > 1:
                     dist.barrier(group=group)
+                if busy_s > 0:
+                    busy(busy_s, work)
                 sync()
                 seconds = timed_call(op, buf, ranks[0], group)
                 if i >= warmup:
@@ -130,7 +146,9 @@ def level_ranks(nodes: list[str], local: list[int]) -> dict[str, list[int]]:
     }
 
 
-def bench(sizes: list[int], iters: int, warmup: int, levels: list[str]) -> dict[str, Any]:
+def bench(
+    sizes: list[int], iters: int, warmup: int, levels: list[str], busy_s: float = 0.0
+) -> dict[str, Any]:
     env = tdist.detect()
     device = tdist.init(env)
     world = dist.get_world_size()
@@ -142,7 +160,7 @@ def bench(sizes: list[int], iters: int, warmup: int, levels: list[str]) -> dict[
     # new_group is collective over the whole world: every rank creates every group, in order.
     groups = {name: dist.new_group(groups_of[name]) for name in levels}
     mine = {
-        name: run_level(groups_of[name], groups[name], sizes, iters, warmup, device)
+        name: run_level(groups_of[name], groups[name], sizes, iters, warmup, device, busy_s)
         for name in levels
     }
     dist.barrier()
@@ -161,6 +179,7 @@ def bench(sizes: list[int], iters: int, warmup: int, levels: list[str]) -> dict[
         "sizes": sizes,
         "iters": iters,
         "warmup": warmup,
+        "busy_s": busy_s,
         "timing": "min over the group's ranks per iteration (after a barrier), median over "
         "iterations; start before the async call, stop in its future's callback",
         "torch": torch.__version__,
@@ -202,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="timed calls per point")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls first")
     p.add_argument("--levels", default=",".join(LEVELS), help=f"subset of {LEVELS}")
+    p.add_argument("--busy-ms", type=float, default=0.0,
+                   help="CPU work before each timed call (CPU-only; see busy())")  # fmt: skip
     ns = p.parse_args(argv)
     try:
         sizes = parse_sizes(ns.sizes) if ns.sizes else list(DEFAULT_SIZES)
@@ -216,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    result = bench(sizes, ns.iters, ns.warmup, levels)
+    result = bench(sizes, ns.iters, ns.warmup, levels, ns.busy_ms / 1e3)
     if result:
         write_atomic(result, Path(ns.out))
         print(f"commbench: wrote {ns.out}", flush=True)
