@@ -71,9 +71,10 @@ scaling:
 report:
 	$(PY) -m analysis report "$$STUDY"
 
-# Time collectives on the partition's nodes, fit latency/bandwidth, store <profile>.calibration.json.
+# Time collectives on the partition's nodes, fit latency/bandwidth, store <profile>.calibration.json
+# (ARGS: trainer.commbench flags, e.g. ARGS="--sizes '4K 1M 16M' --iters 20").
 calibrate:
-	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES"
+	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES" --args="$$ARGS"
 
 container:
 	bash containers/build.sh

@@ -45,6 +45,9 @@ LEVELS = ("self", "intra", "inter", "world")
 DEFAULT_SIZES = tuple(4096 * 4**i for i in range(7))
 DEFAULT_ITERS = 10
 DEFAULT_WARMUP = 2
+# CPU work before each timed call on CPU-only nodes (see busy()): the order of a short CPU
+# training step (volo_tiny on localslurm: ~30 ms of compute per step at 2 ranks).
+CPU_BUSY_MS = 40.0
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -116,12 +119,13 @@ def run_level(
         (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     )
     out: dict[str, list[list[float]]] = {}
+    buffers = [torch.ones(size // 4, dtype=torch.float32, device=device) for size in sizes]
     for op in OPS:
-        rows = []
-        for size in sizes:
-            buf = torch.ones(size // 4, dtype=torch.float32, device=device)
-            times = []
-            for i in range(warmup + iters):
+        rows: list[list[float]] = [[] for _ in sizes]
+        # Sizes interleaved within each round, so a load change on a shared machine shifts all
+        # sizes alike instead of bending the size-time line the fit reads bandwidth from.
+        for i in range(warmup + iters):
+            for k, buf in enumerate(buffers):
                 if len(ranks) > 1:
                     dist.barrier(group=group)
                 if busy_s > 0:
@@ -129,8 +133,7 @@ def run_level(
                 sync()
                 seconds = timed_call(op, buf, ranks[0], group)
                 if i >= warmup:
-                    times.append(seconds)
-            rows.append(times)
+                    rows[k].append(seconds)
         out[op] = rows
     return out
 
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="timed calls per point")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls first")
     p.add_argument("--levels", default=",".join(LEVELS), help=f"subset of {LEVELS}")
-    p.add_argument("--busy-ms", type=float, default=0.0,
+    p.add_argument("--busy-ms", type=float, default=None,
                    help="CPU work before each timed call (CPU-only; see busy())")  # fmt: skip
     ns = p.parse_args(argv)
     try:
@@ -237,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    result = bench(sizes, ns.iters, ns.warmup, levels, ns.busy_ms / 1e3)
+    busy_ms = ns.busy_ms
+    if busy_ms is None:  # GPU ranks compute on the GPU; CPU ranks on the CPUs that communicate
+        busy_ms = 0.0 if torch.cuda.is_available() else CPU_BUSY_MS
+    result = bench(sizes, ns.iters, ns.warmup, levels, busy_ms / 1e3)
     if result:
         write_atomic(result, Path(ns.out))
         print(f"commbench: wrote {ns.out}", flush=True)

@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose partition to measure")  # fmt: skip
     p.add_argument("--sizes", default="", help="message sizes, e.g. '4K 64K 1M 16M'")
     p.add_argument("--iters", default="", help="timed calls per size (default 10)")
+    p.add_argument("--args", default="", help="more trainer.commbench flags, e.g. '--busy-ms 0'")
     p.add_argument("--out", default="", help="where to store the fit (default: beside the profile)")
     p.add_argument("--run-root", default="", help=f"parent of calibrations/ (or ${RUN_ROOT_ENV})")
     p.add_argument("--timeout", default="900", help="seconds to wait for the job")
@@ -62,7 +63,7 @@ def bench_args(ns: argparse.Namespace) -> str:
         args += ["--sizes", ns.sizes]
     if ns.iters:
         args += ["--iters", str(ns.iters)]
-    return shlex.join(args)
+    return " ".join(filter(None, [shlex.join(args), ns.args]))
 
 
 def prepare(ns: argparse.Namespace) -> tuple[JobSpec, str, Path]:

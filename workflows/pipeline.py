@@ -21,7 +21,7 @@ from trainer.exitcodes import REQUEUE
 from workflows import jobstate, status, topology
 from workflows.cli import Prepared, materialize, prepare, stage_parser
 from workflows.errors import ConfigError
-from workflows.profile import load_profile
+from workflows.profile import load_profile, profile_path
 from workflows.rundir import DIR_MODE, new_run_path, remove_run_dir, runs_root, write_json
 from workflows.spec import REQUEUE_MARKER_ENV, master_port
 from workflows.submission import check_can_submit
@@ -281,9 +281,14 @@ class Pipeline:
             ns.dependency = "afterok:pretrain" if not self.finetune_from else ""
         first = prepare(ns, run_dir=directory / stage)  # validates profile, recipe and ARGS
         spec = first.spec
+        try:  # a fit from `make calibrate` beside the profile prices the choice when present
+            calibration = topology.calibration_for(profile_path(self.cluster))
+        except ValueError as exc:
+            raise ConfigError(f"{exc}; rerun make calibrate or delete the file") from None
         decision = topology.decide(
-            spec.profile.fabric, spec.model, spec.nodes, gpus=spec.world_size, args=args
-        )
+            spec.profile.fabric, spec.model, spec.nodes, gpus=spec.world_size, args=args,
+            calibration=calibration,
+        )  # fmt: skip
         ns.args = shlex.join(topology.with_topology(shlex.split(args), decision))
         prepared = prepare(ns, run_dir=directory / stage)
         prepared.manifest["topology"] = decision.as_dict()

@@ -190,13 +190,14 @@ def _comm_by_step(run_dir: Path) -> dict[int, list[float]]:
     """Each timed (non-warmup) step's communication seconds on every rank."""
     steps: dict[int, list[float]] = {}
     for path in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
+        for index, line in enumerate(path.read_text().splitlines()):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if rec.get("kind") == "step" and not rec.get("warmup", False):
-                steps.setdefault(int(rec["step"]), []).append(float(rec["time"]["comm"]))
+                step = int(rec.get("step", index))  # the trainer always writes it
+                steps.setdefault(step, []).append(float(rec["time"]["comm"]))
     return steps
 
 
