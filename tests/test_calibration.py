@@ -194,3 +194,29 @@ def test_fabric_call_overhead_is_validated():
 
 def _mapping(fab: Fabric) -> dict:
     return {f.name: getattr(fab, f.name) for f in dataclasses.fields(fab)}
+
+
+def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profile(tmp_path):
+    from workflows import calibrate as wcal
+    from workflows.errors import ConfigError
+
+    profile = tmp_path / "mine.yaml"
+    profile.write_text(
+        (topology.Path(topology.__file__).parent / "profiles" / "localslurm.yaml").read_text()
+    )
+    ns = wcal.build_parser().parse_args(
+        ["--cluster", str(profile), "--run-root", str(tmp_path), "--sizes", "4K 1M",
+         "--args", "--busy-ms 0"]
+    )  # fmt: skip
+    spec, script, out = wcal.prepare(ns)
+    assert out == tmp_path / "mine.calibration.json"
+    assert spec.command[1:3] == ("-m", "trainer.commbench")
+    assert spec.command[3:] == (
+        "--out", f"{spec.run_dir}/commbench.json", "--sizes", "4K 1M", "--busy-ms", "0"
+    )  # fmt: skip
+    assert spec.nodes == 2 and spec.tasks_per_node == 2
+    assert "#SBATCH --job-name=vitpod-calibrate-localslurm" in script
+    assert not topology.Path(spec.run_dir).exists()  # nothing written before submission
+    ns.cluster = "local"
+    with pytest.raises(ConfigError, match="Slurm profile"):
+        wcal.prepare(ns)

@@ -128,7 +128,11 @@ def run_level(
             for k, buf in enumerate(buffers):
                 if len(ranks) > 1:
                     dist.barrier(group=group)
-                if busy_s > 0:
+                # As in a training step, one rank finishes its compute last while the others
+                # already wait inside the collective; that rank's time is the iteration's
+                # minimum. The late rank rotates so that every rank's links are measured.
+                late = ranks[(i * len(buffers) + k) % len(ranks)]
+                if busy_s > 0 and dist.get_rank() == late:
                     busy(busy_s, work)
                 sync()
                 seconds = timed_call(op, buf, ranks[0], group)
