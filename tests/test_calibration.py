@@ -220,3 +220,21 @@ def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profil
     ns.cluster = "local"
     with pytest.raises(ConfigError, match="Slurm profile"):
         wcal.prepare(ns)
+
+
+def test_calibration_side_of_the_login_node_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'numpy') or name == 'trainer.commbench':\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import analysis.calibrate, workflows.calibrate, workflows.topology\n"
+    )
+    # The benchmark (torch) is blocked too: workflows reaches it only as the job's command line.
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
