@@ -376,6 +376,21 @@ def ddp_buckets(
     return sizes
 
 
+def ps_hook_s(fabric: Fabric, bucket_bytes: float, lay: Layout) -> float:
+    """The trainer's parameter-server hook on one bucket: reduce to the bucket's server rank,
+    then broadcast from it (trainer/parallel.py ps_hook), each a binomial tree of
+    ceil(log2 n) rounds that each move the whole bucket over a hop: Thakur, Rabenseifner &
+    Gropp (2005), short-message reduce and broadcast, ceil(log2 p)(alpha + n beta).
+
+    With a few buckets one server carries each whole bucket, which the sharded
+    `ps_colocated_s` (every rank serving 1/n of every exchange) does not describe."""
+    n = lay.ranks
+    if n == 1:
+        return 0.0
+    rounds = math.ceil(math.log2(n))
+    return 2 * rounds * (_hop_latency(fabric, lay) + bucket_bytes / _bus_bw(fabric, lay))
+
+
 def step_costs(
     fabric: Fabric,
     grad_bytes: float,
@@ -389,15 +404,18 @@ def step_costs(
     hook times each gradient bucket from the hook call to the completion of the bucket's
     collective(s) and sums the buckets (trainer/parallel.py). So each bucket pays the
     algorithm's latency terms and `call_overhead` per call; buckets are taken not to queue
-    behind one another (a backward pass slower than communication). Only the algorithms the
-    backend runs are priced (gloo: ring and the parameter servers)."""
+    behind one another (a backward pass slower than communication). The colocated parameter
+    server is the trainer's hook (`ps_hook_s`: reduce + broadcast of each bucket). Only the
+    algorithms the backend runs are priced (gloo: ring and the parameter servers)."""
     if backend not in BACKEND_ALGORITHMS:
         raise ValueError(f"backend {backend!r} is not one of {sorted(BACKEND_ALGORITHMS)}")
     sizes = ddp_buckets(grad_bytes) if buckets is None else buckets
     lay = layout(fabric, nodes, gpus)
     total: dict[str, float] = {}
     for size in sizes:
-        for name, seconds in costs(fabric, size, nodes, ps_servers, gpus).items():
+        per_bucket = costs(fabric, size, nodes, ps_servers, gpus)
+        per_bucket["ps_colocated"] = ps_hook_s(fabric, size, lay)
+        for name, seconds in per_bucket.items():
             if name in BACKEND_ALGORITHMS[backend]:
                 calls = CALLS_PER_BUCKET[name] if lay.ranks > 1 else 1
                 total[name] = total.get(name, 0.0) + seconds + calls * fabric.call_overhead

@@ -121,6 +121,11 @@ def test_step_costs_sum_buckets_with_their_latency_and_overhead():
     table = commcost.step_costs(fab, grad, nodes=1, gpus=2, backend="gloo")
     expected = ring(2, A_INTRA, B_INTRA, 1 * MiB) + ring(2, A_INTRA, B_INTRA, 2 * MiB)
     assert table["ring"] == pytest.approx(expected, rel=1e-9)
+    # The parameter-server hook: a reduce and a broadcast (binomial trees) per bucket.
+    hook = sum(2 * 1 * (A_INTRA + m / B_INTRA) + 2 * OVERHEAD for m in (1 * MiB, 2 * MiB))
+    assert table["ps_colocated"] == pytest.approx(hook, rel=1e-9)
+    four = commcost.step_costs(fab, 1 * MiB, nodes=2, gpus=4, backend="gloo")
+    assert four["ps_colocated"] == pytest.approx(4 * (A_INTER + MiB / B_WORLD) + 2 * OVERHEAD)
     # gloo's all-reduce is a ring: NCCL's tree and 2-D ring are not priced for it.
     assert set(table) == {"ring", "ps_colocated"}
     assert {"tree", "hierarchical"} <= set(commcost.step_costs(fab, grad, 1, gpus=2))
