@@ -5,6 +5,7 @@ PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 
 # The make variables users may set, with their defaults (the one table of them).
 CLUSTER ?= local
+STAGE ?= pretrain
 MODEL ?=
 NODES ?=
 ARGS ?=
@@ -17,8 +18,8 @@ BATCH ?=
 ACCUM ?= 1
 IMAGE ?=
 TESTS ?= tests
-VALID_VARS := CLUSTER MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS VENV
-export CLUSTER MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS VENV
+export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -29,12 +30,12 @@ endif
 WF := $(PY) -m workflows
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
-.PHONY: help setup test lint render pretrain finetune pipeline demo status scaling report \
+.PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
         container slurm-up slurm-down bench calibrate
 
 help:
-	@echo "targets: setup test lint render pretrain finetune pipeline demo status scaling report calibrate container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE="
+	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE="
 
 setup:
 	bash scripts/setup.sh
@@ -43,12 +44,15 @@ test:
 	$(PY) -m pytest -q $(TESTS)
 
 lint:
-	$(PY) -m ruff check workflows trainer analysis tests benchmarks
-	$(PY) -m ruff format --check workflows trainer analysis tests benchmarks
+	$(PY) -m ruff check workflows trainer analysis registry tests benchmarks
+	$(PY) -m ruff format --check workflows trainer analysis registry tests benchmarks
 	$(PY) -m mypy
 
 render:
-	$(WF) render --stage pretrain $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
+	$(WF) render --stage "$$STAGE" $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
+
+preflight:
+	$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
 
 pretrain:
 	$(WF) submit --stage pretrain $(STAGE_ARGS)

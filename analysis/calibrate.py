@@ -90,6 +90,8 @@ class Calibration:
     """op -> level -> line, for reduce and broadcast."""
     fabric: dict[str, float] = field(default_factory=dict)
     """The Fabric fields this fit sets (what `apply` replaces)."""
+    partition: str = ""
+    """The Slurm partition measured (its node type's fabric is the one the fit replaces)."""
     bench: dict[str, Any] = field(default_factory=dict)
     """The benchmark's JSON as measured (sizes, medians, hosts)."""
 
@@ -172,6 +174,7 @@ def fit(
     cluster: str = "",
     nics_per_node: int = 1,
     date: str | None = None,
+    partition: str = "",
 ) -> Calibration:
     """A Calibration from `trainer.commbench`'s JSON (see the module docstring for the map)."""
     check_bench(bench)
@@ -227,6 +230,7 @@ def fit(
         lines=lines,
         fabric=fabric,
         bench=dict(bench),
+        partition=partition,
     )
 
 
@@ -285,6 +289,7 @@ def from_dict(data: Mapping[str, Any], where: str = "calibration") -> Calibratio
             lines=lines,
             fabric=fabric,
             bench=dict(data.get("bench", {})),
+            partition=str(data.get("partition", "")),
         )
     except (KeyError, TypeError) as exc:
         raise CalibrationError(
@@ -304,17 +309,24 @@ def load(path: str | os.PathLike[str]) -> Calibration:
     return from_dict(data, str(p))
 
 
-def load_for_profile(profile_path: str | os.PathLike[str]) -> Calibration | None:
-    """The fit stored beside a profile, or None when there is none."""
+def load_for_profile(
+    profile_path: str | os.PathLike[str], partition: str | None = None
+) -> Calibration | None:
+    """The fit stored beside a profile, or None when there is none or when it measured another
+    partition than `partition` (another node type: its numbers would not apply)."""
     path = calibration_path(profile_path)
-    return load(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    cal = load(path)
+    return cal if partition is None or cal.partition in ("", partition) else None
 
 
 def summary(calibration: Calibration) -> list[str]:
     """Human lines: each level's latency and bandwidth, and what the fit sets."""
     out = [
         f"{calibration.cluster}: {calibration.label}, {calibration.backend}, "
-        f"{calibration.world_size} ranks on {calibration.nodes} node(s)",
+        f"{calibration.world_size} ranks on {calibration.nodes} node(s)"
+        + (f" of partition {calibration.partition}" if calibration.partition else ""),
         f"  call overhead {calibration.call_overhead * 1e6:.1f} us",
     ]
     for name, lv in calibration.levels.items():

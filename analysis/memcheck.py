@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.memory import ARCHS, Volo, plan
+from analysis.memory import plan
+from registry import models
+from registry.models import Volo
 
 
 def _rss_bytes(field: str = "VmRSS") -> int:
@@ -25,12 +27,13 @@ def _reset_peak() -> None:
 
 
 def build_model(model: str, img_size: int, num_classes: int) -> Any:
-    """The timm model the trainer builds for this name (volo_tiny: DESIGN.md's test VOLO)."""
+    """The timm model the trainer builds for this name (volo_tiny: built from its registry arch)."""
     import timm
     from timm.models.volo import VOLO
 
-    if model == "volo_tiny":
-        arch = ARCHS["volo_tiny"]
+    info = models.get(model)
+    if info.timm_name is None:
+        arch = info.arch
         assert isinstance(arch, Volo)
         return VOLO(
             img_size=img_size,
@@ -41,8 +44,7 @@ def build_model(model: str, img_size: int, num_classes: int) -> Any:
             stem_hidden_dim=arch.stem_hidden_dim,
             num_classes=num_classes,
         )
-    name = model if model.rsplit("_", 1)[-1].isdigit() else f"{model}_224"
-    return timm.create_model(name, img_size=img_size, num_classes=num_classes)
+    return timm.create_model(info.timm_name, img_size=img_size, num_classes=num_classes)
 
 
 def measure_here(model: str, img_size: int, batch: int, num_classes: int) -> dict[str, int]:

@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from registry.models import MODELS, Vit, Volo, param_count
+from registry.models import arch_of as registry_arch
+
 PRECISIONS = ("fp32", "amp", "half")
 """fp32: everything fp32. amp: torch.amp autocast (fp32 weights, half activations). half:
 DeepSpeed fp16/bf16 (half weights and gradients, fp32 master copy in the optimizer)."""
@@ -16,118 +19,17 @@ ZERO_STAGES = (0, 1, 2, 3)
 GIB = 1024**3
 
 
-@dataclass(frozen=True, kw_only=True)
-class Volo:
-    """timm VOLO hyper-parameters (timm.models.volo.VOLO arguments)."""
-
-    layers: tuple[int, ...]
-    embed_dims: tuple[int, ...]
-    num_heads: tuple[int, ...]
-    mlp_ratio: float = 3.0
-    stem_hidden_dim: int = 64
-    patch_size: int = 8
-    downsamples: tuple[bool, ...] = (True, False, False, False)
-    outlook: tuple[bool, ...] = (True, False, False, False)
-    post_layers: int = 2
-    kernel: int = 3
-    pooling_scale: int = 2
-
-
-@dataclass(frozen=True, kw_only=True)
-class Vit:
-    """timm VisionTransformer hyper-parameters (class token, learned pos-embed, qkv bias)."""
-
-    patch_size: int
-    embed_dim: int
-    depth: int
-    num_heads: int
-    mlp_ratio: float = 4.0
-
-
-ARCHS: dict[str, Volo | Vit] = {
-    "volo_tiny": Volo(
-        layers=(1, 1), embed_dims=(32, 64), num_heads=(1, 2), stem_hidden_dim=16
-    ),  # the test VOLO of DESIGN.md
-    "volo_d1": Volo(
-        layers=(4, 4, 8, 2), embed_dims=(192, 384, 384, 384), num_heads=(6, 12, 12, 12)
-    ),
-    "volo_d2": Volo(
-        layers=(6, 4, 10, 4), embed_dims=(256, 512, 512, 512), num_heads=(8, 16, 16, 16)
-    ),
-    "volo_d3": Volo(
-        layers=(8, 8, 16, 4), embed_dims=(256, 512, 512, 512), num_heads=(8, 16, 16, 16)
-    ),
-    "volo_d4": Volo(
-        layers=(8, 8, 16, 4), embed_dims=(384, 768, 768, 768), num_heads=(12, 16, 16, 16)
-    ),
-    "volo_d5": Volo(
-        layers=(12, 12, 20, 4),
-        embed_dims=(384, 768, 768, 768),
-        num_heads=(12, 16, 16, 16),
-        mlp_ratio=4.0,
-        stem_hidden_dim=128,
-    ),
-    "vit_small_patch16_224": Vit(patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_224": Vit(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-}
+ARCHS: dict[str, Volo | Vit] = {name: info.arch for name, info in MODELS.items()}
 
 
 def arch_of(model: str) -> Volo | Vit:
     """The architecture of a model name (volo_d1 or volo_d1_224 both work)."""
-    name = model if model in ARCHS else model.rsplit("_", 1)[0]
-    if name not in ARCHS or (name != model and not model.rsplit("_", 1)[1].isdigit()):
+    try:
+        return registry_arch(model)
+    except ValueError:
         raise ValueError(
             f"--model {model!r} is unknown to the memory planner; known: {sorted(ARCHS)}"
-        )
-    return ARCHS[name]
-
-
-# ---------------------------------------------------------------- parameter counts
-
-
-def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
-    return n_in * n_out + (n_out if bias else 0)
-
-
-def _mlp(dim: int, ratio: float) -> int:
-    hidden = int(dim * ratio)
-    return _linear(dim, hidden) + _linear(hidden, dim)
-
-
-def _volo_params(a: Volo, img_size: int, num_classes: int) -> int:
-    h, e0, k4 = a.stem_hidden_dim, a.embed_dims[0], a.kernel**4
-    stem = 3 * h * 49 + 2 * 9 * h * h + 3 * 2 * h  # 7x7, two 3x3 convs (no bias), 3 BatchNorms
-    total = stem + h * e0 * (a.patch_size // 2) ** 2 + e0  # patch projection
-    grid = img_size // a.patch_size // a.pooling_scale
-    dim = a.embed_dims[-1]
-    total += grid * grid * dim  # pos_embed
-    for i, n_blocks in enumerate(a.layers):
-        d, m = a.embed_dims[i], a.num_heads[i]
-        if a.outlook[i]:
-            attn = d * d + _linear(d, k4 * m) + _linear(d, d)  # v (no bias), attention, proj
-        else:
-            attn = 3 * d * d + _linear(d, d)  # qkv (no bias), proj
-        total += n_blocks * (4 * d + attn + _mlp(d, a.mlp_ratio))
-        if a.downsamples[i] and i + 1 < len(a.layers):
-            total += 4 * d * a.embed_dims[i + 1] + a.embed_dims[i + 1]
-    class_block = 4 * dim + 3 * dim * dim + _linear(dim, dim) + _mlp(dim, a.mlp_ratio)
-    total += a.post_layers * class_block + dim  # class-attention blocks, cls token
-    return total + 2 * dim + 2 * _linear(dim, num_classes)  # final norm, aux head, head
-
-
-def _vit_params(a: Vit, img_size: int, num_classes: int) -> int:
-    d, tokens = a.embed_dim, (img_size // a.patch_size) ** 2 + 1
-    total = 3 * a.patch_size**2 * d + d + d + tokens * d  # patch conv, cls token, pos_embed
-    block = 4 * d + _linear(d, 3 * d) + _linear(d, d) + _mlp(d, a.mlp_ratio)
-    return total + a.depth * block + 2 * d + _linear(d, num_classes)
-
-
-def param_count(model: str, img_size: int = 224, num_classes: int = 1000) -> int:
-    """Trainable parameters from the architecture arithmetic (equals timm's count)."""
-    arch = arch_of(model)
-    if isinstance(arch, Volo):
-        return _volo_params(arch, img_size, num_classes)
-    return _vit_params(arch, img_size, num_classes)
+        ) from None
 
 
 def timm_param_count(model: str, img_size: int = 224, num_classes: int = 1000) -> int:
@@ -317,10 +219,9 @@ def max_micro_batch(gpu_mem_bytes: float, reserve_bytes: float = 1.0 * GIB, **kw
     return max(0, int(room // fixed.activation_per_sample)) if room > 0 else 0
 
 
-def profile_gpu_memory(profile: str) -> int:
-    """gpu.memory_bytes of a cluster profile (a bundled name such as dgxpod, or a YAML path).
-
-    Reads the YAML itself: analysis does not import workflows."""
+def profile_gpu_memory(profile: str, stage: str = "pretrain") -> int:
+    """gpu.memory_bytes of the node type a profile's stage runs on (a bundled name such as
+    dgxpod, or a YAML path). Reads the YAML itself: analysis does not import workflows."""
     import yaml
 
     path = Path(profile)
@@ -329,11 +230,15 @@ def profile_gpu_memory(profile: str) -> int:
     if not path.is_file():
         raise ValueError(f"--profile {profile!r}: no such profile YAML ({path})")
     data = yaml.safe_load(path.read_text()) or {}
-    memory = (data.get("gpu") or {}).get("memory_bytes")
+    node = data
+    if "node_types" in data:
+        kind = ((data.get("partitions") or {}).get(stage) or {}).get("node_type", "default")
+        node = (data.get("node_types") or {}).get(kind) or {}
+    memory = (node.get("gpu") or {}).get("memory_bytes")
     if not memory:
         raise ValueError(
-            f"--profile {profile!r}: no gpu.memory_bytes in {path}; add "
-            f"`gpu: {{model: ..., memory_bytes: N}}` or pass --gpu-mem-gib"
+            f"--profile {profile!r}: no gpu.memory_bytes for the {stage} stage's node type in "
+            f"{path}; add `gpu: {{model: ..., memory_bytes: N}}` or pass --gpu-mem-gib"
         )
     return int(memory)
 
@@ -354,6 +259,7 @@ def add_memory_parser(sub: Any) -> None:
     parser.add_argument("--token-label", action="store_true")
     parser.add_argument("--gpu-mem-gib", type=float, default=None, help="also: largest batch")
     parser.add_argument("--profile", default=None, help="cluster profile: its GPU memory")
+    parser.add_argument("--stage", default="pretrain", help="the profile's stage (its node type)")
     parser.add_argument("--reserve-gib", type=float, default=1.0)
     parser.add_argument("--measure", action="store_true", help="also measure peak RSS on CPU")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -377,7 +283,7 @@ def memory_main(args: argparse.Namespace) -> int:
     result = plan(batch=args.batch, **_settings(args))
     out: dict[str, Any] = result.as_dict()
     if args.profile and not args.gpu_mem_gib:
-        args.gpu_mem_gib = profile_gpu_memory(args.profile) / GIB
+        args.gpu_mem_gib = profile_gpu_memory(args.profile, args.stage) / GIB
     if args.gpu_mem_gib:
         out["max_micro_batch"] = max_micro_batch(
             args.gpu_mem_gib * GIB, args.reserve_gib * GIB, **_settings(args)

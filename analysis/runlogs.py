@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from registry import runfiles
+
 TIME_PARTS = ("data", "compute", "comm", "optimizer")
 
 
@@ -94,7 +96,7 @@ def read_run(run_dir: Path) -> RunLog:
                 run.summary = record
             elif record["kind"] == "eval":
                 run.evals.append(record)
-    summary_file = run.run_dir / "summary.json"
+    summary_file = run.run_dir / runfiles.SUMMARY
     if run.summary is None and summary_file.is_file():
         run.summary = json.loads(summary_file.read_text(encoding="utf-8"))
     if run.summary is None and run.error is None:

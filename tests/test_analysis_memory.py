@@ -99,13 +99,14 @@ def test_cli_memory_json(capsys):
 
 def test_cli_memory_bad_model(capsys):
     assert main(["memory", "--model", "resnet50"]) == 2
-    assert "unknown to the memory planner" in capsys.readouterr().err
+    assert "not in the model registry" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--precision must be one of"):
         memory.plan("volo_d1", precision="fp8")
 
 
 def test_largest_batch_for_a_profile_gpu(capsys, tmp_path):
     assert memory.profile_gpu_memory("dgxpod") == 80 * memory.GIB
+    assert memory.profile_gpu_memory("dgxpod", "finetune") == 32 * memory.GIB  # DGX-2 V100
     argv = ["memory", "--model", "volo_d5", "--precision", "amp", "--profile", "dgxpod", "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)

@@ -164,17 +164,19 @@ def test_a_broken_fit_names_the_file_and_field(tmp_path):
 
 def test_decide_uses_the_calibration_and_says_so():
     cal = calibrate.fit(synthetic_bench(), date="2026-01-02T03:04:05+00:00")
-    plain = topology.decide(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4)
+    tiny = {"num_classes": 10, "img_size": 32}  # the test VOLO on digits: one DDP bucket
+    plain = topology.decide(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, **tiny)
     assert plain.fabric_source == "profile fabric"
-    d = topology.decide(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, calibration=cal)
+    d = topology.decide(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, calibration=cal, **tiny)
     assert d.fabric_source == "calibration of 2026-01-02T03:04:05+00:00, job 1234"
     assert d.algorithm in ("ring", "ps_colocated")  # gloo: no NCCL tree
-    one_bucket = topology.grad_bytes("volo_tiny")
+    one_bucket = topology.grad_bytes("volo_tiny", 10, 32)
+    assert one_bucket < MiB
     assert d.costs["ring"] == pytest.approx(ring(4, A_INTER, B_WORLD, one_bucket), rel=1e-9)
     assert "calibration of 2026-01-02" in d.log_line()
     assert d.as_dict()["fabric_source"] == d.fabric_source
     forced = topology.decide(
-        PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, args="--topology ring", calibration=cal
+        PROFILE_FABRIC, "volo_tiny", 2, gpus=4, args="--topology ring", calibration=cal, **tiny
     )
     assert forced.predicted_s == pytest.approx(d.costs["ring"])
 
@@ -213,14 +215,15 @@ def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profil
         ["--cluster", str(profile), "--run-root", str(tmp_path), "--sizes", "4K 1M",
          "--args", "--busy-ms 0"]
     )  # fmt: skip
-    spec, script, out = wcal.prepare(ns)
+    plan, out = wcal.prepare(ns)
+    spec = plan.spec
     assert out == tmp_path / "mine.calibration.json"
     assert spec.command[1:3] == ("-m", "trainer.commbench")
     assert spec.command[3:] == (
         "--out", f"{spec.run_dir}/commbench.json", "--sizes", "4K 1M", "--busy-ms", "0"
     )  # fmt: skip
     assert spec.nodes == 2 and spec.tasks_per_node == 2
-    assert "#SBATCH --job-name=vitpod-calibrate-localslurm" in script
+    assert plan.topology is None  # no trainer: nothing to decide
     assert not topology.Path(spec.run_dir).exists()  # nothing written before submission
     ns.cluster = "local"
     with pytest.raises(ConfigError, match="Slurm profile"):

@@ -75,6 +75,8 @@ def test_make_calibrate_then_predicted_comm_within_25_percent(local_slurm, profi
         assert measured is not None
         ratio = measured["exchange_s"] / point["predicted_comm_s"]
         assert 1 / FACTOR <= ratio <= FACTOR, "\n".join(lines)
-        uncalibrated = topology.decide(fabric, "volo_tiny", point["nodes"], gpus=point["gpus"])
+        uncalibrated = topology.decide(
+            fabric, "volo_tiny", point["nodes"], gpus=point["gpus"], num_classes=10, img_size=32
+        )
         profile_ratio = measured["exchange_s"] / uncalibrated.predicted_s
         assert abs(math.log(ratio)) < abs(math.log(profile_ratio)), "\n".join(lines)

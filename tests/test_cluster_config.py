@@ -40,27 +40,35 @@ def test_bundled_profiles_validate_and_map_onto_fabric():
     assert set(bundled_profiles()) >= {"dgxpod", "superpod", "h100pod", "local", "localslurm"}
     for name in bundled_profiles():
         profile = load_profile(name)
-        fabric = profile.fabric_model()
-        assert isinstance(fabric, Fabric) and fabric.gpus_per_node == profile.ranks_per_node
+        for stage in profile.partitions:
+            node = profile.node_type(stage)
+            fabric = node.fabric_model()
+            assert isinstance(fabric, Fabric) and fabric.gpus_per_node == node.ranks_per_node
 
 
 def test_dgxpod_matches_dgx_a100_topology():
     p = load_profile("dgxpod")
-    assert (p.gpus_per_node, p.nodes, p.cpus_per_task) == (8, 5, 32)
-    assert p.gpu is not None and p.gpu.memory_bytes == 80 * 2**30
-    numa = [p.binding_for(r).numa for r in range(8)]  # type: ignore[union-attr]
-    hca = [p.binding_for(r).hca for r in range(8)]  # type: ignore[union-attr]
+    a100 = p.node_type("pretrain")
+    assert (a100.gpus_per_node, p.partition("pretrain").nodes, a100.cpus_per_task) == (8, 5, 32)
+    assert a100.gpu is not None and a100.gpu.memory_bytes == 80 * 2**30
+    numa = [a100.binding_for(r).numa for r in range(8)]  # type: ignore[union-attr]
+    hca = [a100.binding_for(r).hca for r in range(8)]  # type: ignore[union-attr]
     assert numa == [3, 3, 1, 1, 7, 7, 5, 5]
     assert hca == [f"mlx5_{i}:1" for i in (0, 1, 2, 3, 6, 7, 8, 9)]
     assert p.container is not None and p.container.mount_home is False
-    assert p.preemption.signal == "USR2" and p.fabric_model().nics_per_node == 8
-    assert load_profile("superpod").gpus_per_node == 16
-    assert load_profile("superpod").partitions["finetune"].name == "dgx2"
+    assert p.preemption.signal == "USR2" and a100.fabric_model().nics_per_node == 8
+    # The reference recipe fine-tunes on DGX-2 nodes: another partition, node type and map.
+    dgx2 = p.node_type("finetune")
+    assert p.partition("finetune").name == "dgx2" != p.partition("pretrain").name
+    assert dgx2.gpus_per_node == 16 and dgx2.gpu is not None
+    assert dgx2.gpu.memory_bytes == 32 * 2**30 and dgx2.fabric_model().gpus_per_node == 16
+    assert [dgx2.binding_for(r).numa for r in (0, 7, 8, 15)] == [0, 0, 1, 1]  # type: ignore[union-attr]
+    assert load_profile("superpod").node_type("finetune").gpus_per_node == 16
 
 
 def test_profile_by_path(tmp_path):
     path = user_profile(tmp_path, name="mine", nodes=3)
-    assert load_profile(str(path)).nodes == 3
+    assert load_profile(str(path)).partition("finetune").nodes == 3
     with pytest.raises(ConfigError, match="does not exist"):
         load_profile(str(tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError, match=r"unknown profile 'dgxpdo'.*dgxpod"):
@@ -87,7 +95,10 @@ def test_profile_by_path(tmp_path):
         ({"mpi": "openmpi"}, r"field mpi: Input should be 'pmix', 'pmi2' or 'none'"),
         ({"env": {"HF_TOKEN": "hf_abc"}}, r"field env: 'HF_TOKEN' looks like a secret.*secrets:"),
         ({"secrets": ["WANDB_API_KEY=abc"]}, r"field secrets: .*list variable NAMES"),
-        ({"fabric": {"gpus_per_node": 2}}, r"field fabric: fabric: missing key\(s\)"),
+        (
+            {"fabric": {"gpus_per_node": 2}},
+            r"field node_types.default.fabric: fabric: missing key\(s\)",
+        ),
         (
             {"binding": [{"local_rank": 0, "numa": 0, "hca": "mlx5_0"}]},
             r"binding\.0\.hca: 'mlx5_0' is not DEVICE:PORT",
@@ -96,7 +107,7 @@ def test_profile_by_path(tmp_path):
             {"binding": [{"local_rank": 0, "numa": 0}]},
             r"binding: local ranks \[0\] must be exactly 0\.\.1",
         ),
-        ({"nodes": 0}, r"field nodes: Input should be greater than or equal to 1"),
+        ({"nodes": 0}, r"field partitions.\w+.nodes: Input should be greater than or equal to 1"),
         ({"account": 'proj" --x'}, r"field account: String should match pattern"),
         ({"storage": None}, r"field storage: required field is missing"),
     ],

@@ -21,20 +21,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def hostile_args(canary: Path) -> list[str]:
-    """Trainer arguments that would create `canary` if any shell evaluated them."""
+    """Trainer arguments (string-valued flags the trainer's parser accepts) that would create
+    `canary` if any shell evaluated them."""
     c = str(canary)
     return [
-        "--note",
+        "--aa",
         f"$(touch {c})",
-        "--tag",
+        "--token-label-data",
         f"`touch {c}`",
-        "--x",
+        "--aa",
         f"a; touch {c}",
-        "--y",
+        "--token-label-data",
         f'it\'s "quoted" && touch {c}',
-        "--z",
+        "--aa",
         f"line1\ntouch {c}",
-        "--w",
+        "--aa",
         "with  two   spaces",
     ]
 
@@ -118,7 +119,9 @@ def test_whole_script_hands_args_to_srun_verbatim_and_requeues_on_75(tmp_path, c
     )
     assert out.returncode == 0, out.stderr
     argv = (tmp_path / "srun.argv").read_text().split("\0")[:-1]
-    assert argv[-len(hostile_args(canary)) :] == hostile_args(canary)
+    hostile = hostile_args(canary)
+    start = argv.index(hostile[0])
+    assert argv[start : start + len(hostile)] == hostile  # verbatim; the topology flags follow
     assert argv[argv.index("bash") + 1] == str(script.parent / "bind.sh")
     assert argv[argv.index("--output") + 1] == str(script.parent)
     assert (tmp_path / "scontrol.argv").read_text().split("\0")[:-1] == ["requeue", "4242"]

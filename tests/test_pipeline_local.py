@@ -57,15 +57,18 @@ def test_local_pipeline_runs_both_stages(tmp_path, digits_dir):
 
 def test_failed_stage_reports_root_cause_and_cancels_finetune(tmp_path, digits_dir):
     cluster = _profile(tmp_path, storage={"data": str(digits_dir.parent)})
-    # A configuration the trainer refuses inside the job (exit 2 on every rank).
-    bad = TINY + " --num-classes 0"
+    # A bad flag is refused by the planner, before anything runs ...
+    with pytest.raises(ConfigError, match="--num-classes must be at least 1"):
+        Pipeline(cluster, "volo_tiny", args=TINY + " --num-classes 0").plan()
+    # ... a mismatch only the data can reveal is refused inside the job (exit 2 on every rank).
+    bad = TINY + " --num-classes 3"
     run = Pipeline(cluster, "volo_tiny", args=bad, run_root=str(tmp_path / "runs")).submit()
     with pytest.raises(Exception, match="pretrain") as err:
         run.wait(timeout=120, poll_s=1)
     shown = {s.stage: s.state for s in run.status()}
     assert shown["finetune"] == "CANCELLED"
     assert "pretrain ended FAILED" in str(err.value)
-    assert "--num-classes must be at least 1" in str(err.value)
+    assert "10 classes" in str(err.value)
 
 
 def test_missing_partition_fails_before_anything_is_written(tmp_path):
@@ -86,17 +89,16 @@ def test_missing_shared_data_path_fails_before_submission(tmp_path):
 
 
 def test_slurm_pipeline_shares_the_sbatch_requeue_rule_and_submit_check(tmp_path, monkeypatch):
-    from workflows.cli import prepare, stage_parser
     from workflows.pipeline import make_executor
+    from workflows.plan import Request, plan_job
 
     data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
     profile = tmp_path / "localslurm.yaml"
     profile.write_text(yaml.safe_dump({**data, "storage": {"data": str(tmp_path)}}))
     (tmp_path / "digits").mkdir()
-    argv = ["--cluster", str(profile), "--model", "volo_tiny", "--run-root", str(tmp_path)]
-    job = prepare(stage_parser("pipeline").parse_args(argv))
+    job = plan_job(Request(cluster=str(profile), model="volo_tiny", run_root=str(tmp_path)))
     teardown = list(make_executor(job, None).parameters["teardown"])
-    assert teardown == list(job.plan.teardown_lines)
+    assert teardown == list(job.launch.teardown_lines)
     assert "\n".join(teardown) in job.script  # job.sbatch runs the very same lines after srun
     assert any("[ -e " in line and "requeue-${SLURM_JOB_ID}-restart" in line for line in teardown)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no sbatch: not a login node
@@ -121,7 +123,7 @@ def test_finetune_without_pretrain_checkpoint(tmp_path):
     empty = tmp_path / "pretrain-run"
     (empty / "checkpoints").mkdir(parents=True)
     for source in (empty, tmp_path / "missing"):
-        with pytest.raises(ConfigError, match="no pretrain checkpoint"):
+        with pytest.raises(ConfigError, match="has no model|does not exist"):
             Pipeline("local", "volo_tiny", finetune_from=str(source), run_root=str(tmp_path)).plan()
     with pytest.raises(ConfigError, match="needs finetune_from"):
         Pipeline("local", "volo_tiny", stages=("finetune",))

@@ -100,6 +100,14 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
     fin_job = run.stages["finetune"].job_ids[0]
     times = _sacct_times([job, fin_job])
     assert times[fin_job][0] >= times[job][1]
+    # The kept script is byte for byte what sbatch received, dependency included.
+    fin = run.stages["finetune"]
+    kept = (fin.run_dir / "job.sbatch").read_text()
+    assert kept == Path(fin.job.paths.submission_file).read_text()
+    assert f"#SBATCH --dependency=afterok:{job}" in kept
+    manifest = json.loads((fin.run_dir / "manifest.json").read_text())
+    assert manifest["resolved"]["dependency"] == f"afterok:{job}"
+    assert manifest["stage"] == "finetune" and manifest["job_ids"] == [fin_job]
     assert report["stages"]["finetune"]["state"] == "COMPLETED"
     assert json.loads((run.stages["finetune"].run_dir / "config.json").read_text())[
         "finetune"

@@ -112,7 +112,7 @@ def test_scaling_imports_without_torch():
 
 def test_hostile_paths_and_args_are_quoted(tmp_path):
     study_dir = tmp_path / "it's a study; echo pwned"
-    args = "--loader torch --note 'x; touch /tmp/pwned'"
+    args = "--loader torch --aa 'x; touch /tmp/pwned'"
     assert main([*BASE, "--study-dir", str(study_dir), "--gpus", "1 2", "--args", args]) == 0
     script = (study_dir / "sweep.sbatch").read_text()
     assert f"RUN_DIR={shlex.quote(str(study_dir / 'gpus1'))} " in script

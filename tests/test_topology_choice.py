@@ -69,7 +69,7 @@ def test_bad_override_and_unknown_model():
         topology.decide(SIMPLE, "volo_d1", nodes=1, args="--topology star")
     with pytest.raises(ValueError, match="--topology needs a value"):
         topology.topology_override("--topology")
-    with pytest.raises(ValueError, match="known models"):
+    with pytest.raises(ValueError, match="not in the model registry"):
         topology.grad_bytes("resnet50")
 
 
@@ -121,28 +121,6 @@ def test_compare_with_measured(tmp_path):
     got = topology.compare(d, tmp_path)
     assert got["measured_s"] == pytest.approx(0.02)
     assert got["ratio"] == pytest.approx(0.02 / d.predicted_s)
-
-
-def test_param_counts_match_timm():
-    torch = pytest.importorskip("torch")
-    timm = pytest.importorskip("timm")
-    from timm.models.volo import VOLO
-
-    for name, count in topology.PARAM_COUNTS.items():
-        with torch.device("meta"):
-            if name == "volo_tiny":
-                model = VOLO(
-                    img_size=32,
-                    layers=(1, 1),
-                    embed_dims=(32, 64),
-                    num_heads=(1, 2),
-                    patch_size=8,
-                    stem_hidden_dim=16,
-                    num_classes=10,
-                )
-            else:
-                model = timm.create_model(name if name.startswith("vit") else name + "_224")
-        assert sum(p.numel() for p in model.parameters()) == count, name
 
 
 def _fields(fab: Fabric) -> dict:

@@ -16,6 +16,8 @@ from typing import IO, Any, cast
 import torch
 import torch.distributed as dist
 
+from registry import runfiles
+
 log = logging.getLogger(__name__)
 STEP_PREFIX = "step_"
 
@@ -331,5 +333,5 @@ def save_final(
     info = atomic_torch_save(
         {k: v.detach().cpu() for k, v in model_state.items()}, final / "model.pt"
     )
-    atomic_write_json({**manifest, **info}, final / "manifest.json")
+    atomic_write_json({**manifest, **info}, final / runfiles.MANIFEST)
     return final / "model.pt"

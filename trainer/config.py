@@ -10,17 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Per-model recipe defaults used when a flag is not given. Source: VOLO paper table (drop path,
-# crop) and VOLO's published training commands for LRbase at batch 1024 (d1 1.6e-3, d2..d5
-# 1e-3); the table's own LRbase row disagrees with its text, so the commands win.
-VOLO_RECIPES: dict[str, dict[str, float]] = {
-    "volo_d1": {"drop_path": 0.1, "crop_pct": 0.96, "lr_base": 1.6e-3},
-    "volo_d2": {"drop_path": 0.2, "crop_pct": 0.96, "lr_base": 1e-3},
-    "volo_d3": {"drop_path": 0.5, "crop_pct": 0.96, "lr_base": 1e-3},
-    "volo_d4": {"drop_path": 0.5, "crop_pct": 1.15, "lr_base": 1e-3},
-    "volo_d5": {"drop_path": 0.75, "crop_pct": 1.15, "lr_base": 1e-3},
-}
-GENERIC_RECIPE = {"drop_path": 0.1, "crop_pct": 0.875, "lr_base": 1e-3}
+from registry import models, runfiles
 
 
 class ConfigError(ValueError):
@@ -186,9 +176,19 @@ def _field_type(f: dataclasses.Field) -> type:
     return str
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (one message naming the flag) instead of exiting, so a
+    login node's planner refuses a bad flag before anything is written or submitted."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise ConfigError(f"{message}; see `python -m trainer --help` for the valid flags")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m trainer", description="Train a timm VOLO/ViT model on every rank."
+    parser = _Parser(
+        prog="python -m trainer",
+        description="Train a timm VOLO/ViT model on every rank.",
+        allow_abbrev=False,  # a misspelt flag is an error, never silently another flag
     )
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in _cli_fields():
@@ -235,20 +235,17 @@ def parse_args(argv: list[str] | None = None, world_size: int = 1) -> TrainConfi
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
         parser.set_defaults(**_yaml_defaults(pre.config))
-    try:
-        ns = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed its message
-        raise ConfigError("invalid command line (see message above)") from exc
+    ns = parser.parse_args(argv)
     cfg = TrainConfig(**vars(ns), world_size=world_size)
     return resolve(cfg)
 
 
 def resolve(cfg: TrainConfig) -> TrainConfig:
     """Fill recipe defaults, the per-rank batch from --global-batch, and the LR."""
-    recipe = VOLO_RECIPES.get(cfg.model, GENERIC_RECIPE)
+    defaults = model_defaults(cfg.model)
     for name in ("drop_path", "crop_pct", "lr_base"):
         if getattr(cfg, name) is None:
-            setattr(cfg, name, recipe[name])
+            setattr(cfg, name, defaults[name])
     if cfg.token_label and cfg.token_label_size is None:
         cfg.token_label_size = cfg.img_size // 16
     if cfg.global_batch is not None:
@@ -260,16 +257,36 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
             )
         cfg.batch_size = cfg.global_batch // ranks
     if cfg.lr is None:
-        cfg.lr = (cfg.lr_base or recipe["lr_base"]) * cfg.global_batch_size / cfg.lr_base_size
+        cfg.lr = (cfg.lr_base or defaults["lr_base"]) * cfg.global_batch_size / cfg.lr_base_size
     if cfg.apex_amp:
         cfg.amp = True
     return cfg
 
 
+def model_defaults(model: str) -> dict[str, float]:
+    """drop_path, crop_pct and lr_base of a registered model; timm's train.py defaults else."""
+    if models.known(model):
+        info = models.get(model)
+        return {"drop_path": info.drop_path, "crop_pct": info.crop_pct, "lr_base": info.lr_base}
+    return {"drop_path": 0.1, "crop_pct": 0.875, "lr_base": 1e-3}
+
+
+def known_model(name: str) -> bool:
+    """In the registry, or a timm ViT name (checked against timm where timm is installed: a
+    login node without timm accepts the name and the job's own check refuses a wrong one)."""
+    if models.known(name):
+        return True
+    if not name.startswith("vit_"):
+        return False
+    try:
+        import timm
+    except ImportError:
+        return True
+    return name in timm.list_models("vit_*")
+
+
 def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
     """Every inconsistency in cfg, each naming its flag and the fix (empty list = valid)."""
-    from trainer.models import known_model
-
     out: list[str] = []
     if not known_model(cfg.model):
         out.append(
@@ -320,8 +337,8 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
 def _finetune_problems(cfg: TrainConfig) -> list[str]:
     """A saved model's manifest names its architecture: refuse another before any rank starts."""
     path = Path(cfg.finetune or "")
-    for manifest in (path / "final" / "manifest.json", path.parent / "manifest.json",
-                     path / "manifest.json"):  # fmt: skip
+    for manifest in (path / runfiles.FINAL / runfiles.MANIFEST, path.parent / runfiles.MANIFEST,
+                     path / runfiles.MANIFEST):  # fmt: skip
         if manifest.is_file():
             saved = json.loads(manifest.read_text()).get("model")
             if saved and saved != cfg.model:

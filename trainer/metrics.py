@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from registry import runfiles
+
 log = logging.getLogger(__name__)
 PHASES = ("data", "compute", "comm", "optimizer", "step")
 
@@ -63,7 +65,7 @@ class MetricsLogger:
         self.world_size = world_size
         self.device = device
         self.log_interval = max(1, log_interval)
-        path = Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+        path = runfiles.metrics_file(run_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a", buffering=1)  # line-buffered: a killed job keeps its lines
         self.tb = self._tensorboard(Path(run_dir) / "tb") if rank == 0 else None
@@ -123,7 +125,7 @@ class MetricsLogger:
 
         record = {"kind": "summary", **record}
         self.write(record)
-        atomic_write_json(record, Path(run_dir) / "summary.json")
+        atomic_write_json(record, Path(run_dir) / runfiles.SUMMARY)
         log.info("summary %s", json.dumps(record))
 
     def close(self) -> None:

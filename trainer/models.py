@@ -12,7 +12,10 @@ from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc
 from timm.models.volo import VOLO
 from torch import nn
 
-VOLO_NAMES = tuple(f"volo_d{i}" for i in range(1, 6))
+from registry import models
+from registry.models import Volo
+from trainer.config import known_model
+
 HEAD_PREFIXES = ("head.", "aux_head.")
 
 
@@ -20,23 +23,23 @@ class ModelLoadError(ValueError):
     """A fine-tune checkpoint that cannot be loaded into the model; the message says why."""
 
 
-def known_model(name: str) -> bool:
-    return name in VOLO_NAMES or name == "volo_tiny" or name in timm.list_models("vit_*")
-
-
 def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -> nn.Module:
     """Build `name` (no pretrained weights: nothing is downloaded inside a job)."""
-    if name == "volo_tiny":
-        return VOLO(
-            img_size=img_size, layers=[1, 1], embed_dims=[32, 64], num_heads=[1, 2], patch_size=8,
-            stem_hidden_dim=16, num_classes=num_classes, drop_path_rate=drop_path,
-        )  # fmt: skip
     if not known_model(name):
         raise ModelLoadError(f"--model {name}: unknown; use volo_d1..volo_d5, volo_tiny or vit_*")
-    timm_name = f"{name}_224" if name in VOLO_NAMES else name
+    info = models.get(name) if models.known(name) else None
+    if info is not None and info.timm_name is None:
+        arch = info.arch
+        assert isinstance(arch, Volo)
+        return VOLO(
+            img_size=img_size, layers=list(arch.layers), embed_dims=list(arch.embed_dims),
+            num_heads=list(arch.num_heads), patch_size=arch.patch_size,
+            stem_hidden_dim=arch.stem_hidden_dim, num_classes=num_classes,
+            drop_path_rate=drop_path,
+        )  # fmt: skip
     return timm.create_model(
-        timm_name, pretrained=False, img_size=img_size, num_classes=num_classes,
-        drop_path_rate=drop_path,
+        (info.timm_name or name) if info else name, pretrained=False, img_size=img_size,
+        num_classes=num_classes, drop_path_rate=drop_path,
     )  # fmt: skip
 
 

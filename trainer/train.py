@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from registry import runfiles
 from trainer import checkpoint as ckpt
 from trainer import dist as tdist
 from trainer.config import TrainConfig
@@ -94,7 +95,7 @@ class Trainer:
         )  # fmt: skip
         self.criterion = make_criterion(cfg)
         self.checkpointer = ckpt.Checkpointer(
-            self.run_dir / "checkpoints", env.rank, env.world_size, cfg.keep_last,
+            self.run_dir / runfiles.CHECKPOINTS, env.rank, env.world_size, cfg.keep_last,
             cfg.milestone_every,
         )  # fmt: skip
         total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
@@ -288,8 +289,11 @@ class Trainer:
         self.checkpointer.wait()
         if not self.last_eval:
             self._evaluate()
+        # On the collective's device: NCCL has no CPU tensors (found on an H100, not on gloo).
         rate = torch.tensor(
-            [self.throughput["images"], self.throughput["seconds"]], dtype=torch.float64
+            [self.throughput["images"], self.throughput["seconds"]],
+            dtype=torch.float64,
+            device=self.device,
         )
         images = rate.clone()
         dist.all_reduce(images)

@@ -12,33 +12,23 @@ scaling studies use it from then on and say so. The fit's path is the last line 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shlex
 import sys
 from pathlib import Path
 
 from analysis import calibrate as fitting
-from workflows import jobstate
+from registry import runfiles
+from workflows import jobstate, preflight
+from workflows.cli import materialize
 from workflows.errors import ConfigError
+from workflows.plan import JobPlan, Request, plan_job
 from workflows.profile import load_profile, profile_path
-from workflows.recipe import load_recipe
-from workflows.rundir import (
-    RUN_ROOT_ENV,
-    check_path_safe,
-    create_run_dir,
-    new_run_path,
-    remove_run_dir,
-    runs_root,
-    write_atomic,
-    write_json,
-)
-from workflows.spec import COMMBENCH_OUT, JobSpec, build_spec, launch_plan
-from workflows.submission import check_can_submit, sbatch
-from workflows.templating import render
+from workflows.rundir import RUN_ROOT_ENV, new_run_path, remove_run_dir, runs_root, write_json
+from workflows.spec import COMMBENCH_OUT
+from workflows.submission import sbatch
 
-DEFAULT_MODEL = "volo_tiny"  # build_spec wants a recipe; the benchmark ignores it
-SCRIPT_NAME = "job.sbatch"
+DEFAULT_MODEL = "volo_tiny"  # the planner wants a recipe; the benchmark ignores it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,47 +56,38 @@ def bench_args(ns: argparse.Namespace) -> str:
     return " ".join(filter(None, [shlex.join(args), ns.args]))
 
 
-def prepare(ns: argparse.Namespace) -> tuple[JobSpec, str, Path]:
-    """The benchmark job (spec, rendered script) and where the fit will go; nothing on disk."""
+def prepare(ns: argparse.Namespace) -> tuple[JobPlan, Path]:
+    """The benchmark job, planned and rendered in memory, and where the fit will go."""
     profile = load_profile(ns.cluster)
     if profile.scheduler != "slurm":
         raise ConfigError(
             f"CLUSTER={profile.name}: calibration runs as a Slurm job over the partition's "
             "nodes; use a Slurm profile (CLUSTER=localslurm for the local test cluster)"
         )
-    recipe = load_recipe(profile.default_model or DEFAULT_MODEL)
-    root = runs_root(profile, ns.run_root) / "calibrations"
-    run_dir = new_run_path(root, "commbench", ns.stage)
-    check_path_safe(run_dir, "run root", "choose another storage.runs / --run-root")
-    spec = build_spec(
-        profile, recipe, ns.stage, run_dir=run_dir, nodes=ns.nodes, args=bench_args(ns),
-        entry="commbench",
+    model = profile.default_model or DEFAULT_MODEL
+    run_dir = new_run_path(runs_root(profile, ns.run_root) / "calibrations", "commbench", ns.stage)
+    plan = plan_job(
+        Request(
+            cluster=ns.cluster, model=model, stage=ns.stage, nodes=ns.nodes,
+            args=bench_args(ns), run_root=ns.run_root, run_dir=run_dir, entry="commbench",
+        )
     )  # fmt: skip
-    spec = dataclasses.replace(spec, job_name=f"vitpod-calibrate-{profile.name}")
-    script = render("sbatch.sh.j2", {"spec": spec, "plan": launch_plan(spec)})
-    out = (
-        Path(ns.out).expanduser() if ns.out else fitting.calibration_path(profile_path(ns.cluster))
-    )
-    return spec, script, out.absolute()
+    default = fitting.calibration_path(profile_path(ns.cluster))
+    out = Path(ns.out).expanduser() if ns.out else default
+    return plan, out.absolute()
 
 
-def submit(spec: JobSpec, script: str) -> tuple[Path, str]:
+def submit(plan: JobPlan) -> tuple[Path, str]:
     """Create the run directory (script, bind.sh, manifest) and sbatch it; (run dir, job id)."""
-    run_dir = Path(spec.run_dir)
-    create_run_dir(run_dir)
+    checks = preflight.check(plan, render_hint="(calibration needs a Slurm login node)")
+    script = materialize(plan, plan.manifest(preflight=checks))
     try:
-        path = run_dir / SCRIPT_NAME
-        write_atomic(path, script, mode=0o750)
-        launch_plan(spec).write_bind_script()
-        manifest = {"kind": "calibration", "profile": spec.profile.name, "nodes": spec.nodes,
-                    "command": list(spec.command), "job_ids": []}  # fmt: skip
-        write_json(run_dir / "manifest.json", manifest)
-        job_id = sbatch(path)
-    except BaseException:
-        remove_run_dir(run_dir)
+        job_id = sbatch(script)
+    except ConfigError:
+        remove_run_dir(script.parent)
         raise
-    write_json(run_dir / "manifest.json", {**manifest, "job_ids": [job_id]})
-    return run_dir, job_id
+    write_json(script.parent / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks))
+    return script.parent, job_id
 
 
 def wait(job_id: str, run_dir: Path, timeout: float) -> None:
@@ -116,32 +97,34 @@ def wait(job_id: str, run_dir: Path, timeout: float) -> None:
     except (jobstate.JobFailedError, TimeoutError) as exc:
         tails = [
             f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
-            for p in sorted((run_dir / "logs").glob("*.log"))
+            for p in sorted((run_dir / runfiles.LOGS).glob("*.log"))
         ]
         raise RuntimeError(f"calibration job {job_id}: {exc}\n" + "\n".join(tails)) from None
 
 
-def fit_and_store(run_dir: Path, profile_name: str, nics_per_node: int, out: Path) -> Path:
+def fit_and_store(
+    run_dir: Path, profile_name: str, nics_per_node: int, out: Path, partition: str = ""
+) -> Path:
     """Fit the job's benchmark file and store the fit at `out`; returns the path."""
     bench_file = run_dir / COMMBENCH_OUT
     if not bench_file.is_file():
-        raise RuntimeError(f"{bench_file} was not written; see {run_dir / 'logs'}")
+        raise RuntimeError(f"{bench_file} was not written; see {run_dir / runfiles.LOGS}")
     bench = json.loads(bench_file.read_text())
-    cal = fitting.fit(bench, cluster=profile_name, nics_per_node=nics_per_node)
+    cal = fitting.fit(bench, cluster=profile_name, nics_per_node=nics_per_node, partition=partition)
     print("\n".join(fitting.summary(cal)))
     return fitting.save(cal, out)
 
 
 def run(ns: argparse.Namespace) -> Path:
     """Submit, wait, fit, store: the whole command as a function (tests call it)."""
-    spec, script, out = prepare(ns)
-    check_can_submit(spec, render_hint="(calibration needs a Slurm login node)")
-    run_dir, job_id = submit(spec, script)
-    print(f"calibration job {job_id}: {spec.nodes} node(s) x {spec.tasks_per_node} rank(s), "
-          f"run directory {run_dir}", flush=True)  # fmt: skip
+    plan, out = prepare(ns)
+    run_dir, job_id = submit(plan)
+    spec = plan.spec
+    print(f"calibration job {job_id}: {spec.nodes} node(s) x {spec.tasks_per_node} rank(s) of "
+          f"partition {spec.partition}, run directory {run_dir}", flush=True)  # fmt: skip
     wait(job_id, run_dir, float(ns.timeout))
-    nics = int(spec.profile.fabric.get("nics_per_node", 1))
-    return fit_and_store(run_dir, spec.profile.name, nics, out)
+    nics = int(spec.profile.node_type(ns.stage).fabric.get("nics_per_node", 1))
+    return fit_and_store(run_dir, spec.profile.name, nics, out, spec.partition)
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -17,14 +16,22 @@ from typing import Any
 
 import submitit
 
+from registry import runfiles
 from trainer.exitcodes import REQUEUE
-from workflows import jobstate, status, topology
-from workflows.cli import Prepared, materialize, prepare, stage_parser
+from workflows import jobstate, preflight, status, topology
+from workflows.cli import materialize
 from workflows.errors import ConfigError
-from workflows.profile import load_profile, profile_path
-from workflows.rundir import DIR_MODE, new_run_path, remove_run_dir, runs_root, write_json
+from workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
+from workflows.profile import load_profile
+from workflows.rundir import (
+    DIR_MODE,
+    new_run_path,
+    remove_run_dir,
+    runs_root,
+    write_atomic,
+    write_json,
+)
 from workflows.spec import REQUEUE_MARKER_ENV, master_port
-from workflows.submission import check_can_submit
 
 STAGES = ("pretrain", "finetune")
 MAX_LOCAL_RESTARTS = 5  # without Slurm, an exit 75 restarts the trainer in place this often
@@ -121,24 +128,15 @@ def _run_forwarding_signals(cmd: list[str], env: dict[str, str], log: Path, cwd:
 # --------------------------------------------------------------------------- submission
 
 
-def _minutes(slurm_time: str) -> int:
-    """Minutes of a Slurm time (MM, HH:MM:SS, D-HH:MM:SS), for the local executor's timeout."""
-    days, _, rest = slurm_time.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if len(parts) == 1:
-        hours, minutes, seconds = 0, parts[0], 0
-    else:
-        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts)[-3:]
-    return int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
-
-
-def make_executor(job: Prepared, dependency: str | None) -> submitit.Executor:
+def make_executor(job: JobPlan, dependency: str | None) -> submitit.Executor:
     """A LocalExecutor (local profile) or a SlurmExecutor filled from the job's LaunchPlan."""
-    spec, plan = job.spec, job.plan
+    spec, plan = job.spec, job.launch
     folder = Path(spec.run_dir) / "submitit"
     if spec.profile.scheduler == "local":
         local = submitit.LocalExecutor(folder)
-        local.update_parameters(tasks_per_node=spec.tasks_per_node, timeout_min=_minutes(spec.time))
+        local.update_parameters(
+            tasks_per_node=spec.tasks_per_node, timeout_min=preflight.slurm_minutes(spec.time)
+        )
         return local
     executor = submitit.SlurmExecutor(folder, python=plan.python_command)
     extra: dict[str, Any] = {"time": spec.time, "signal": spec.signal}
@@ -167,29 +165,15 @@ def make_executor(job: Prepared, dependency: str | None) -> submitit.Executor:
     return executor
 
 
-def _task(job: Prepared) -> TrainerTask:
+def _task(job: JobPlan) -> TrainerTask:
     spec = job.spec
     return TrainerTask(
         command=list(spec.command),
         log_dir=spec.log_dir,
         cwd=spec.code_dir,
         local=spec.profile.scheduler == "local",
-        env=dict(job.plan.env) if spec.profile.scheduler == "local" else {},
+        env=dict(job.launch.env) if spec.profile.scheduler == "local" else {},
     )
-
-
-def _check_finetune_source(path: str) -> None:
-    """A finetune-only pipeline needs a pretrain model that exists now."""
-    source = Path(path).expanduser()
-    if source.is_file():
-        return
-    candidates = [source / "final" / "model.pt", source / "model.pt"]
-    has_checkpoints = (source / "checkpoints").is_dir() and any((source / "checkpoints").iterdir())
-    if not (any(c.is_file() for c in candidates) or has_checkpoints):
-        raise ConfigError(
-            f"finetune_from={path!r} has no pretrain checkpoint (no final/model.pt and no "
-            "checkpoints/); give a finished pretrain run directory or a checkpoint file"
-        )
 
 
 @dataclass
@@ -197,15 +181,18 @@ class StageRecord:
     """One submitted stage: its run directory and job(s)."""
 
     stage: str
-    prepared: Prepared
-    decision: topology.TopologyDecision
+    plan: JobPlan
     job: Any = None
     job_ids: list[str] = field(default_factory=list)
     state: str = ""
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.prepared.spec.run_dir)
+        return self.plan.run_dir
+
+    @property
+    def decision(self) -> topology.TopologyDecision | None:
+        return self.plan.topology
 
 
 class Pipeline:
@@ -223,7 +210,7 @@ class Pipeline:
     def __init__(
         self,
         cluster: str = "dgxpod",
-        model: str = "volo_d5",
+        model: str = "",
         nodes: int | str | None = None,
         args: str = "",
         *,
@@ -257,43 +244,24 @@ class Pipeline:
 
     # ---- planning: everything validated, nothing written
     def plan(self) -> dict[str, StageRecord]:
+        """Plan every stage and run the whole preflight; raises ConfigError, writes nothing."""
         profile = load_profile(self.cluster)
-        directory = new_run_path(runs_root(profile, self.run_root), self.model, "pipeline")
-        if self.finetune_from:
-            _check_finetune_source(self.finetune_from)
+        model = self.model or profile.default_model or DEFAULT_MODEL
+        directory = new_run_path(runs_root(profile, self.run_root), model, "pipeline")
         records: dict[str, StageRecord] = {}
         for stage in self.wanted:
+            chained = stage == "finetune" and not self.finetune_from
             source = self.finetune_from or str(directory / "pretrain")
-            records[stage] = self._plan_stage(stage, directory, source)
-        for rec in records.values():
-            check_can_submit(rec.prepared.spec)
+            req = Request(
+                cluster=self.cluster, model=model, stage=stage, nodes=self.nodes,
+                args=self.stage_args[stage], run_dir=directory / stage, entry=self.entry,  # type: ignore[arg-type]
+                finetune_from=source if stage == "finetune" else "",
+            )  # fmt: skip
+            plan = plan_job(req)
+            preflight.check(plan, chained=chained)
+            records[stage] = StageRecord(stage, plan)
         self.directory = directory
         return records
-
-    def _plan_stage(self, stage: str, directory: Path, source: str) -> StageRecord:
-        args = self.stage_args[stage]
-        ns = stage_parser("pipeline").parse_args(
-            ["--stage", stage, "--cluster", self.cluster, "--model", self.model]
-            + ["--nodes", self.nodes, "--args", args, "--entry", self.entry]
-        )
-        if stage == "finetune":
-            ns.finetune_from = source
-            ns.dependency = "afterok:pretrain" if not self.finetune_from else ""
-        first = prepare(ns, run_dir=directory / stage)  # validates profile, recipe and ARGS
-        spec = first.spec
-        try:  # a fit from `make calibrate` beside the profile prices the choice when present
-            calibration = topology.calibration_for(profile_path(self.cluster))
-        except ValueError as exc:
-            raise ConfigError(f"{exc}; rerun make calibrate or delete the file") from None
-        decision = topology.decide(
-            spec.profile.fabric, spec.model, spec.nodes, gpus=spec.world_size, args=args,
-            calibration=calibration,
-        )  # fmt: skip
-        ns.args = shlex.join(topology.with_topology(shlex.split(args), decision))
-        prepared = prepare(ns, run_dir=directory / stage)
-        prepared.manifest["topology"] = decision.as_dict()
-        prepared.manifest["pipeline"] = {"directory": str(directory), "submitted_via": "submitit"}
-        return StageRecord(stage, prepared, decision)
 
     # ---- submission
     def submit(self) -> Pipeline:
@@ -306,8 +274,9 @@ class Pipeline:
         self.directory.mkdir(mode=DIR_MODE)
         try:
             for rec in records.values():
-                materialize(rec.prepared)
-                print(rec.decision.log_line(), flush=True)
+                materialize(rec.plan, self._manifest(rec))
+                if rec.decision is not None:
+                    print(rec.decision.log_line(), flush=True)
             self.stages = records
             first = next(iter(records.values()))
             self._submit_stage(first, dependency=None)
@@ -324,18 +293,26 @@ class Pipeline:
     @property
     def _uses_slurm(self) -> bool:
         first = next(iter(self.stages.values()))
-        return first.prepared.spec.profile.scheduler == "slurm"
+        return first.plan.profile.scheduler == "slurm"
+
+    def _manifest(self, rec: StageRecord, dependency: str | None = None) -> dict[str, Any]:
+        manifest = rec.plan.manifest(
+            rec.job_ids,
+            pipeline={"directory": str(self.directory), "submitted_via": "submitit"},
+            submitit_folder=str(rec.run_dir / runfiles.SUBMITIT),
+        )
+        manifest["resolved"]["dependency"] = dependency
+        return manifest
 
     def _submit_stage(self, rec: StageRecord, dependency: str | None) -> None:
-        executor = make_executor(rec.prepared, dependency)
-        rec.job = executor.submit(_task(rec.prepared))
+        executor = make_executor(rec.plan, dependency)
+        rec.job = executor.submit(_task(rec.plan))
         rec.job_ids = [str(rec.job.job_id)]
         rec.state = "SUBMITTED"
-        manifest = dict(rec.prepared.manifest)
-        manifest["job_ids"] = rec.job_ids
-        manifest["resolved"] = {**manifest["resolved"], "dependency": dependency}
-        manifest["submitit_folder"] = str(rec.run_dir / "submitit")
-        write_json(rec.run_dir / "manifest.json", manifest)
+        if self._uses_slurm:  # keep exactly what sbatch received: submitit's script
+            kept = Path(rec.job.paths.submission_file).read_text()
+            write_atomic(rec.run_dir / rec.plan.script_name, kept, mode=0o750)
+        write_json(rec.run_dir / runfiles.MANIFEST, self._manifest(rec, dependency))
         print(f"{rec.stage}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)
 
     def _cancel_submitted(self) -> None:
@@ -355,7 +332,7 @@ class Pipeline:
                     "run_dir": str(rec.run_dir),
                     "job_ids": rec.job_ids,
                     "state": rec.state,
-                    "topology": rec.decision.as_dict(),
+                    "topology": rec.decision.as_dict() if rec.decision else None,
                 }
                 for name, rec in self.stages.items()
             },
@@ -442,10 +419,10 @@ class Pipeline:
 
     def _failure_message(self, stage: str, reason: str) -> str:
         rec = self.stages[stage]
-        tb = status.root_cause(rec.run_dir / "logs")
+        tb = status.root_cause(rec.run_dir / runfiles.LOGS)
         where = f"\nlogs: {rec.run_dir / 'logs'}"
         if tb is None:
-            line = status.first_error_line(rec.run_dir / "logs")
+            line = status.first_error_line(rec.run_dir / runfiles.LOGS)
             return f"{stage}: {reason}" + (f"\nfirst error: {line}" if line else "") + where
         return f"{stage}: {reason}\nroot cause ({tb.path}:{tb.line}):\n{tb.text}{where}"
 
@@ -453,7 +430,7 @@ class Pipeline:
         """Each stage's final accuracy and where its checkpoints, logs and final model are."""
         stages = {}
         for name, rec in self.stages.items():
-            summary_path = rec.run_dir / "summary.json"
+            summary_path = rec.run_dir / runfiles.SUMMARY
             summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
             stages[name] = {
                 "state": rec.state,
@@ -462,12 +439,12 @@ class Pipeline:
                 "top5": summary.get("top5"),
                 "steps": summary.get("steps"),
                 "images_per_s": summary.get("images_per_s"),
-                "topology": rec.decision.topology,
-                "predicted_comm_s": rec.decision.predicted_s,
+                "topology": rec.decision.topology if rec.decision else "deepspeed",
+                "predicted_comm_s": rec.decision.predicted_s if rec.decision else None,
                 "run_dir": str(rec.run_dir),
-                "checkpoints": str(rec.run_dir / "checkpoints"),
-                "final_model": str(rec.run_dir / "final" / "model.pt"),
-                "logs": str(rec.run_dir / "logs"),
+                "checkpoints": str(rec.run_dir / runfiles.CHECKPOINTS),
+                "final_model": str(runfiles.final_model(rec.run_dir)),
+                "logs": str(rec.run_dir / runfiles.LOGS),
             }
         return {"pipeline": str(self.directory), "cluster": self.cluster, "stages": stages}
 
@@ -476,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     """`make pipeline`: submit pretrain -> finetune; wait when asked (always without Slurm)."""
     parser = argparse.ArgumentParser(prog="python -m workflows pipeline", description=__doc__)
     parser.add_argument("--cluster", default="local")
-    parser.add_argument("--model", default="volo_d1")
+    parser.add_argument("--model", default="", help="recipe (default: the profile's default_model)")
     parser.add_argument("--nodes", default="")
     parser.add_argument("--args", default="", help="extra trainer flags for both stages")
     parser.add_argument("--finetune-from", default="", help="skip pretrain; finetune this run")

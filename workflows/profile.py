@@ -12,8 +12,28 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from workflows.errors import ConfigError, Strict, describe
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _base_dir() -> Path:
+    """Where relative profile paths start: the checkout holding this code, else (an installed
+    package on a login node) the directory the command runs in."""
+    checkout = Path(__file__).resolve().parent.parent
+    return checkout if (checkout / "pyproject.toml").is_file() else Path.cwd()
+
+
+REPO_ROOT = _base_dir()
 STAGES = ("pretrain", "finetune")
+DEFAULT_NODE_TYPE = "default"
+# A profile with one kind of node may give that node's fields at the top level.
+NODE_FIELDS = (
+    "gpus_per_node",
+    "tasks_per_node",
+    "cpus_per_node",
+    "mem",
+    "gpu",
+    "binding",
+    "fabric",
+)
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -25,10 +45,19 @@ UNSAFE_PATH = re.compile(r'["\n\r%\\]')
 
 
 class Partition(Strict):
-    """The Slurm partition a stage runs on, and its wall-clock limit."""
+    """The Slurm partition a stage runs on: its limit, its kind of node and how many a job takes."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     time: str = Field(description="Slurm time limit: MM, HH:MM:SS or D-HH:MM:SS")
+    node_type: str = Field(default=DEFAULT_NODE_TYPE, description="a key of node_types")
+    nodes: int = Field(default=1, ge=1, description="nodes a job of this stage takes (NODES=)")
+    max_nodes: int | None = Field(
+        default=None, ge=1, description="nodes in the partition (default: nodes)"
+    )
+
+    @property
+    def node_limit(self) -> int:
+        return self.max_nodes or self.nodes
 
     @field_validator("time")
     @classmethod
@@ -66,6 +95,59 @@ class Binding(Strict):
         if value is not None and not _HCA.match(value):
             raise ValueError(f"{value!r} is not DEVICE:PORT; write e.g. 'mlx5_0:1'")
         return value
+
+
+class NodeType(Strict):
+    """One kind of node: its GPUs, CPUs and memory, the per-rank binding map and the fabric."""
+
+    gpus_per_node: int = Field(ge=0)
+    tasks_per_node: int | None = Field(default=None, ge=1, description="default: gpus_per_node")
+    cpus_per_node: int = Field(ge=1)
+    mem: str = Field(default="0", pattern=r"^\d+[KMGT]?$", description="--mem; 0 = all of it")
+    gpu: Gpu | None = None
+    binding: list[Binding] = []
+    fabric: dict[str, Any]
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tasks_per_node or self.gpus_per_node or 1
+
+    @property
+    def cpus_per_task(self) -> int:
+        return max(1, self.cpus_per_node // self.ranks_per_node)
+
+    @field_validator("fabric")
+    @classmethod
+    def _fabric(cls, block: dict[str, Any]) -> dict[str, Any]:
+        from analysis.commcost import Fabric  # pure arithmetic, no torch
+
+        Fabric.from_mapping(block)
+        return block
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NodeType:
+        if self.binding:
+            ranks = sorted(b.local_rank for b in self.binding)
+            if ranks != list(range(self.ranks_per_node)):
+                raise ValueError(
+                    f"binding: local ranks {ranks} must be exactly 0..{self.ranks_per_node - 1} "
+                    f"(one entry per task on a node)"
+                )
+        if self.fabric.get("gpus_per_node") not in (None, self.ranks_per_node):
+            raise ValueError(
+                f"fabric.gpus_per_node={self.fabric['gpus_per_node']} disagrees with the "
+                f"node's {self.ranks_per_node} ranks per node"
+            )
+        return self
+
+    def fabric_model(self) -> Any:
+        """The `analysis.commcost.Fabric` of this node type (the topology choice uses it)."""
+        from analysis.commcost import Fabric
+
+        return Fabric.from_mapping(self.fabric)
+
+    def binding_for(self, local_rank: int) -> Binding | None:
+        return next((b for b in self.binding if b.local_rank == local_rank), None)
 
 
 class Mount(Strict):
@@ -138,13 +220,7 @@ class Profile(Strict):
     description: str = ""
     scheduler: Literal["slurm", "local"]
     partitions: dict[Literal["pretrain", "finetune"], Partition]
-    nodes: int = Field(default=1, ge=1)
-    gpus_per_node: int = Field(ge=0)
-    tasks_per_node: int | None = Field(default=None, ge=1, description="default: gpus_per_node")
-    cpus_per_node: int = Field(ge=1)
-    mem: str = Field(default="0", pattern=r"^\d+[KMGT]?$", description="--mem; 0 = all of it")
-    gpu: Gpu | None = None
-    binding: list[Binding] = []
+    node_types: dict[str, NodeType]
     container: Container | None = None
     storage: Storage
     env: dict[str, str] = {}
@@ -157,15 +233,30 @@ class Profile(Strict):
     backend: Literal["nccl", "gloo"] = "nccl"
     default_model: str | None = Field(default=None, description="recipe used when MODEL is empty")
     python: str | None = Field(default=None, description="interpreter when no container")
-    fabric: dict[str, Any]
 
-    @property
-    def ranks_per_node(self) -> int:
-        return self.tasks_per_node or self.gpus_per_node or 1
-
-    @property
-    def cpus_per_task(self) -> int:
-        return max(1, self.cpus_per_node // self.ranks_per_node)
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_flat_node(cls, data: Any) -> Any:
+        """The one-node-type shorthand (node fields at the top level) -> node_types.default;
+        a top-level `nodes` is the default of every partition that names none."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        flat = {k: data.pop(k) for k in NODE_FIELDS if k in data}
+        if flat and "node_types" in data:
+            raise ValueError(
+                f"{sorted(flat)}: give node fields either at the top level (one kind of node) "
+                f"or under node_types, not both; move them into node_types.<name>"
+            )
+        if flat:
+            data["node_types"] = {DEFAULT_NODE_TYPE: flat}
+        nodes = data.pop("nodes", None)
+        parts = data.get("partitions")
+        if nodes is not None and isinstance(parts, dict):
+            data["partitions"] = {
+                k: ({"nodes": nodes, **v} if isinstance(v, dict) else v) for k, v in parts.items()
+            }
+        return data
 
     @field_validator("env")
     @classmethod
@@ -188,28 +279,18 @@ class Profile(Strict):
                 raise ValueError(f"{name!r}: list variable NAMES (e.g. WANDB_API_KEY), not values")
         return names
 
-    @field_validator("fabric")
-    @classmethod
-    def _fabric(cls, block: dict[str, Any]) -> dict[str, Any]:
-        from analysis.commcost import Fabric  # pure arithmetic, no torch
-
-        Fabric.from_mapping(block)
-        return block
-
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
-        if self.binding:
-            ranks = sorted(b.local_rank for b in self.binding)
-            if ranks != list(range(self.ranks_per_node)):
+        for stage, part in self.partitions.items():
+            if part.node_type not in self.node_types:
                 raise ValueError(
-                    f"binding: local ranks {ranks} must be exactly 0..{self.ranks_per_node - 1} "
-                    f"(one entry per task on a node)"
+                    f"partitions.{stage}.node_type={part.node_type!r} is not a key of node_types "
+                    f"{sorted(self.node_types)}; name one of them"
                 )
-        if self.fabric.get("gpus_per_node") not in (None, self.ranks_per_node):
-            raise ValueError(
-                f"fabric.gpus_per_node={self.fabric['gpus_per_node']} disagrees with the "
-                f"profile's {self.ranks_per_node} ranks per node"
-            )
+            if part.nodes > part.node_limit:
+                raise ValueError(
+                    f"partitions.{stage}: nodes={part.nodes} exceeds max_nodes={part.max_nodes}"
+                )
         if self.scheduler == "local" and self.container is not None:
             raise ValueError("container: a local profile runs without a container; remove it")
         self._storage_is_mounted()
@@ -230,14 +311,18 @@ class Profile(Strict):
                     f"(e.g. {{src: {path}, dst: {path}}})"
                 )
 
-    def fabric_model(self) -> Any:
-        """The `analysis.commcost.Fabric` for this cluster (the topology choice uses it)."""
-        from analysis.commcost import Fabric
+    def partition(self, stage: str) -> Partition:
+        part = self.partitions.get(stage)  # type: ignore[call-overload]
+        if part is None:
+            raise ConfigError(
+                f"profile {self.name}: partitions.{stage} is missing; add "
+                f"`{stage}: {{name: <partition>, time: HH:MM:SS}}` under partitions"
+            )
+        return part  # type: ignore[no-any-return]
 
-        return Fabric.from_mapping(self.fabric)
-
-    def binding_for(self, local_rank: int) -> Binding | None:
-        return next((b for b in self.binding if b.local_rank == local_rank), None)
+    def node_type(self, stage: str) -> NodeType:
+        """The kind of node the stage's partition has (its GPUs, binding and fabric)."""
+        return self.node_types[self.partition(stage).node_type]
 
 
 def resolve_path(value: str) -> Path:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from registry import runfiles
 from workflows.errors import ConfigError
 from workflows.profile import REPO_ROOT, UNSAFE_PATH, Profile, resolve_path
 
@@ -46,7 +47,7 @@ def create_run_dir(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.mkdir(mode=DIR_MODE)
     os.chmod(path, DIR_MODE)
-    (path / "logs").mkdir(mode=DIR_MODE)
+    (path / runfiles.LOGS).mkdir(mode=DIR_MODE)
     os.chmod(path / "logs", DIR_MODE)
 
 

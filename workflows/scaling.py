@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workflows import jobstate
+from registry import runfiles
+from workflows import jobstate, preflight
 from workflows.errors import ConfigError
-from workflows.profile import Profile, load_profile, profile_path
+from workflows.plan import JobPlan, Request, plan_job
+from workflows.preflight import whole_number
+from workflows.profile import Profile, load_profile
 from workflows.recipe import Recipe, load_recipe
 from workflows.rundir import (
     RUN_ROOT_ENV,
@@ -28,10 +31,10 @@ from workflows.rundir import (
     write_atomic,
     write_json,
 )
-from workflows.spec import JobSpec, build_spec, launch_plan, whole_number
-from workflows.submission import check_can_submit, sbatch
+from workflows.spec import JobSpec, launch_plan
+from workflows.submission import sbatch
 from workflows.templating import render
-from workflows.topology import TopologyDecision, calibration_for, decide, with_topology
+from workflows.topology import TopologyDecision, calibration_for
 
 MODES = ("strong", "weak")
 STAGE = "pretrain"
@@ -53,7 +56,8 @@ class SweepPoint:
     argv: tuple[str, ...]
     """srun's command for every rank: bash RUN_DIR/bind.sh python -m trainer ..."""
     bind_script: str
-    decision: TopologyDecision
+    decision: TopologyDecision | None
+    """None when DeepSpeed reduces gradients itself."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class Sweep:
     points: list[SweepPoint]
     script: str
     study: dict[str, Any]
+    plans: list[JobPlan]
+    """Each point's plan: what the preflight checks before the array is submitted."""
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -125,6 +131,17 @@ def sweep_args(batch: int, accum: int, steps: int, warmup: int) -> list[str]:
     ]  # fmt: skip
 
 
+def _count(value: str, name: str) -> int:
+    """A whole number >= 0 given on the command line (e.g. --warmup)."""
+    try:
+        number = int(value or 0)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a whole number; write e.g. {name}=5") from None
+    if number < 0:
+        raise ConfigError(f"{name}={number}: must be 0 or more")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workflows scaling", description=__doc__)
     p.add_argument("--cluster", default="localslurm", help="a Slurm profile name or YAML path")
@@ -171,53 +188,49 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     gpus = parse_gpus(ns.gpus)
     accum = whole_number(ns.accum, "ACCUM", 1)
     steps = whole_number(ns.steps, "--steps", 30)
-    warmup = int(ns.warmup or 0)
+    warmup = _count(ns.warmup, "--warmup")
     if not 0 <= warmup < steps:
         raise ConfigError(f"--warmup={warmup}: must be >= 0 and below --steps={steps}")
-    per_node = profile.ranks_per_node
-    layout = {n: placement(n, per_node, profile.nodes, profile.name) for n in gpus}
+    per_node = profile.node_type(STAGE).ranks_per_node
+    max_nodes = profile.partition(STAGE).node_limit
+    layout = {n: placement(n, per_node, max_nodes, profile.name) for n in gpus}
     default = stage.batch_size if ns.mode == "weak" else stage.batch_size * max(gpus) * accum
     batch = whole_number(ns.batch, "BATCH", default)
     batches = per_rank_batches(ns.mode, gpus, batch, accum)
     study_dir = _study_dir(ns, profile, recipe.model, ns.mode)
-    calibration = _calibration(ns.cluster)
-    points = []
+    points, plans = [], []
     for index, n in enumerate(gpus):
         nodes, ranks = layout[n]
         run_dir = study_dir / f"gpus{n}"
-        extra = [*shlex.split(ns.args or ""), *sweep_args(batches[n], accum, steps, warmup)]
-        decision = decide(
-            profile.fabric, recipe.model, nodes, gpus=n, args=extra, calibration=calibration
-        )
-        spec = build_spec(
-            profile, recipe, STAGE, run_dir=run_dir, nodes=nodes,
-            args=shlex.join(with_topology(extra, decision)),
+        plan = plan_job(
+            Request(
+                cluster=ns.cluster, model=recipe.model, stage=STAGE, nodes=nodes, args=ns.args,
+                tool_args=tuple(sweep_args(batches[n], accum, steps, warmup)), ranks=n,
+                run_dir=run_dir,
+            )
         )  # fmt: skip
+        plans.append(plan)
         # bind.sh leaves its requeue marker where the array script's teardown (rendered from the
         # study's spec) looks for it: the study's logs/.
-        plan = launch_plan(dataclasses.replace(spec, log_dir=str(study_dir / "logs")))
+        launch = launch_plan(dataclasses.replace(plan.spec, log_dir=str(study_dir / runfiles.LOGS)))
         points.append(
             SweepPoint(
                 index=index, gpus=n, nodes=nodes, per_node=ranks, batch_size=batches[n],
-                global_batch=batches[n] * accum * n, run_dir=str(run_dir), argv=plan.argv,
-                bind_script=plan.bind_script, decision=decision,
+                global_batch=batches[n] * accum * n, run_dir=str(run_dir), argv=launch.argv,
+                bind_script=launch.bind_script, decision=plan.topology,
             )
         )  # fmt: skip
-    head_spec = build_spec(
-        profile, recipe, STAGE, run_dir=study_dir, nodes=max(p.nodes for p in points), args=ns.args
-    )
+    head = plan_job(
+        Request(
+            cluster=ns.cluster, model=recipe.model, stage=STAGE,
+            nodes=max(p.nodes for p in points), args=ns.args, run_dir=study_dir,
+        )
+    )  # fmt: skip
+    head_spec = head.spec
     concurrent = whole_number(ns.concurrent, "--concurrent", 1)
     script = render_script(head_spec, points, ns.mode, concurrent)
     study = _study_record(ns, profile, recipe, points, batch, accum, steps, warmup)
-    return Sweep(study_dir, ns.mode, head_spec, profile, recipe, points, script, study)
-
-
-def _calibration(cluster: str) -> Any:
-    """The profile's stored fit (make calibrate), or None; a broken one is a ConfigError."""
-    try:
-        return calibration_for(profile_path(cluster))
-    except ValueError as exc:
-        raise ConfigError(f"{exc}; rerun `make calibrate CLUSTER={cluster}` or delete it") from None
+    return Sweep(study_dir, ns.mode, head_spec, profile, recipe, points, script, study, plans)
 
 
 def render_script(
@@ -259,10 +272,10 @@ def _study_record(
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "script": SCRIPT_NAME,
         "job_id": None,
-        "fabric": dict(profile.fabric),
-        "fabric_source": points[0].decision.fabric_source,
-        "calibration": _calibration_record(ns.cluster, points[0].decision),
-        "grad_bytes": points[0].decision.grad_bytes,
+        "fabric": dict(profile.node_type(STAGE).fabric),
+        "fabric_source": _fabric_source(points),
+        "calibration": _calibration_record(ns.cluster, points),
+        "grad_bytes": points[0].decision.grad_bytes if points[0].decision else None,
         "points": [
             {
                 "index": p.index,
@@ -271,9 +284,9 @@ def _study_record(
                 "run_dir": Path(p.run_dir).name,
                 "batch_size": p.batch_size,
                 "global_batch": p.global_batch,
-                "topology": p.decision.topology,
-                "algorithm": p.decision.algorithm,
-                "predicted_comm_s": p.decision.predicted_s,
+                "topology": p.decision.topology if p.decision else "deepspeed",
+                "algorithm": p.decision.algorithm if p.decision else "deepspeed",
+                "predicted_comm_s": p.decision.predicted_s if p.decision else None,
                 "state": None,
             }
             for p in points
@@ -281,17 +294,26 @@ def _study_record(
     }
 
 
-def _calibration_record(cluster: str, decision: TopologyDecision) -> dict[str, Any] | None:
-    """Which fit priced the points (None: the profile's fabric numbers)."""
-    if decision.fabric_source == "profile fabric":
+def _fabric_source(points: list[SweepPoint]) -> str:
+    """What priced the points' predictions (the planner's decision says it)."""
+    decision = points[0].decision
+    return decision.fabric_source if decision else "profile fabric"
+
+
+def _calibration_record(cluster: str, points: list[SweepPoint]) -> dict[str, Any] | None:
+    """Which stored fit priced the points (None: the profile's fabric numbers)."""
+    if _fabric_source(points) == "profile fabric":
         return None
     from analysis.calibrate import calibration_path
+    from workflows.profile import profile_path
 
+    path = calibration_path(profile_path(cluster))
     cal = calibration_for(profile_path(cluster))
-    assert cal is not None
+    if cal is None:
+        return None
     return {
-        "path": str(calibration_path(profile_path(cluster)).resolve()),
-        "date": cal.date, "job_id": cal.job_id, "fabric": cal.fabric, "backend": cal.backend,
+        "path": str(path.resolve()), "date": cal.date, "job_id": cal.job_id,
+        "fabric": cal.fabric, "backend": cal.backend, "partition": cal.partition,
     }  # fmt: skip
 
 
@@ -355,7 +377,8 @@ def main(argv: list[str]) -> int:
     sweep = prepare(ns)
     if not ns.render_only:
         hint = f"python -m workflows scaling --cluster {ns.cluster} ... --render-only"
-        check_can_submit(sweep.spec, render_hint=hint)
+        for plan in sweep.plans:
+            preflight.check(plan, render_hint=hint)
     script = materialize(sweep)
     print(f"study directory: {sweep.study_dir}")
     if ns.render_only:

@@ -1,4 +1,4 @@
-"""Profile + recipe + overrides -> a frozen JobSpec, and the one LaunchPlan (srun, env, binding)."""
+"""A stage's frozen JobSpec (resources, command) and the one LaunchPlan (srun, env, binding)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from registry import runfiles
 from trainer.exitcodes import REQUEUE
 from workflows.errors import ConfigError
-from workflows.profile import Profile, resolve_path
+from workflows.profile import NodeType, Profile, resolve_path
 from workflows.recipe import Recipe, StageRecipe, check_token_label_size
 from workflows.templating import render
 
@@ -68,6 +69,8 @@ class JobSpec:
     data_dir: str | None
     """The DATA_DIR that must exist before submission (None when ranks do not run the trainer,
     or when the trainer generates the data set itself: digits, synthetic)."""
+    finetune_from: str | None
+    """The model the finetune starts from (absolute path; may not exist yet in a pipeline)."""
     command: tuple[str, ...]
     """The per-rank command after the binding step (python -m trainer DATA_DIR flags...)."""
     extra_args: tuple[str, ...]
@@ -150,24 +153,24 @@ def build_spec(
     stage: str,
     *,
     run_dir: Path,
-    nodes: int | str | None = None,
+    nodes: int,
     args: str = "",
+    tool_args: tuple[str, ...] = (),
     finetune_from: str | None = None,
     dependency: str | None = None,
     entry: Entry = "trainer",
 ) -> JobSpec:
-    """Validate the overrides and resolve one stage's job; raises ConfigError naming the field."""
+    """One stage's job on its partition's nodes; raises ConfigError naming the field.
+
+    Nothing here looks at the file system: whether paths exist is the preflight's business, so
+    a script for any cluster can be rendered anywhere.
+    """
     stage_recipe = recipe.stage(stage)
-    n_nodes = _nodes(nodes, profile)
-    extra = _extra_args(args)
-    partition = profile.partitions.get(stage)  # type: ignore[call-overload]
-    if partition is None:
-        raise ConfigError(
-            f"profile {profile.name}: partitions.{stage} is missing; add "
-            f"`{stage}: {{name: <partition>, time: HH:MM:SS}}` under partitions"
-        )
+    extra = [*_extra_args(args), *tool_args]
+    partition = profile.partition(stage)
+    node = profile.node_type(stage)
     _check_dependency(dependency)
-    finetune = _finetune_source(stage_recipe.finetune, finetune_from, dependency)
+    finetune = _finetune_source(stage_recipe.finetune, finetune_from)
     python = _python(profile)
     data_dir: str | None = None
     if entry == "rankinfo":
@@ -186,14 +189,14 @@ def build_spec(
         stage=stage,
         job_name=f"vitpod-{recipe.model}-{stage}",
         run_dir=str(run_dir),
-        log_dir=str(run_dir / "logs"),
+        log_dir=str(run_dir / runfiles.LOGS),
         partition=partition.name,
         time=partition.time,
-        nodes=n_nodes,
-        tasks_per_node=profile.ranks_per_node,
-        gpus_per_node=profile.gpus_per_node,
-        cpus_per_task=profile.cpus_per_task,
-        mem=profile.mem,
+        nodes=nodes,
+        tasks_per_node=node.ranks_per_node,
+        gpus_per_node=node.gpus_per_node,
+        cpus_per_task=node.cpus_per_task,
+        mem=node.mem,
         account=profile.account,
         qos=profile.qos,
         signal=f"{profile.preemption.signal}@{profile.preemption.grace_s}",
@@ -203,6 +206,7 @@ def build_spec(
         python=python,
         code_dir=str(resolve_path(profile.storage.code)),
         data_dir=data_dir,
+        finetune_from=finetune,
         command=command,
         extra_args=tuple(extra),
     )
@@ -221,26 +225,6 @@ def _trainer_flags(
     flags += ["--output", str(run_dir), "--resume", "auto", *extra]
     _check_final_flags(flags)
     return flags
-
-
-def whole_number(value: str | int | None, name: str, default: int) -> int:
-    """A user's count (NODES=5, ACCUM=2): empty means the default; else a whole number >= 1."""
-    if value in (None, ""):
-        return default
-    try:
-        number = int(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a whole number; write e.g. {name}=2") from None
-    if number < 1:
-        raise ConfigError(f"{name}={number}: must be at least 1")
-    return number
-
-
-def _nodes(value: int | str | None, profile: Profile) -> int:
-    nodes = whole_number(value, "NODES", profile.nodes)
-    if profile.scheduler == "local" and nodes != 1:
-        raise ConfigError(f"NODES={nodes}: profile {profile.name} runs on this machine only; use 1")
-    return nodes
 
 
 def _extra_args(args: str) -> list[str]:
@@ -263,7 +247,7 @@ def _check_dependency(dependency: str | None) -> None:
         )
 
 
-def _finetune_source(needs: bool, finetune_from: str | None, dependency: str | None) -> str | None:
+def _finetune_source(needs: bool, finetune_from: str | None) -> str | None:
     if not finetune_from:
         if needs:
             raise ConfigError(
@@ -271,10 +255,7 @@ def _finetune_source(needs: bool, finetune_from: str | None, dependency: str | N
                 "checkpoint); e.g. make finetune FINETUNE_FROM=runs/<pretrain run>"
             )
         return None
-    path = Path(finetune_from).expanduser().resolve()
-    if dependency is None and not path.exists():
-        raise ConfigError(f"FINETUNE_FROM={finetune_from!r} does not exist; give a run dir or file")
-    return str(path)
+    return str(Path(finetune_from).expanduser().absolute())
 
 
 def _python(profile: Profile) -> str:
@@ -303,10 +284,10 @@ def _check_final_flags(flags: list[str]) -> None:
         raise ConfigError(f"ARGS/recipe: {exc}") from None
 
 
-def environment(profile: Profile) -> dict[str, str]:
+def environment(spec: JobSpec) -> dict[str, str]:
     """Variables exported before srun: the profile's env plus the backend's defaults."""
-    env = {"VITPOD_BACKEND": profile.backend, **profile.env}
-    env.setdefault("OMP_NUM_THREADS", str(profile.cpus_per_task))
+    env = {"VITPOD_BACKEND": spec.profile.backend, **spec.profile.env}
+    env.setdefault("OMP_NUM_THREADS", str(spec.cpus_per_task))
     return env
 
 
@@ -330,7 +311,7 @@ def _container_args(profile: Profile, env_names: list[str]) -> list[str]:
 def launch_plan(spec: JobSpec) -> LaunchPlan:
     """The single source of srun flags, environment and per-rank binding for one job."""
     profile = spec.profile
-    env = environment(profile)
+    env = environment(spec)
     env_names = sorted({*env, "MASTER_ADDR", "MASTER_PORT", *profile.secrets})
     srun_args = [f"--mpi={profile.mpi}", f"--wait={RANK_EXIT_WAIT_S}", "--cpu-bind=none"]
     if profile.container is None:  # ranks start in the code directory (in a container: workdir)
@@ -346,7 +327,11 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
     teardown = render("partials/teardown.sh.j2", {"spec": spec}).strip("\n").splitlines()
     bind = render(
         "bind.sh.j2",
-        {"spec": spec, "bindings": _bindings(profile), "marker_env": REQUEUE_MARKER_ENV},
+        {
+            "spec": spec,
+            "bindings": _bindings(profile.node_type(spec.stage)),
+            "marker_env": REQUEUE_MARKER_ENV,
+        },
     )
     return LaunchPlan(
         srun_args=tuple(srun_args),
@@ -361,10 +346,10 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
     )
 
 
-def _bindings(profile: Profile) -> list[dict[str, Any]]:
+def _bindings(node: NodeType) -> list[dict[str, Any]]:
     return [
         {"local_rank": b.local_rank, "numa": b.numa, "cpus": b.cpus or "", "hca": b.hca or ""}
-        for b in sorted(profile.binding, key=lambda b: b.local_rank)
+        for b in sorted(node.binding, key=lambda b: b.local_rank)
     ]
 
 

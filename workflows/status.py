@@ -9,10 +9,11 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from registry import runfiles
 from trainer.exitcodes import USAGE
 from workflows import jobstate
 
-PIPELINE_FILE = "pipeline.json"
+PIPELINE_FILE = runfiles.PIPELINE
 _TRACEBACK_START = "Traceback (most recent call last):"
 _CHAIN_LINES = (
     "During handling of the above exception, another exception occurred:",
@@ -160,7 +161,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 def progress(run_dir: Path) -> tuple[int | None, float | None, float | None]:
     """(last step, images/s, top-1) from the trainer's metrics JSONL (contract 3)."""
     last_step, rank_ips, summary = None, {}, None
-    for path in sorted((run_dir / "metrics").glob("rank*.jsonl")):
+    for path in sorted((run_dir / runfiles.METRICS).glob("rank*.jsonl")):
         for rec in _read_jsonl(path):
             if rec.get("kind") == "step":
                 last_step = max(last_step or 0, int(rec["step"]))
@@ -191,12 +192,12 @@ def stage_status(
     else:
         state = recorded_state or ("NOT_SUBMITTED" if not job_ids else jobstate.GONE)
         restarts = 0
-    if state == jobstate.GONE and (run_dir / "summary.json").is_file():
+    if state == jobstate.GONE and (run_dir / runfiles.SUMMARY).is_file():
         state = "COMPLETED"
-    restarts = max(restarts, restarts_from_logs(run_dir / "logs"))
+    restarts = max(restarts, restarts_from_logs(run_dir / runfiles.LOGS))
     last_step, ips, top1 = progress(run_dir)
     failed = state in jobstate.TERMINAL and state != "COMPLETED"
-    tb = root_cause(run_dir / "logs") if failed else None
+    tb = root_cause(run_dir / runfiles.LOGS) if failed else None
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb)
 
 
@@ -208,7 +209,7 @@ def _stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
             (name, Path(s["run_dir"]), [str(j) for j in s.get("job_ids", [])], s.get("state", ""))
             for name, s in record["stages"].items()
         ]
-    manifest = json.loads((run / "manifest.json").read_text())
+    manifest = json.loads((run / runfiles.MANIFEST).read_text())
     ids = manifest.get("job_ids") or ([manifest["job_id"]] if manifest.get("job_id") else [])
     return [(str(manifest.get("stage", run.name)), run, [str(j) for j in ids], "")]
 
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     run = Path(args.run) if args.run else None
-    if run is None or not ((run / PIPELINE_FILE).is_file() or (run / "manifest.json").is_file()):
+    if run is None or not ((run / PIPELINE_FILE).is_file() or (run / runfiles.MANIFEST).is_file()):
         print(
             f"error: RUN={args.run!r} is not a run directory (no {PIPELINE_FILE} or manifest.json);"
             " pass the directory printed by `make pipeline`/`make pretrain`",

@@ -10,7 +10,7 @@ from typing import Any
 
 import jinja2
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"  # the `templates` package
 
 
 def sbatch_value(value: object) -> str:

@@ -18,19 +18,9 @@ from analysis.commcost import (
     choose_step_topology,
     choose_topology,
 )
+from registry import models, runfiles
 
-# Trainable parameters at the default size with 1000 classes, counted with timm 1.0 (a test
-# recounts them on the meta device). Gradients are fp32 in DDP buckets: 4 bytes a parameter.
-PARAM_COUNTS = {
-    "volo_d1": 26_632_040,
-    "volo_d2": 58_678_336,
-    "volo_d3": 86_325_072,
-    "volo_d4": 192_961_520,
-    "volo_d5": 295_455_584,
-    "vit_small_patch16_224": 22_050_664,
-    "vit_base_patch16_224": 86_567_656,
-    "volo_tiny": 161_045,  # the test VOLO of DESIGN.md with 10 classes (digits)
-}
+# Gradients are fp32 in DDP buckets: 4 bytes a parameter.
 GRAD_BYTES_PER_PARAM = 4
 TRAINER_CHOICES = ("ring", "ps")
 
@@ -65,15 +55,12 @@ class TopologyDecision:
         return asdict(self)
 
 
-def grad_bytes(model: str) -> int:
-    """Gradient bytes of one optimizer step for a model name (no torch needed)."""
-    name = model if model in PARAM_COUNTS else model.removesuffix("_224")  # volo_d5_224 too
-    if name not in PARAM_COUNTS:
-        raise ValueError(
-            f"model {model!r} has no parameter count for the topology cost model; "
-            f"known models: {sorted(PARAM_COUNTS)} (add it to workflows/topology.py PARAM_COUNTS)"
-        )
-    return PARAM_COUNTS[name] * GRAD_BYTES_PER_PARAM
+def grad_bytes(model: str, num_classes: int = 1000, img_size: int = 224) -> int:
+    """Gradient bytes of one optimizer step for a model name (the registry's count; no torch)."""
+    try:
+        return models.param_count(model, img_size, num_classes) * GRAD_BYTES_PER_PARAM
+    except ValueError as exc:
+        raise ValueError(f"{exc} (the topology cost model needs its parameter count)") from None
 
 
 def as_fabric(fabric: Fabric | Mapping[str, Any] | Any) -> Fabric:
@@ -108,6 +95,8 @@ def decide(
     gpus: int | None = None,
     args: str | Sequence[str] = (),
     ps_servers: int | None = None,
+    num_classes: int = 1000,
+    img_size: int = 224,
     calibration: Calibration | None = None,
 ) -> TopologyDecision:
     """Choose ring or parameter server for `gpus` ranks on `nodes` nodes; --topology wins.
@@ -118,7 +107,7 @@ def decide(
     calibrated backend runs); without one, the profile's numbers price one exchange.
     """
     fab = as_fabric(fabric)
-    nbytes = grad_bytes(model)
+    nbytes = grad_bytes(model, num_classes, img_size)
     source = "profile fabric"
     if calibration is None:
         choice = choose_topology(fab, nbytes, nodes, ps_servers=ps_servers, gpus=gpus)
@@ -145,12 +134,13 @@ def decide(
     )  # fmt: skip
 
 
-def calibration_for(profile_file: str | Path) -> Calibration | None:
-    """The fit `make calibrate` stored beside this profile file, or None.
+def calibration_for(profile_file: str | Path, partition: str | None = None) -> Calibration | None:
+    """The fit `make calibrate` stored beside this profile file, or None (also when it measured
+    another partition than `partition`).
 
     A stored fit that cannot be read raises analysis.calibrate.CalibrationError (a ValueError)
     naming the file: a broken fit is not silently replaced by the profile's numbers."""
-    return load_for_profile(profile_file)
+    return load_for_profile(profile_file, partition)
 
 
 def with_topology(args: Sequence[str], decision: TopologyDecision) -> list[str]:
@@ -189,7 +179,7 @@ def _drop_topology(tokens: list[str]) -> list[str]:
 def _comm_by_step(run_dir: Path) -> dict[int, list[float]]:
     """Each timed (non-warmup) step's communication seconds on every rank."""
     steps: dict[int, list[float]] = {}
-    for path in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
+    for path in sorted((Path(run_dir) / runfiles.METRICS).glob("rank*.jsonl")):
         for index, line in enumerate(path.read_text().splitlines()):
             try:
                 rec = json.loads(line)

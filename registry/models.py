@@ -1,0 +1,165 @@
+"""The model registry: timm name, architecture, parameter count and defaults (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Volo:
+    """timm VOLO hyper-parameters (timm.models.volo.VOLO arguments)."""
+
+    layers: tuple[int, ...]
+    embed_dims: tuple[int, ...]
+    num_heads: tuple[int, ...]
+    mlp_ratio: float = 3.0
+    stem_hidden_dim: int = 64
+    patch_size: int = 8
+    downsamples: tuple[bool, ...] = (True, False, False, False)
+    outlook: tuple[bool, ...] = (True, False, False, False)
+    post_layers: int = 2
+    kernel: int = 3
+    pooling_scale: int = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vit:
+    """timm VisionTransformer hyper-parameters (class token, learned pos-embed, qkv bias)."""
+
+    patch_size: int
+    embed_dim: int
+    depth: int
+    num_heads: int
+    mlp_ratio: float = 4.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo:
+    """One model: how timm builds it, its shape, and the trainer's defaults for it."""
+
+    name: str
+    timm_name: str | None
+    """timm.create_model name; None: built from `arch` directly (the tiny test VOLO)."""
+    arch: Volo | Vit
+    recipe: str
+    """Bundled stage recipe, workflows/recipes/<recipe>.yaml."""
+    drop_path: float
+    crop_pct: float
+    lr_base: float
+    """LR at a global batch of 1024 (LR = lr_base x batch / 1024)."""
+
+
+# VOLO D1..D5: architecture from timm.models.volo (volo_d*_224); stochastic depth and crop ratio
+# from the VOLO paper's model table (Yuan et al., arXiv:2106.13112); LRbase from sail-sg/volo's
+# published training commands (d1 1.6e-3, d2..d5 1e-3 at batch 1024), which win over the paper
+# table's LRbase row because that row disagrees with the paper's own text.
+_VOLO = {
+    "volo_d1": (Volo(layers=(4, 4, 8, 2), embed_dims=(192, 384, 384, 384),
+                     num_heads=(6, 12, 12, 12)), 0.1, 0.96, 1.6e-3),
+    "volo_d2": (Volo(layers=(6, 4, 10, 4), embed_dims=(256, 512, 512, 512),
+                     num_heads=(8, 16, 16, 16)), 0.2, 0.96, 1e-3),
+    "volo_d3": (Volo(layers=(8, 8, 16, 4), embed_dims=(256, 512, 512, 512),
+                     num_heads=(8, 16, 16, 16)), 0.5, 0.96, 1e-3),
+    "volo_d4": (Volo(layers=(8, 8, 16, 4), embed_dims=(384, 768, 768, 768),
+                     num_heads=(12, 16, 16, 16)), 0.5, 1.15, 1e-3),
+    "volo_d5": (Volo(layers=(12, 12, 20, 4), embed_dims=(384, 768, 768, 768),
+                     num_heads=(12, 16, 16, 16), mlp_ratio=4.0, stem_hidden_dim=128),
+                0.75, 1.15, 1e-3),
+}  # fmt: skip
+# ViT shapes: Dosovitskiy et al., arXiv:2010.11929 (Table 1) as timm builds them; defaults are
+# timm train.py's (drop path 0.1, crop 0.875) with DeiT's LR 5e-4 x batch/512 (arXiv:2012.12877).
+_VIT = {
+    "vit_small_patch16_224": Vit(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "vit_base_patch16_224": Vit(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+}
+
+MODELS: dict[str, ModelInfo] = {
+    **{
+        name: ModelInfo(name=name, timm_name=f"{name}_224", arch=arch, recipe=name,
+                        drop_path=dp, crop_pct=crop, lr_base=lr)
+        for name, (arch, dp, crop, lr) in _VOLO.items()
+    },
+    **{
+        name: ModelInfo(name=name, timm_name=name, arch=arch, recipe=name, drop_path=0.1,
+                        crop_pct=0.875, lr_base=1e-3)
+        for name, arch in _VIT.items()
+    },
+    # A VOLO small enough for CPU tests (a batch of 8 trains in ~10 ms): our own choice.
+    "volo_tiny": ModelInfo(
+        name="volo_tiny", timm_name=None,
+        arch=Volo(layers=(1, 1), embed_dims=(32, 64), num_heads=(1, 2), stem_hidden_dim=16),
+        recipe="volo_tiny", drop_path=0.1, crop_pct=0.96, lr_base=1.6e-3,
+    ),
+}  # fmt: skip
+
+
+def canonical(name: str) -> str:
+    """volo_d5_224 -> volo_d5 (timm's name of a registered model); other names unchanged."""
+    for info in MODELS.values():
+        if name == info.timm_name:
+            return info.name
+    return name
+
+
+def known(name: str) -> bool:
+    return canonical(name) in MODELS
+
+
+def get(name: str) -> ModelInfo:
+    """The registry entry of a model, or a ValueError listing the known names."""
+    info = MODELS.get(canonical(name))
+    if info is None:
+        raise ValueError(f"--model {name!r} is not in the model registry; known: {sorted(MODELS)}")
+    return info
+
+
+def arch_of(name: str) -> Volo | Vit:
+    return get(name).arch
+
+
+# ---------------------------------------------------------------- parameter counts
+
+
+def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def _mlp(dim: int, ratio: float) -> int:
+    hidden = int(dim * ratio)
+    return _linear(dim, hidden) + _linear(hidden, dim)
+
+
+def _volo_params(a: Volo, img_size: int, num_classes: int) -> int:
+    h, e0, k4 = a.stem_hidden_dim, a.embed_dims[0], a.kernel**4
+    stem = 3 * h * 49 + 2 * 9 * h * h + 3 * 2 * h  # 7x7, two 3x3 convs (no bias), 3 BatchNorms
+    total = stem + h * e0 * (a.patch_size // 2) ** 2 + e0  # patch projection
+    grid = img_size // a.patch_size // a.pooling_scale
+    dim = a.embed_dims[-1]
+    total += grid * grid * dim  # pos_embed
+    for i, n_blocks in enumerate(a.layers):
+        d, m = a.embed_dims[i], a.num_heads[i]
+        if a.outlook[i]:
+            attn = d * d + _linear(d, k4 * m) + _linear(d, d)  # v (no bias), attention, proj
+        else:
+            attn = 3 * d * d + _linear(d, d)  # qkv (no bias), proj
+        total += n_blocks * (4 * d + attn + _mlp(d, a.mlp_ratio))
+        if a.downsamples[i] and i + 1 < len(a.layers):
+            total += 4 * d * a.embed_dims[i + 1] + a.embed_dims[i + 1]
+    class_block = 4 * dim + 3 * dim * dim + _linear(dim, dim) + _mlp(dim, a.mlp_ratio)
+    total += a.post_layers * class_block + dim  # class-attention blocks, cls token
+    return total + 2 * dim + 2 * _linear(dim, num_classes)  # final norm, aux head, head
+
+
+def _vit_params(a: Vit, img_size: int, num_classes: int) -> int:
+    d, tokens = a.embed_dim, (img_size // a.patch_size) ** 2 + 1
+    total = 3 * a.patch_size**2 * d + d + d + tokens * d  # patch conv, cls token, pos_embed
+    block = 4 * d + _linear(d, 3 * d) + _linear(d, d) + _mlp(d, a.mlp_ratio)
+    return total + a.depth * block + 2 * d + _linear(d, num_classes)
+
+
+def param_count(name: str, img_size: int = 224, num_classes: int = 1000) -> int:
+    """Trainable parameters from the architecture arithmetic (equals timm's count, tested)."""
+    arch = arch_of(name)
+    if isinstance(arch, Volo):
+        return _volo_params(arch, img_size, num_classes)
+    return _vit_params(arch, img_size, num_classes)

@@ -1,0 +1,33 @@
+"""The names of a run directory's files, for every package that writes or reads one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+"""What was planned and submitted: profile, recipe, resolved arguments, topology, job ids."""
+SUMMARY = "summary.json"
+"""The trainer's final figures (top-1, steps, images/s, mesh, ...)."""
+PIPELINE = "pipeline.json"
+"""A pipeline directory's record of its stages."""
+STUDY = "study.json"
+"""A scaling study's record of its points."""
+REPORT = "report.json"
+LOGS = "logs"
+METRICS = "metrics"
+CHECKPOINTS = "checkpoints"
+FINAL = "final"
+FINAL_MODEL = "model.pt"
+TENSORBOARD = "tb"
+BIND = "bind.sh"
+SBATCH = "job.sbatch"
+LOCAL_SCRIPT = "job.sh"
+SUBMITIT = "submitit"
+
+
+def final_model(run_dir: str | Path) -> Path:
+    return Path(run_dir) / FINAL / FINAL_MODEL
+
+
+def metrics_file(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / METRICS / f"rank{rank}.jsonl"

@@ -1,0 +1,1 @@
+"""Jinja templates of the batch script, its partials and the per-rank binding script."""

@@ -1,0 +1,219 @@
+"""The one planner and its preflight, driven the way users meet them: make variables and ARGS."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workflows.errors import ConfigError
+from workflows.pipeline import Pipeline
+from workflows.plan import Request, plan_job
+from workflows.profile import PROFILE_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make(tmp_path: Path, target: str, *variables: str) -> subprocess.CompletedProcess[str]:
+    """`make TARGET VAR=...` as a user types it, with run directories under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    env["VITPOD_RUN_ROOT"] = str(tmp_path / "runs")
+    return subprocess.run(
+        ["make", "-s", "-C", str(REPO), target, *variables],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+def run_dirs(tmp_path: Path) -> list[Path]:
+    root = tmp_path / "runs"
+    return sorted(root.iterdir()) if root.is_dir() else []
+
+
+def test_misspelt_flag_in_args_is_refused_before_anything_is_written(tmp_path):
+    done = make(tmp_path, "render", "CLUSTER=dgxpod", "ARGS=--topologyy ps")
+    assert done.returncode == 2, done.stdout
+    ours = [line for line in done.stderr.splitlines() if not line.startswith("make:")]
+    assert len(ours) == 1 and "--topologyy" in ours[0]  # one clear line
+    assert run_dirs(tmp_path) == []
+    for args, word in (("--topology foo", "'foo'"), ("--epochs -3", "--epochs must be at least 1")):
+        done = make(tmp_path, "render", "CLUSTER=localslurm", f"ARGS={args}")
+        assert done.returncode == 2 and word in done.stderr and "Traceback" not in done.stderr
+    assert run_dirs(tmp_path) == []
+
+
+def test_render_records_the_topology_decision_it_rendered(tmp_path):
+    done = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5")
+    assert done.returncode == 0, done.stderr
+    script = Path(done.stdout.splitlines()[-1])
+    manifest = json.loads((script.parent / "manifest.json").read_text())
+    decision = manifest["topology"]
+    assert decision["topology"] in ("ring", "ps") and decision["ranks"] == 40
+    assert decision["source"] == "cost model" and decision["predicted_s"] > 0
+    # What the ranks run carries the decision; the manifest holds the trainer's parsed config.
+    command = manifest["resolved"]["command"]
+    assert command[command.index("--topology") + 1] == decision["topology"]
+    assert manifest["trainer"]["topology"] == decision["topology"]
+    assert manifest["stage"] == "pretrain" and manifest["model"] == "volo_d5"
+    assert manifest["memory"]["checked"] and manifest["memory"]["gpu"] == "A100-SXM4-80GB"
+
+
+def test_finetune_renders_on_its_own_partition_and_node_type(tmp_path):
+    source = "FINETUNE_FROM=/lustre/fsw/vitpod/runs/x"  # exists only on the cluster
+    pre = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5")
+    fin = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", source)
+    assert pre.returncode == 0 and fin.returncode == 0, fin.stderr
+    pre_text = Path(pre.stdout.splitlines()[-1]).read_text()
+    fin_script = Path(fin.stdout.splitlines()[-1])
+    fin_text = fin_script.read_text()
+    assert "#SBATCH --partition=dgxa100" in pre_text and "#SBATCH --ntasks-per-node=8" in pre_text
+    assert "#SBATCH --partition=dgx2" in fin_text and "#SBATCH --ntasks-per-node=16" in fin_text
+    # bind.sh follows the DGX-2 map: 16 local ranks, GPUs 8-15 on socket 1's NUMA node.
+    bind = (fin_script.parent / "bind.sh").read_text()
+    assert "15)" in bind and "mlx5_9:1" in bind and "24-47,72-95" in bind
+    assert "--finetune /lustre/fsw/vitpod/runs/x" in fin_text
+
+
+def test_a_batch_that_cannot_fit_in_gpu_memory_is_refused(tmp_path):
+    base = ["CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", "FINETUNE_FROM=/lustre/x"]
+    done = make(tmp_path, "render", *base, "ARGS=-b 64")
+    assert done.returncode == 2
+    assert "-b 64: the batch does not fit in GPU memory" in done.stderr
+    assert "V100-SXM3-32GB" in done.stderr and "use -b 12" in done.stderr
+    assert run_dirs(tmp_path) == []
+    assert make(tmp_path, "render", *base, "ARGS=-b 4").returncode == 0
+
+
+def test_more_nodes_than_the_partition_has_is_refused_without_slurm(tmp_path):
+    done = make(tmp_path, "render", "CLUSTER=localslurm", "NODES=3")
+    assert done.returncode == 2 and "NODES=3" in done.stderr and "NODES=2 or fewer" in done.stderr
+    assert run_dirs(tmp_path) == []
+
+
+def _profile_copy(tmp_path: Path, **partition: object) -> str:
+    """localslurm with every partition's fields changed."""
+    data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    for stage in data["partitions"]:
+        data["partitions"][stage].update(partition)
+    path = tmp_path / f"copy-{len(list(tmp_path.glob('copy-*')))}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.mark.slurm
+def test_slurm_refuses_what_the_profile_allows(local_slurm, tmp_path):
+    """The profile claims 5 nodes; Slurm's partition has 2: refused before sbatch."""
+    cluster = _profile_copy(tmp_path, max_nodes=5)
+    done = make(tmp_path, "pretrain", f"CLUSTER={cluster}", "NODES=3")
+    assert done.returncode == 2, done.stdout
+    assert "NODES=3: partition 'pretrain' can give a job at most 2 node(s)" in done.stderr
+    assert run_dirs(tmp_path) == []
+    for change, words in (
+        ({"name": "nosuch"}, "partitions.pretrain.name='nosuch' does not exist"),
+        ({"time": "2-00:00:00"}, None),  # the local partitions have no MaxTime: accepted
+    ):
+        cluster = _profile_copy(tmp_path, **change)
+        done = make(tmp_path, "preflight", f"CLUSTER={cluster}")
+        if words is None:
+            assert done.returncode == 0, done.stderr
+            assert "preflight passed" in done.stdout.splitlines()[-1]
+        else:
+            assert done.returncode == 2 and words in done.stderr
+    assert run_dirs(tmp_path) == []
+
+
+@pytest.mark.slurm
+def test_gpus_the_partition_lacks_are_refused(local_slurm, tmp_path):
+    data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    data["gpus_per_node"] = 4  # the local nodes have gres gpu:2
+    data["tasks_per_node"] = 2
+    path = tmp_path / "gpus.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = make(tmp_path, "preflight", f"CLUSTER={path}")
+    assert done.returncode == 2 and "offers 2 (gres gpu)" in done.stderr
+
+
+def test_preflight_checks_the_paths_the_ranks_will_read(tmp_path, capsys):
+    from workflows import cli
+
+    argv = ["--cluster", "local", "--stage", "finetune", "--finetune-from", "/no/such/run"]
+    assert cli.main(["preflight", *argv, "--run-root", str(tmp_path / "runs")]) == 2
+    assert "FINETUNE_FROM='/no/such/run' does not exist" in capsys.readouterr().err
+    empty = tmp_path / "pretrain-run"
+    empty.mkdir()
+    argv[-1] = str(empty)
+    assert cli.main(["preflight", *argv]) == 2
+    assert "has no model (final/model.pt or checkpoints/)" in capsys.readouterr().err
+    # render needs none of it: a script for any cluster can be written and read anywhere.
+    assert cli.main(["render", *argv, "--run-root", str(tmp_path / "runs")]) == 0
+    labels = ["--args", "--token-label --token-label-size 2 --token-label-data /no/labels"]
+    assert cli.main(["preflight", "--cluster", "local", "--model", "volo_tiny", *labels]) == 2
+    assert "token-label data '/no/labels' does not exist" in capsys.readouterr().err
+
+
+def test_scaling_with_bad_input_exits_2_without_a_traceback(tmp_path):
+    for extra in ("ARGS=--warmup x", "ARGS=--topology foo"):
+        done = make(tmp_path, "scaling", "CLUSTER=localslurm", "GPUS=1 2", extra)
+        assert done.returncode == 2, done.stdout
+        assert "Traceback" not in done.stderr and "error:" in done.stderr
+
+
+def test_empty_model_names_the_pipeline_after_the_profile_default(tmp_path):
+    run = Pipeline("localslurm", "", run_root=str(tmp_path / "runs"))
+    if shutil.which("sbatch") is None:
+        pytest.skip("the pipeline's preflight needs sbatch on PATH")
+    run.plan()
+    assert run.directory is not None and "-volo_tiny-pipeline-" in run.directory.name
+
+
+def test_status_reads_the_manifest_a_submission_writes(tmp_path):
+    from workflows.status import _stages_of
+
+    plan = plan_job(Request(cluster="localslurm", run_root=str(tmp_path / "runs")))
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / "manifest.json").write_text(json.dumps(plan.manifest(["4242"])))
+    [(stage, run_dir, ids, _)] = _stages_of(plan.run_dir)
+    assert (stage, run_dir, ids) == ("pretrain", plan.run_dir, ["4242"])
+
+
+def test_planner_imports_no_torch():
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['timm'] = None\n"
+        "from workflows.plan import Request, plan_job\n"
+        "p = plan_job(Request(cluster='dgxpod', model='volo_d5', run_root='/tmp/x'))\n"
+        "print(p.topology.topology, p.memory['checked'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1] == "True"
+
+
+def test_request_errors_are_config_errors():
+    with pytest.raises(ConfigError, match="NODES='x' is not a whole number"):
+        plan_job(Request(cluster="dgxpod", nodes="x"))
+
+
+@pytest.mark.slow
+def test_a_login_node_install_renders_from_anywhere(tmp_path):
+    """`pip install .` into a fresh venv without torch, then render dgxpod from elsewhere."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), str(REPO)], check=True)
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = ["-m", "workflows", "render", "--cluster", "dgxpod", "--model", "volo_d5"]
+    done = subprocess.run(
+        [python, *argv, "--run-root", str(tmp_path / "runs")],
+        capture_output=True, text=True, cwd=elsewhere,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    script = Path(done.stdout.splitlines()[-1])
+    assert script.is_file() and "#SBATCH --partition=dgxa100" in script.read_text()

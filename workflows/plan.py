@@ -1,0 +1,227 @@
+"""The one planner: profile + recipe + stage + overrides -> a validated, rendered JobPlan."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from registry import runfiles
+from trainer.config import ConfigError as TrainerConfigError
+from trainer.config import TrainConfig, parse_args, problems
+from workflows import preflight, topology
+from workflows.errors import ConfigError
+from workflows.profile import Profile, load_profile, profile_path
+from workflows.recipe import Recipe, load_recipe
+from workflows.rundir import (
+    check_path_safe,
+    git_info,
+    image_info,
+    new_run_path,
+    runs_root,
+)
+from workflows.spec import Entry, JobSpec, LaunchPlan, build_spec, launch_plan
+from workflows.templating import render
+
+DEFAULT_MODEL = "volo_d1"  # when neither MODEL nor the profile's default_model is given
+TRAINER_ARGV_START = 3  # command = (python, -m, trainer, DATA_DIR, flags...)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What a user asked for: make variables, CLI flags or Pipeline/Python arguments."""
+
+    cluster: str = "local"
+    model: str = ""
+    stage: str = "pretrain"
+    nodes: int | str | None = None
+    args: str = ""
+    """ARGS: trainer flags as one shell-quoted string (user input)."""
+    tool_args: tuple[str, ...] = ()
+    """Trainer flags vitpod itself adds after ARGS (a sweep point's batch and step count)."""
+    ranks: int | None = None
+    """World size when a job uses part of a node (a sweep point); default: every rank."""
+    finetune_from: str = ""
+    dependency: str = ""
+    run_root: str = ""
+    run_dir: Path | None = None
+    entry: Entry = "trainer"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobPlan:
+    """Everything decided about one job; rendering and submitting read it and nothing else."""
+
+    request: Request
+    profile: Profile
+    recipe: Recipe
+    spec: JobSpec
+    launch: LaunchPlan
+    trainer: dict[str, Any] | None
+    """The trainer's resolved configuration from its own parser (None: ranks run no trainer)."""
+    topology: topology.TopologyDecision | None
+    memory: dict[str, Any]
+    script_name: str
+    script: str
+    created: str = field(default_factory=lambda: _now())
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec.run_dir)
+
+    @property
+    def script_path(self) -> Path:
+        return self.run_dir / self.script_name
+
+    def manifest(self, job_ids: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+        """manifest.json: what was planned and (with job ids) submitted."""
+        spec, req = self.spec, self.request
+        return {
+            "created": self.created,
+            "stage": spec.stage,
+            "model": spec.model,
+            "script": self.script_name,
+            "job_ids": list(job_ids or []),
+            "profile": {
+                "name": self.profile.name,
+                "path": str(profile_path(req.cluster).resolve()),
+                "values": self.profile.model_dump(),
+            },
+            "recipe": {
+                "model": spec.model,
+                "stage": spec.stage,
+                "values": self.recipe.stage(spec.stage).model_dump(),
+            },
+            "overrides": {
+                "nodes": req.nodes,
+                "args": req.args,
+                "finetune_from": req.finetune_from,
+            },  # fmt: skip
+            "resolved": {
+                "run_dir": spec.run_dir,
+                "partition": spec.partition,
+                "node_type": self.profile.partition(spec.stage).node_type,
+                "time": spec.time,
+                "nodes": spec.nodes,
+                "tasks_per_node": spec.tasks_per_node,
+                "world_size": spec.world_size,
+                "dependency": spec.dependency,
+                "command": list(spec.command),
+                "srun_args": list(self.launch.srun_args),
+                "env": self.launch.env,
+            },
+            "trainer": self.trainer,
+            "topology": self.topology.as_dict() if self.topology else None,
+            "memory": self.memory,
+            "git": git_info(),
+            "image": image_info(self.profile),
+            **extra,
+        }
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def plan_job(req: Request) -> JobPlan:
+    """Validate everything that needs no cluster and render the job in memory.
+
+    Raises ConfigError naming the field and the fix; nothing is written. The trainer's final
+    argv is parsed with the trainer's own parser, the topology is decided once (and its flags
+    are part of the argv), and the memory planner checks the micro-batch against the stage's GPU.
+    """
+    profile = load_profile(req.cluster)
+    model = req.model or profile.default_model or DEFAULT_MODEL
+    recipe = load_recipe(model)
+    recipe.stage(req.stage)
+    partition = profile.partition(req.stage)
+    node = profile.node_type(req.stage)
+    run_dir = req.run_dir or new_run_path(runs_root(profile, req.run_root), recipe.model, req.stage)
+    check_path_safe(run_dir, "run root", "choose another storage.runs / --run-root")
+    nodes = preflight.node_count(req.nodes, profile, req.stage)
+    world = req.ranks or nodes * node.ranks_per_node
+    spec = build_spec(
+        profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
+        tool_args=req.tool_args, finetune_from=req.finetune_from or None,
+        dependency=req.dependency or None, entry=req.entry,
+    )  # fmt: skip
+    cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
+    if req.entry == "trainer":
+        cfg = _parse_trainer(spec.command, world)
+        decision = _decide_topology(
+            profile, req.stage, cfg, nodes, world, spec.command, _calibration(req, partition.name)
+        )
+        if decision is not None:
+            tail = topology.with_topology(list(spec.command[TRAINER_ARGV_START:]), decision)
+            spec = dataclasses.replace(spec, command=(*spec.command[:TRAINER_ARGV_START], *tail))
+            cfg = _parse_trainer(spec.command, world)
+        memory = preflight.memory_fit(cfg, node, world, req.stage, partition.name)
+    launch = launch_plan(spec)
+    template, script_name = (
+        ("sbatch.sh.j2", runfiles.SBATCH)
+        if profile.scheduler == "slurm"
+        else ("local.sh.j2", runfiles.LOCAL_SCRIPT)
+    )
+    script = render(template, {"spec": spec, "plan": launch})
+    return JobPlan(
+        request=req, profile=profile, recipe=recipe, spec=spec, launch=launch,
+        trainer=_config_record(cfg) if cfg else None, topology=decision, memory=memory,
+        script_name=script_name, script=script,
+    )  # fmt: skip
+
+
+def replan(plan: JobPlan, **changes: Any) -> JobPlan:
+    """The same request with some fields changed (e.g. the dependency once it is known)."""
+    return plan_job(dataclasses.replace(plan.request, run_dir=plan.run_dir, **changes))
+
+
+def _parse_trainer(command: tuple[str, ...], world: int) -> TrainConfig:
+    """The trainer's own parser and consistency checks on the exact argv the ranks will run."""
+    argv = list(command[TRAINER_ARGV_START:])
+    try:
+        cfg = parse_args(argv, world_size=world)
+    except TrainerConfigError as exc:
+        raise ConfigError(f"ARGS/recipe: {exc}") from None
+    found = problems(cfg, for_training=False)
+    if found:
+        raise ConfigError("ARGS/recipe: " + "; ".join(found))
+    return cfg
+
+
+def _calibration(req: Request, partition: str) -> Any:
+    """The fit `make calibrate` stored beside the profile for this partition, or None."""
+    try:
+        return topology.calibration_for(profile_path(req.cluster), partition)
+    except ValueError as exc:
+        fix = f"rerun `make calibrate CLUSTER={req.cluster}` or delete it"
+        raise ConfigError(f"{exc}; {fix}") from None
+
+
+def _decide_topology(
+    profile: Profile, stage: str, cfg: TrainConfig, nodes: int, world: int,
+    command: tuple[str, ...], calibration: Any = None,
+) -> topology.TopologyDecision | None:  # fmt: skip
+    """Ring or parameter server from the cost model (an explicit --topology wins); None when
+    DeepSpeed reduces gradients itself."""
+    if cfg.deepspeed:
+        return None
+    argv = list(command[TRAINER_ARGV_START:])
+    try:
+        return topology.decide(
+            profile.node_type(stage).fabric, cfg.model, nodes, gpus=world, args=argv,
+            num_classes=cfg.num_classes, img_size=cfg.img_size, calibration=calibration,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _config_record(cfg: TrainConfig) -> dict[str, Any]:
+    return {**dataclasses.asdict(cfg), "global_batch_size": cfg.global_batch_size}
+
+
+def args_with(args: str, extra: list[str]) -> str:
+    """ARGS plus more flags, as one shell string."""
+    return shlex.join([*shlex.split(args or ""), *extra])

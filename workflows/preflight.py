@@ -1,0 +1,314 @@
+"""Preflight: refuse a doomed job (layout, memory, partition, paths) before it queues."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from analysis import memory
+from registry import models, runfiles
+from workflows.errors import ConfigError
+from workflows.profile import NodeType, Profile
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+    from workflows.plan import JobPlan
+
+RESERVE_BYTES = 1.0 * memory.GIB
+"""GPU memory the plan leaves free: CUDA context, cuDNN/cuBLAS workspaces, fragmentation."""
+PLAN_MARGIN = 1.15
+"""The plan's total is multiplied by this: on an H100 the measured peak of a bf16 AdamW step was
+7-11% above the plan (benchmarks/results/gpu_h100.json: autocast's cached bf16 weight copies and
+allocator rounding, which the plan does not count)."""
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+# --------------------------------------------------------------------------- static checks
+
+
+def whole_number(value: str | int | None, name: str, default: int) -> int:
+    """A user's count (NODES=5, ACCUM=2): empty means the default; else a whole number >= 1."""
+    if value in (None, ""):
+        return default
+    try:
+        number = int(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a whole number; write e.g. {name}=2") from None
+    if number < 1:
+        raise ConfigError(f"{name}={number}: must be at least 1")
+    return number
+
+
+def node_count(value: int | str | None, profile: Profile, stage: str) -> int:
+    """NODES (default: the stage partition's `nodes`), at most the nodes the partition has."""
+    part = profile.partition(stage)
+    nodes = whole_number(value, "NODES", part.nodes)
+    if profile.scheduler == "local" and nodes != 1:
+        raise ConfigError(f"NODES={nodes}: profile {profile.name} runs on this machine only; use 1")
+    if nodes > part.node_limit:
+        raise ConfigError(
+            f"NODES={nodes}: partition {part.name!r} ({stage}) has {part.node_limit} node(s) in "
+            f"profile {profile.name}; use NODES={part.node_limit} or fewer"
+        )
+    return nodes
+
+
+def memory_fit(
+    cfg: TrainConfig, node: NodeType, world: int, stage: str, partition: str
+) -> dict[str, Any]:
+    """Predicted peak bytes per GPU for this micro-batch; ConfigError when it does not fit,
+    naming the largest micro-batch that does."""
+    if not node.gpus_per_node or node.gpu is None:
+        return {"checked": False, "reason": f"partition {partition} has no GPU memory to fit"}
+    if not models.known(cfg.model):
+        return {"checked": False, "reason": f"{cfg.model} is not in the model registry"}
+    settings: dict[str, Any] = {
+        "model": cfg.model,
+        "img_size": cfg.img_size,
+        "precision": _precision(cfg),
+        "zero": cfg.zero_stage if cfg.deepspeed else 0,
+        "gpus": world,
+        "num_classes": cfg.num_classes or 1000,
+        "token_label": cfg.token_label,
+    }
+    need = memory.plan(batch=cfg.batch_size, **settings).total * PLAN_MARGIN
+    capacity = node.gpu.memory_bytes
+    largest = memory.max_micro_batch((capacity - RESERVE_BYTES) / PLAN_MARGIN, 0, **settings)
+    record = {
+        "checked": True,
+        "gpu": node.gpu.model,
+        "capacity_bytes": capacity,
+        "reserve_bytes": RESERVE_BYTES,
+        "plan_margin": PLAN_MARGIN,
+        "predicted_peak_bytes": need,
+        "micro_batch": cfg.batch_size,
+        "largest_micro_batch": largest,
+        "settings": settings,
+    }
+    if need + RESERVE_BYTES <= capacity:
+        return record
+    gib = memory.GIB
+    fix = (
+        f"use -b {largest} (with --accum-steps to keep the global batch)"
+        if largest
+        else "not even the model states fit: use --deepspeed --zero-stage 3 or more GPUs"
+    )
+    raise ConfigError(
+        f"-b {cfg.batch_size}: the batch does not fit in GPU memory: {cfg.model} at "
+        f"{cfg.img_size} px ({settings['precision']}) needs {need / gib:.1f} GiB per GPU for the "
+        f"{stage} stage, but a {node.gpu.model} on partition {partition} has "
+        f"{capacity / gib:.1f} GiB ({RESERVE_BYTES / gib:.0f} GiB kept free); {fix}"
+    )
+
+
+def _precision(cfg: TrainConfig) -> str:
+    if cfg.deepspeed and cfg.use_amp:
+        return "half"  # DeepSpeed bf16/fp16: half weights and gradients, fp32 master copy
+    return "amp" if cfg.use_amp else "fp32"
+
+
+# --------------------------------------------------------------------------- cluster checks
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """What Slurm says about one partition."""
+
+    name: str
+    total_nodes: int
+    max_nodes: int | None
+    max_minutes: int | None
+    gpus_per_node: int
+
+
+def check(plan: JobPlan, render_hint: str | None = None, chained: bool = False) -> list[str]:
+    """Every check that needs the cluster or its file systems; ConfigError lists what fails.
+
+    Returns the checks made, for the manifest and `make preflight`. Called before anything is
+    written or submitted (make pretrain/finetune/pipeline/scaling, Pipeline.plan/submit).
+    `chained`: the finetune source is the pipeline's own pretrain, which exists once it ends.
+    """
+    spec = plan.spec
+    done: list[str] = []
+    if spec.profile.scheduler == "slurm":
+        if shutil.which("sbatch") is None:
+            hint = render_hint or f"make render CLUSTER={spec.profile.name} MODEL={spec.model}"
+            raise ConfigError(
+                "sbatch is not on PATH (this is not a Slurm login node). To only write the "
+                f"script, run `{hint}` and submit it from a login node with `sbatch <script>`"
+            )
+        done += check_partition(plan)
+    problems = path_problems(plan, chained)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    done.append("paths exist: data, code, token-label data, finetune source, image")
+    return done
+
+
+def check_partition(plan: JobPlan) -> list[str]:
+    """The stage's partition exists and has the nodes, GPUs and time limit the job asks for."""
+    spec = plan.spec
+    info = partition_info(spec.partition)
+    field = f"partitions.{spec.stage}"
+    if info is None:
+        known = cluster_partitions()
+        if known is None:
+            return ["partition: Slurm did not answer; not checked"]
+        raise ConfigError(
+            f"profile {spec.profile.name}: {field}.name={spec.partition!r} does not exist on "
+            f"this cluster (sinfo lists {sorted(known)}); fix the profile"
+        )
+    limit = min(info.total_nodes, info.max_nodes or info.total_nodes)
+    if spec.nodes > limit:
+        most = info.max_nodes or "UNLIMITED"
+        raise ConfigError(
+            f"NODES={spec.nodes}: partition {spec.partition!r} can give a job at most {limit} "
+            f"node(s) (Slurm: TotalNodes={info.total_nodes}, MaxNodes={most}); use "
+            f"NODES={limit} or fewer, or another partition in {field}"
+        )
+    if spec.gpus_per_node > info.gpus_per_node:
+        raise ConfigError(
+            f"profile {spec.profile.name}: node type of {field} has {spec.gpus_per_node} GPUs a "
+            f"node but partition {spec.partition!r} offers {info.gpus_per_node} (gres gpu); fix "
+            f"node_types.{plan.profile.partition(spec.stage).node_type}.gpus_per_node"
+        )
+    want = slurm_minutes(spec.time)
+    if info.max_minutes is not None and want > info.max_minutes:
+        raise ConfigError(
+            f"profile {spec.profile.name}: {field}.time={spec.time!r} exceeds partition "
+            f"{spec.partition!r}'s MaxTime ({info.max_minutes} min); lower {field}.time"
+        )
+    return [
+        f"partition {spec.partition}: {info.total_nodes} node(s), {info.gpus_per_node} GPU(s) a "
+        f"node, MaxTime {info.max_minutes if info.max_minutes is not None else 'UNLIMITED'} min"
+    ]
+
+
+def path_problems(plan: JobPlan, chained: bool = False) -> list[str]:
+    """Paths the ranks will read, checked from here (shared storage: same paths everywhere)."""
+    spec, cfg = plan.spec, plan.trainer or {}
+    name = spec.profile.name
+    out = []
+    for field, path in (("storage.data", spec.data_dir), ("storage.code", spec.code_dir)):
+        if path is not None and not Path(path).exists():
+            out.append(
+                f"profile {name}: {field} path {path!r} does not exist; create it on the shared "
+                f"file system (or fix the profile) before submitting"
+            )
+    labels = cfg.get("token_label_data")
+    if cfg.get("token_label") and labels and not Path(labels).exists():
+        out.append(
+            f"token-label data {labels!r} does not exist; generate it first (recipe "
+            f"token_label_data, under storage.data) or pass --token-label-data in ARGS"
+        )
+    if spec.finetune_from and not (chained or spec.dependency):
+        problem = finetune_source_problem(spec.finetune_from)
+        if problem:
+            out.append(problem)
+    for flag in ("deepspeed_config", "resume"):
+        value = cfg.get(flag)
+        if value and value not in ("auto", "none") and not Path(value).exists():
+            out.append(f"--{flag.replace('_', '-')} {value}: no such file; pass an existing path")
+    out += image_problems(spec.profile)
+    return out
+
+
+def finetune_source_problem(path: str) -> str | None:
+    """A finetune source must hold a model now: a file, a final model or a checkpoint."""
+    source = Path(path)
+    if source.is_file():
+        return None
+    if not source.exists():
+        return f"FINETUNE_FROM={path!r} does not exist; give a pretrain run directory or a file"
+    final = runfiles.final_model(source)
+    ckpts = source / runfiles.CHECKPOINTS
+    if final.is_file() or (ckpts.is_dir() and any(ckpts.iterdir())):
+        return None
+    return (
+        f"FINETUNE_FROM={path!r} has no model ({runfiles.FINAL}/{runfiles.FINAL_MODEL} or "
+        f"{runfiles.CHECKPOINTS}/); give a finished pretrain run directory or a checkpoint file"
+    )
+
+
+def image_problems(profile: Profile) -> list[str]:
+    """A squashfs image must exist and be readable where the nodes will look for it."""
+    if profile.container is None:
+        return []
+    image = profile.container.image
+    if not image.startswith(("/", "./")):
+        return []  # a registry reference: enroot pulls it on the node
+    if not Path(image).is_file():
+        return [
+            f"profile {profile.name}: container.image {image!r} does not exist; build it with "
+            f"`make container IMAGE={image}` or fix container.image"
+        ]
+    return []
+
+
+# --------------------------------------------------------------------------- Slurm queries
+
+
+def _run(argv: list[str]) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def cluster_partitions() -> set[str] | None:
+    """Partition names from sinfo, or None when sinfo cannot tell."""
+    out = _run(["sinfo", "-h", "-o", "%R"])
+    return set(out.split()) if out is not None else None
+
+
+def partition_info(name: str) -> PartitionInfo | None:
+    """scontrol's view of a partition (None: no such partition, or Slurm did not answer)."""
+    out = _run(["scontrol", "show", "partition", name, "--oneliner"])
+    if not out or "PartitionName=" not in out:
+        return None
+    fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+    gres = _run(["sinfo", "-h", "-p", name, "-N", "-o", "%G"]) or ""
+    gpus = [_gres_gpus(g) for g in gres.split()]
+    return PartitionInfo(
+        name=name,
+        total_nodes=int(fields.get("TotalNodes", "0")),
+        max_nodes=None
+        if fields.get("MaxNodes") in (None, "UNLIMITED")
+        else int(fields["MaxNodes"]),
+        max_minutes=None
+        if fields.get("MaxTime") in (None, "UNLIMITED")
+        else slurm_minutes(fields["MaxTime"]),
+        gpus_per_node=min(gpus) if gpus else 0,
+    )
+
+
+def _gres_gpus(gres: str) -> int:
+    """'gpu:2', 'gpu:a100:8(S:0-1)', 'gpu:8,shard:0' -> GPUs a node; '(null)' -> 0."""
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            return int(parts[-1])
+    return 0
+
+
+def slurm_minutes(text: str) -> int:
+    """Minutes of a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch --time)."""
+    match = _TIME.match(text.strip())
+    if not match:
+        raise ConfigError(f"{text!r} is not a Slurm time; write HH:MM:SS or D-HH:MM:SS")
+    days, a, b, c = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
+        return int(days) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    if c is not None:  # HH:MM:SS
+        return int(a) * 60 + int(b) + (1 if int(c) else 0)
+    if b is not None:  # MM:SS
+        return int(a) + (1 if int(b) else 0)
+    return int(a)
