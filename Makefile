@@ -18,7 +18,8 @@ BATCH ?=
 ACCUM ?= 1
 IMAGE ?=
 TESTS ?= tests
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS VENV
+FOLLOW ?=
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS FOLLOW VENV
 export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
@@ -28,6 +29,8 @@ $(error unknown variable(s) $(unknown); valid variables: $(VALID_VARS))
 endif
 
 WF := $(PY) -m workflows
+# FOLLOW=1 (any value but empty or 0): live view until the run ends (workflows/follow.py).
+FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
@@ -35,7 +38,7 @@ STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE="
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling)"
 
 setup:
 	bash scripts/setup.sh
@@ -67,10 +70,10 @@ demo:
 	$(WF) demo --cluster "$$CLUSTER"
 
 status:
-	$(WF) status --run "$$RUN"
+	$(WF) status --run "$$RUN" $(FOLLOW_FLAG)
 
 scaling:
-	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS"
+	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(FOLLOW_FLAG)
 
 report:
 	$(PY) -m analysis report "$$STUDY"
