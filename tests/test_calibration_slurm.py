@@ -16,13 +16,13 @@ from workflows import scaling, topology
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # The goal is 25% between predicted and measured. On the 2-core machine this runs on,
-# shared with other jobs (load averages of 10-36 while this was written), the measured exchange
+# shared with other jobs (load averages of 10-60 while this was written), the measured exchange
 # of the same 2-rank volo_tiny run ranged from 1.1 to 17.9 ms across consecutive runs, so no
 # prediction fitted a minute earlier can be held to 25% here. The test holds the calibrated
 # prediction to a factor of 4 of the measured exchange (the profile's numbers are off 17-33x)
 # and to being closer than the profile's prediction; it prints both ratios.
 FACTOR = 4.0
-BENCH_ARGS = "--sizes '16K 256K 1M 4M' --iters 8"  # a short sweep: the test stays ~3 minutes
+BENCH_ARGS = "--sizes '16K 256K 1M 4M' --iters 8"  # a short sweep (the whole test: 4-8 min here)
 
 
 @pytest.fixture
