@@ -34,10 +34,10 @@ FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
-        container slurm-up slurm-down bench
+        container slurm-up slurm-down bench calibrate
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report container slurm-up slurm-down bench"
+	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate container slurm-up slurm-down bench"
 	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling)"
 
 setup:
@@ -77,6 +77,11 @@ scaling:
 
 report:
 	$(PY) -m analysis report "$$STUDY"
+
+# Time collectives on the partition's nodes, fit latency/bandwidth, store <profile>.calibration.json
+# (ARGS: trainer.commbench flags, e.g. ARGS="--sizes '4K 1M 16M' --iters 20").
+calibrate:
+	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES" --args="$$ARGS"
 
 container:
 	bash containers/build.sh

@@ -84,6 +84,10 @@ class Fabric:
     """Dedicated CPU parameter-server machines available (0: none)."""
     ps_bw: float = 0.0
     """Network bandwidth of one dedicated parameter-server machine, bytes/s, each direction."""
+    call_overhead: float = 0.0
+    """Software seconds of one collective call apart from its messages (enqueue, hand-off to the
+    backend's thread, completion callback): LogP's `o` (Culler et al. 1993). 0 unless measured
+    (`make calibrate`); counted once per call by `step_costs`."""
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_node", "nics_per_node"):
@@ -92,7 +96,7 @@ class Fabric:
         for name in ("intra_bw", "nic_bw"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"fabric.{name} must be > 0 bytes/s, got {getattr(self, name)!r}")
-        for name in ("intra_latency", "inter_latency", "ps_bw"):
+        for name in ("intra_latency", "inter_latency", "ps_bw", "call_overhead"):
             if getattr(self, name) < 0:
                 raise ValueError(f"fabric.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.ps_servers < 0:
@@ -322,15 +326,122 @@ def choose_topology(
     """The cheapest algorithm for exchanging grad_bytes of gradients among `gpus` ranks on
     `nodes` nodes (default: all GPUs of those nodes); ties go to the ring."""
     table = costs(fabric, grad_bytes, nodes, ps_servers, gpus)
+    return _cheapest(table, grad_bytes, nodes, layout(fabric, nodes, gpus).ranks, "")
+
+
+def _cheapest(
+    table: dict[str, float], grad_bytes: float, nodes: int, ranks: int, how: str
+) -> Choice:
     best = min(table, key=lambda name: (table[name], name != "ring"))
-    ranks = layout(fabric, nodes, gpus).ranks
     runner_up = sorted((t, name) for name, t in table.items() if name != best)
     versus = f", next {runner_up[0][1]} {_fmt_s(runner_up[0][0])}" if runner_up else ""
     reason = (
         f"{best} predicted {_fmt_s(table[best])} per step for {_fmt_bytes(grad_bytes)} of "
-        f"gradients over {ranks} GPUs on {nodes} node(s){versus}"
+        f"gradients over {ranks} GPUs on {nodes} node(s){how}{versus}"
     )
     return Choice(name=best, predicted_s=table[best], reason=reason, costs=table)
+
+
+# PyTorch DDP's defaults (torch.nn.parallel.DistributedDataParallel docs: bucket_cap_mb=25; the
+# first bucket is capped at torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB so that
+# communication starts early in the backward pass).
+DDP_BUCKET_CAP_BYTES = 25 * 1024**2
+DDP_FIRST_BUCKET_BYTES = 1024**2
+# What each backend's all-reduce can run: gloo's allreduce (ProcessGroupGloo) is gloo's ring;
+# NCCL picks ring or tree itself (NCCL_ALGO), and a 2-D ring is what its ring does across nodes.
+BACKEND_ALGORITHMS = {
+    "gloo": ("ring", "ps_colocated", "ps_dedicated"),
+    "nccl": tuple(TRAINER_TOPOLOGY),
+}
+# Collective calls per gradient bucket: one all-reduce, or the parameter-server hook's reduce
+# to the bucket's server followed by its broadcast (trainer/parallel.py ps_hook).
+CALLS_PER_BUCKET = {"ring": 1, "hierarchical": 1, "tree": 1, "ps_colocated": 2, "ps_dedicated": 2}
+
+
+def ddp_buckets(
+    grad_bytes: float,
+    cap: float = DDP_BUCKET_CAP_BYTES,
+    first_cap: float = DDP_FIRST_BUCKET_BYTES,
+) -> list[float]:
+    """Bucket sizes DDP exchanges per step (after its first-iteration rebuild): the first
+    bucket up to `first_cap`, then `cap`-sized ones. Buckets hold whole tensors, so real
+    boundaries differ slightly; the count, which sets the per-call latency, is what matters."""
+    if grad_bytes <= 0:
+        return []
+    sizes = [min(grad_bytes, first_cap)]
+    rest = grad_bytes - sizes[0]
+    while rest > 0:
+        sizes.append(min(rest, cap))
+        rest -= sizes[-1]
+    return sizes
+
+
+def ps_hook_s(fabric: Fabric, bucket_bytes: float, lay: Layout) -> float:
+    """The trainer's parameter-server hook on one bucket: reduce to the bucket's server rank,
+    then broadcast from it (trainer/parallel.py ps_hook), each a binomial tree of
+    ceil(log2 n) rounds that each move the whole bucket over a hop: Thakur, Rabenseifner &
+    Gropp (2005), short-message reduce and broadcast, ceil(log2 p)(alpha + n beta).
+
+    With a few buckets one server carries each whole bucket, which the sharded
+    `ps_colocated_s` (every rank serving 1/n of every exchange) does not describe."""
+    n = lay.ranks
+    if n == 1:
+        return 0.0
+    rounds = math.ceil(math.log2(n))
+    return 2 * rounds * (_hop_latency(fabric, lay) + bucket_bytes / _bus_bw(fabric, lay))
+
+
+def step_costs(
+    fabric: Fabric,
+    grad_bytes: float,
+    nodes: int,
+    ps_servers: int | None = None,
+    gpus: int | None = None,
+    backend: str = "nccl",
+    buckets: list[float] | None = None,
+) -> dict[str, float]:
+    """Communication seconds per optimizer step as the trainer measures them: its DDP comm
+    hook times each gradient bucket from the hook call to the completion of the bucket's
+    collective(s) and sums the buckets (trainer/parallel.py). So each bucket pays the
+    algorithm's latency terms and `call_overhead` per call; buckets are taken not to queue
+    behind one another (a backward pass slower than communication). The colocated parameter
+    server is the trainer's hook (`ps_hook_s`: reduce + broadcast of each bucket). Only the
+    algorithms the backend runs are priced (gloo: ring and the parameter servers)."""
+    if backend not in BACKEND_ALGORITHMS:
+        raise ValueError(f"backend {backend!r} is not one of {sorted(BACKEND_ALGORITHMS)}")
+    sizes = ddp_buckets(grad_bytes) if buckets is None else buckets
+    lay = layout(fabric, nodes, gpus)
+    total: dict[str, float] = {}
+    for size in sizes:
+        per_bucket = costs(fabric, size, nodes, ps_servers, gpus)
+        per_bucket["ps_colocated"] = ps_hook_s(fabric, size, lay)
+        for name, seconds in per_bucket.items():
+            if name in BACKEND_ALGORITHMS[backend]:
+                calls = CALLS_PER_BUCKET[name] if lay.ranks > 1 else 1
+                total[name] = total.get(name, 0.0) + seconds + calls * fabric.call_overhead
+    if not total:  # no gradients: every algorithm costs nothing
+        total = {
+            n: 0.0
+            for n in costs(fabric, 0.0, nodes, ps_servers, gpus)
+            if n in BACKEND_ALGORITHMS[backend]
+        }
+    return total
+
+
+def choose_step_topology(
+    fabric: Fabric,
+    grad_bytes: float,
+    nodes: int,
+    ps_servers: int | None = None,
+    gpus: int | None = None,
+    backend: str = "nccl",
+) -> Choice:
+    """Like `choose_topology`, priced per optimizer step as the trainer measures it
+    (`step_costs`: DDP buckets, per-call overhead, the backend's own algorithms)."""
+    table = step_costs(fabric, grad_bytes, nodes, ps_servers, gpus, backend)
+    n_buckets = len(ddp_buckets(grad_bytes))
+    how = f" in {n_buckets} DDP bucket(s), {backend}"
+    return _cheapest(table, grad_bytes, nodes, layout(fabric, nodes, gpus).ranks, how)
 
 
 def _fmt_s(seconds: float) -> str:

@@ -65,7 +65,11 @@ speedup and efficiency.</b>{% endif %}</p>
 <p>Images/s is the trainer's global throughput with warmup steps excluded. The breakdown is
 the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
 comm / step time. Predicted communication comes from the alpha-beta cost model
-(analysis/commcost.py) for the topology the run used; ratio = measured / predicted.</p>
+(analysis/commcost.py) for the topology the run used, priced with the {{ fabric_source }};
+ratio = measured / predicted. A rank's comm clock starts when its gradients are ready, so it
+also counts waiting for slower ranks; "exchange" is the median over steps of the least comm
+time over ranks (the last rank ready waits for nobody): the exchange itself, which is what the
+model predicts.</p>
 <h2>Throughput and efficiency</h2>
 <table id="throughput"><tr><th>GPUs</th><th>nodes</th><th class="text">state</th>
 <th>global batch</th><th>images/s</th><th>images/s per GPU</th><th>speedup</th><th>ideal</th>
@@ -81,16 +85,19 @@ comm / step time. Predicted communication comes from the alpha-beta cost model
 <h2>Step-time breakdown and communication</h2>
 <table id="breakdown"><tr><th>GPUs</th><th>data ms</th><th>compute ms</th><th>comm ms</th>
 <th>optimizer ms</th><th>step ms</th><th>comm %</th><th class="text">topology</th>
-<th>predicted comm ms</th><th>measured / predicted</th></tr>
+<th>predicted comm ms</th><th>measured / predicted</th><th>exchange ms</th>
+<th>exchange / predicted</th></tr>
 {% for r in rows %}{% if r.state == "ok" %}<tr><td>{{ r.gpus }}</td>
 {% for part in ("data", "compute", "comm", "optimizer", "step") %}
 <td>{{ "%.2f"|format(1000 * r.time[part]) }}</td>{% endfor %}
 <td>{{ "%.1f"|format(r.comm_pct) if r.comm_pct is not none else "n/a" }}</td>
 <td class="text">{{ r.topology or "n/a" }}</td>
 <td>{{ "%.3f"|format(1000 * r.predicted_comm_s) if r.predicted_comm_s is not none else "n/a" }}</td>
-<td>{{ "%.2f"|format(r.comm_ratio) if r.comm_ratio is not none else "n/a" }}</td></tr>
+<td>{{ "%.2f"|format(r.comm_ratio) if r.comm_ratio is not none else "n/a" }}</td>
+<td>{{ "%.3f"|format(1000 * r.exchange_s) if r.exchange_s is not none else "n/a" }}</td>
+<td>{{ "%.2f"|format(r.exchange_ratio) if r.exchange_ratio is not none else "n/a" }}</td></tr>
 {% else %}<tr class="failed"><td>{{ r.gpus }}</td>
-<td colspan="9" class="text">FAILED (see above)</td></tr>
+<td colspan="11" class="text">FAILED (see above)</td></tr>
 {% endif %}{% endfor %}</table>
 <h2>Plots</h2>
 <div class="plots">
@@ -142,6 +149,7 @@ def render_html(study: Study, rows: list[Row], images: dict[str, bytes]) -> str:
         title=study.model or study.root.name,
         mode=study.mode,
         model=study.model,
+        fabric_source=study.fabric_source,
         base=f"{base.gpus} GPU(s)" if base else "none (every point failed)",
         failed=sum(r.state != "ok" for r in rows),
         definition=DEFINITIONS[study.mode],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,9 @@ class Study:
     accum: int = 1
     fabric: dict[str, Any] | None = None
     grad_bytes: float | None = None
+    fabric_source: str = "profile fabric"
+    """What priced the predictions: the profile's numbers or 'calibration of DATE, job ID'."""
+    calibration: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -77,12 +82,17 @@ class Row:
     topology: str | None = None
     predicted_comm_s: float | None = None
     comm_ratio: float | None = None
+    exchange_s: float | None = None
+    """Median over steps of the least comm time over ranks: the exchange without the wait for
+    slower peers (the last rank to finish its backward pass waits for nobody)."""
+    exchange_ratio: float | None = None
 
 
 # study.json keys (written by workflows/scaling.py); unknown ones are rejected.
 _STUDY_KEYS = {
     "mode", "points", "model", "batch", "accum", "fabric", "grad_bytes", "cluster", "steps",
-    "warmup", "args", "created", "script", "job_id", "report_job_id",
+    "warmup", "args", "created", "script", "job_id", "report_job_id", "fabric_source",
+    "calibration",
 }  # fmt: skip
 _POINT_KEYS = {
     "gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index", "topology",
@@ -121,6 +131,8 @@ def load_study(root: Path) -> Study:
         accum=int(data.get("accum", 1)),
         fabric=data.get("fabric"),
         grad_bytes=data.get("grad_bytes"),
+        fabric_source=data.get("fabric_source") or "profile fabric",
+        calibration=data.get("calibration"),
     )
 
 
@@ -197,9 +209,19 @@ def _measured_row(study: Study, point: Point, run: RunLog) -> Row:
     row.comm_pct = 100.0 * row.time["comm"] / row.time["step"] if row.time["step"] else None
     row.topology = summary.get("topology")
     row.predicted_comm_s = predicted_comm_s(study, point, row.topology)
+    row.exchange_s = exchange_s(run)
     if row.predicted_comm_s:
         row.comm_ratio = row.time["comm"] / row.predicted_comm_s
+        row.exchange_ratio = row.exchange_s / row.predicted_comm_s
     return row
+
+
+def exchange_s(run: RunLog) -> float:
+    """Median over timed steps of the least comm seconds over ranks (see Row.exchange_s)."""
+    per_step: dict[int, float] = {}
+    for s in run.timed_steps:
+        per_step[s.step] = min(per_step.get(s.step, math.inf), s.time["comm"])
+    return statistics.median(per_step.values())
 
 
 def scaling_table(study: Study) -> list[Row]:

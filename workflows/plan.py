@@ -151,7 +151,9 @@ def plan_job(req: Request) -> JobPlan:
     cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
     if req.entry == "trainer":
         cfg = _parse_trainer(spec.command, world)
-        decision = _decide_topology(profile, req.stage, cfg, nodes, world, spec.command)
+        decision = _decide_topology(
+            profile, req.stage, cfg, nodes, world, spec.command, _calibration(req, partition.name)
+        )
         if decision is not None:
             tail = topology.with_topology(list(spec.command[TRAINER_ARGV_START:]), decision)
             spec = dataclasses.replace(spec, command=(*spec.command[:TRAINER_ARGV_START], *tail))
@@ -189,9 +191,18 @@ def _parse_trainer(command: tuple[str, ...], world: int) -> TrainConfig:
     return cfg
 
 
+def _calibration(req: Request, partition: str) -> Any:
+    """The fit `make calibrate` stored beside the profile for this partition, or None."""
+    try:
+        return topology.calibration_for(profile_path(req.cluster), partition)
+    except ValueError as exc:
+        fix = f"rerun `make calibrate CLUSTER={req.cluster}` or delete it"
+        raise ConfigError(f"{exc}; {fix}") from None
+
+
 def _decide_topology(
     profile: Profile, stage: str, cfg: TrainConfig, nodes: int, world: int,
-    command: tuple[str, ...],
+    command: tuple[str, ...], calibration: Any = None,
 ) -> topology.TopologyDecision | None:  # fmt: skip
     """Ring or parameter server from the cost model (an explicit --topology wins); None when
     DeepSpeed reduces gradients itself."""
@@ -202,7 +213,7 @@ def _decide_topology(
         return topology.decide(
             profile.node_type(stage).fabric, cfg.model, nodes, gpus=world, args=argv,
             # --num-classes not given: the job counts its data; an ImageNet head here
-            num_classes=cfg.num_classes or 1000, img_size=cfg.img_size,
+            num_classes=cfg.num_classes or 1000, img_size=cfg.img_size, calibration=calibration,
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -34,7 +34,7 @@ from workflows.rundir import (
 from workflows.spec import JobSpec, launch_plan
 from workflows.submission import sbatch
 from workflows.templating import render
-from workflows.topology import TopologyDecision
+from workflows.topology import TopologyDecision, calibration_for
 
 MODES = ("strong", "weak")
 STAGE = "pretrain"
@@ -275,6 +275,8 @@ def _study_record(
         "script": SCRIPT_NAME,
         "job_id": None,
         "fabric": dict(profile.node_type(STAGE).fabric),
+        "fabric_source": _fabric_source(points),
+        "calibration": _calibration_record(ns.cluster, points),
         "grad_bytes": points[0].decision.grad_bytes if points[0].decision else None,
         "points": [
             {
@@ -292,6 +294,29 @@ def _study_record(
             for p in points
         ],
     }
+
+
+def _fabric_source(points: list[SweepPoint]) -> str:
+    """What priced the points' predictions (the planner's decision says it)."""
+    decision = points[0].decision
+    return decision.fabric_source if decision else "profile fabric"
+
+
+def _calibration_record(cluster: str, points: list[SweepPoint]) -> dict[str, Any] | None:
+    """Which stored fit priced the points (None: the profile's fabric numbers)."""
+    if _fabric_source(points) == "profile fabric":
+        return None
+    from analysis.calibrate import calibration_path
+    from workflows.profile import profile_path
+
+    path = calibration_path(profile_path(cluster))
+    cal = calibration_for(profile_path(cluster))
+    if cal is None:
+        return None
+    return {
+        "path": str(path.resolve()), "date": cal.date, "job_id": cal.job_id,
+        "fabric": cal.fabric, "backend": cal.backend, "partition": cal.partition,
+    }  # fmt: skip
 
 
 def materialize(sweep: Sweep) -> Path:

@@ -17,7 +17,8 @@ from workflows.profile import NodeType, Profile, resolve_path
 from workflows.recipe import Recipe, StageRecipe, check_token_label_size
 from workflows.templating import render
 
-Entry = Literal["trainer", "rankinfo"]
+Entry = Literal["trainer", "rankinfo", "commbench"]
+COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
 MASTER_PORT_BASE = 20000  # MASTER_PORT = base + job id % span: concurrent jobs on a node differ
 MASTER_PORT_SPAN = 20000
 # srun --wait: once one rank exits, the others get this long, then are killed. Not
@@ -175,6 +176,8 @@ def build_spec(
     data_dir: str | None = None
     if entry == "rankinfo":
         command: tuple[str, ...] = (python, "-m", "workflows.rankinfo")
+    elif entry == "commbench":  # collective timings for `make calibrate`; ARGS go to it
+        command = (python, "-m", "trainer.commbench", "--out", str(run_dir / COMMBENCH_OUT), *extra)
     else:
         flags = _trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
         data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))

@@ -10,7 +10,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.commcost import TRAINER_TOPOLOGY, Choice, Fabric, choose_topology
+from analysis.calibrate import Calibration, apply, load_for_profile
+from analysis.commcost import (
+    TRAINER_TOPOLOGY,
+    Choice,
+    Fabric,
+    choose_step_topology,
+    choose_topology,
+)
 from registry import models, runfiles
 
 # Gradients are fp32 in DDP buckets: 4 bytes a parameter.
@@ -34,11 +41,14 @@ class TopologyDecision:
     grad_bytes: int
     ranks: int
     costs: dict[str, float] = field(default_factory=dict)
+    fabric_source: str = "profile fabric"
+    """Which numbers priced it: 'profile fabric' or 'calibration of DATE, job ID'."""
 
     def log_line(self) -> str:
         return (
             f"topology: {self.topology} ({self.algorithm}, {self.source}), predicted "
-            f"{self.predicted_s * 1e3:.3g} ms of communication per step: {self.reason}"
+            f"{self.predicted_s * 1e3:.3g} ms of communication per step ({self.fabric_source}): "
+            f"{self.reason}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -87,17 +97,32 @@ def decide(
     ps_servers: int | None = None,
     num_classes: int = 1000,
     img_size: int = 224,
+    calibration: Calibration | None = None,
 ) -> TopologyDecision:
-    """Choose ring or parameter server for `gpus` ranks on `nodes` nodes; --topology wins."""
+    """Choose ring or parameter server for `gpus` ranks on `nodes` nodes; --topology wins.
+
+    With a `calibration` (analysis.calibrate, from `make calibrate`) the fitted latencies and
+    bandwidths replace the profile's, and each algorithm is priced per optimizer step as the
+    trainer measures it (`commcost.step_costs`: DDP buckets, per-call overhead, only what the
+    calibrated backend runs); without one, the profile's numbers price one exchange.
+    """
     fab = as_fabric(fabric)
     nbytes = grad_bytes(model, num_classes, img_size)
-    choice = choose_topology(fab, nbytes, nodes, ps_servers=ps_servers, gpus=gpus)
+    source = "profile fabric"
+    if calibration is None:
+        choice = choose_topology(fab, nbytes, nodes, ps_servers=ps_servers, gpus=gpus)
+    else:
+        fab = apply(fab, calibration)
+        source = calibration.label
+        choice = choose_step_topology(
+            fab, nbytes, nodes, ps_servers=ps_servers, gpus=gpus, backend=calibration.backend
+        )
     ranks = gpus or nodes * fab.gpus_per_node
     forced = topology_override(args)
     if forced is None:
         return TopologyDecision(
             choice.topology, choice.name, choice.predicted_s, choice.reason, "cost model",
-            nbytes, ranks, dict(choice.costs),
+            nbytes, ranks, dict(choice.costs), source,
         )  # fmt: skip
     # The cheapest modelled algorithm the forced trainer topology can run.
     algos = {a: t for a, t in choice.costs.items() if TRAINER_TOPOLOGY[a] == forced}
@@ -105,8 +130,17 @@ def decide(
     reason = f"--topology {forced} given in ARGS; the cost model would choose {choice.topology}"
     return TopologyDecision(
         forced, algorithm, algos[algorithm], reason, "override (--topology in ARGS)",
-        nbytes, ranks, dict(choice.costs),
+        nbytes, ranks, dict(choice.costs), source,
     )  # fmt: skip
+
+
+def calibration_for(profile_file: str | Path, partition: str | None = None) -> Calibration | None:
+    """The fit `make calibrate` stored beside this profile file, or None (also when it measured
+    another partition than `partition`).
+
+    A stored fit that cannot be read raises analysis.calibrate.CalibrationError (a ValueError)
+    naming the file: a broken fit is not silently replaced by the profile's numbers."""
+    return load_for_profile(profile_file, partition)
 
 
 def with_topology(args: Sequence[str], decision: TopologyDecision) -> list[str]:
@@ -142,18 +176,48 @@ def _drop_topology(tokens: list[str]) -> list[str]:
     return out
 
 
-def measured_comm_s(run_dir: Path) -> float | None:
-    """Median communication seconds per step the trainer measured (non-warmup steps, all ranks)."""
-    values = []
+def _comm_by_step(run_dir: Path) -> dict[int, list[float]]:
+    """Each timed (non-warmup) step's communication seconds on every rank."""
+    steps: dict[int, list[float]] = {}
     for path in sorted((Path(run_dir) / runfiles.METRICS).glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
+        for index, line in enumerate(path.read_text().splitlines()):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if rec.get("kind") == "step" and not rec.get("warmup", False):
-                values.append(float(rec["time"]["comm"]))
+                step = int(rec.get("step", index))  # the trainer always writes it
+                steps.setdefault(step, []).append(float(rec["time"]["comm"]))
+    return steps
+
+
+def measured_comm_s(run_dir: Path) -> float | None:
+    """Median communication seconds per step the trainer measured (non-warmup steps, all ranks)."""
+    values = [v for per_rank in _comm_by_step(run_dir).values() for v in per_rank]
     return statistics.median(values) if values else None
+
+
+def measured_exchange_s(run_dir: Path) -> dict[str, float] | None:
+    """The trainer's comm time split into the exchange itself and waiting for peers.
+
+    A rank's comm clock starts when its gradient bucket is ready, so a rank that finishes its
+    backward pass early also counts the wait for the slowest rank (load imbalance, not the
+    network). The rank that arrives last waits for nobody: per step, the minimum over ranks is
+    the exchange alone, which is what the cost model (and `make calibrate`'s benchmark, timed
+    the same way) predicts. Returns the medians over steps of: `exchange_s` (min over ranks),
+    `mean_s` (mean over ranks, what the scaling report shows) and `wait_s` (their difference).
+    """
+    steps = _comm_by_step(run_dir)
+    if not steps:
+        return None
+    mins = [min(v) for v in steps.values()]
+    means = [statistics.fmean(v) for v in steps.values()]
+    return {
+        "exchange_s": statistics.median(mins),
+        "mean_s": statistics.median(means),
+        "wait_s": statistics.median(m - x for m, x in zip(means, mins, strict=True)),
+        "steps": float(len(steps)),
+    }
 
 
 def compare(decision: TopologyDecision, run_dir: Path) -> dict[str, float | None]:

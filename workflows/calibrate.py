@@ -1,0 +1,138 @@
+"""`make calibrate CLUSTER=...`: time collectives on the partition's nodes, fit the cost model,
+store the fit beside the profile.
+
+One Slurm job (the usual rendered script and bind.sh, entry `commbench`) runs
+`python -m trainer.commbench` on every rank; this command waits for it, fits latency and
+bandwidth per level with `analysis.calibrate.fit`, and writes `<profile>.calibration.json`
+beside the profile file (bundled profiles: workflows/profiles/<name>.calibration.json) with the
+date, the job id and the raw points. Topology decisions (`workflows.topology.decide`) and
+scaling studies use it from then on and say so. The fit's path is the last line printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from analysis import calibrate as fitting
+from registry import runfiles
+from workflows import jobstate, preflight
+from workflows.cli import materialize
+from workflows.errors import ConfigError
+from workflows.plan import JobPlan, Request, plan_job
+from workflows.profile import load_profile, profile_path
+from workflows.rundir import RUN_ROOT_ENV, new_run_path, remove_run_dir, runs_root, write_json
+from workflows.spec import COMMBENCH_OUT
+from workflows.submission import sbatch
+
+DEFAULT_MODEL = "volo_tiny"  # the planner wants a recipe; the benchmark ignores it
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workflows calibrate", description=__doc__)
+    p.add_argument("--cluster", default="localslurm", help="a Slurm profile name or YAML path")
+    p.add_argument("--nodes", default="", help="nodes to measure (default: the profile's)")
+    p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"),
+                   help="whose partition to measure")  # fmt: skip
+    p.add_argument("--sizes", default="", help="message sizes, e.g. '4K 64K 1M 16M'")
+    p.add_argument("--iters", default="", help="timed calls per size (default 10)")
+    p.add_argument("--args", default="", help="more trainer.commbench flags, e.g. '--busy-ms 0'")
+    p.add_argument("--out", default="", help="where to store the fit (default: beside the profile)")
+    p.add_argument("--run-root", default="", help=f"parent of calibrations/ (or ${RUN_ROOT_ENV})")
+    p.add_argument("--timeout", default="900", help="seconds to wait for the job")
+    return p
+
+
+def bench_args(ns: argparse.Namespace) -> str:
+    """The benchmark's own flags, passed through build_spec's ARGS."""
+    args = []
+    if ns.sizes:
+        args += ["--sizes", ns.sizes]
+    if ns.iters:
+        args += ["--iters", str(ns.iters)]
+    return " ".join(filter(None, [shlex.join(args), ns.args]))
+
+
+def prepare(ns: argparse.Namespace) -> tuple[JobPlan, Path]:
+    """The benchmark job, planned and rendered in memory, and where the fit will go."""
+    profile = load_profile(ns.cluster)
+    if profile.scheduler != "slurm":
+        raise ConfigError(
+            f"CLUSTER={profile.name}: calibration runs as a Slurm job over the partition's "
+            "nodes; use a Slurm profile (CLUSTER=localslurm for the local test cluster)"
+        )
+    model = profile.default_model or DEFAULT_MODEL
+    run_dir = new_run_path(runs_root(profile, ns.run_root) / "calibrations", "commbench", ns.stage)
+    plan = plan_job(
+        Request(
+            cluster=ns.cluster, model=model, stage=ns.stage, nodes=ns.nodes,
+            args=bench_args(ns), run_root=ns.run_root, run_dir=run_dir, entry="commbench",
+        )
+    )  # fmt: skip
+    default = fitting.calibration_path(profile_path(ns.cluster))
+    out = Path(ns.out).expanduser() if ns.out else default
+    return plan, out.absolute()
+
+
+def submit(plan: JobPlan) -> tuple[Path, str]:
+    """Create the run directory (script, bind.sh, manifest) and sbatch it; (run dir, job id)."""
+    checks = preflight.check(plan, render_hint="(calibration needs a Slurm login node)")
+    script = materialize(plan, plan.manifest(preflight=checks))
+    try:
+        job_id = sbatch(script)
+    except ConfigError:
+        remove_run_dir(script.parent)
+        raise
+    write_json(script.parent / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks))
+    return script.parent, job_id
+
+
+def wait(job_id: str, run_dir: Path, timeout: float) -> None:
+    """Until the job completes; a failed job raises with the end of its logs."""
+    try:
+        jobstate.wait_jobs(jobstate.JobStatePoller([job_id]), timeout=timeout, poll_s=2.0)
+    except (jobstate.JobFailedError, TimeoutError) as exc:
+        tails = [
+            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+            for p in sorted((run_dir / runfiles.LOGS).glob("*.log"))
+        ]
+        raise RuntimeError(f"calibration job {job_id}: {exc}\n" + "\n".join(tails)) from None
+
+
+def fit_and_store(
+    run_dir: Path, profile_name: str, nics_per_node: int, out: Path, partition: str = ""
+) -> Path:
+    """Fit the job's benchmark file and store the fit at `out`; returns the path."""
+    bench_file = run_dir / COMMBENCH_OUT
+    if not bench_file.is_file():
+        raise RuntimeError(f"{bench_file} was not written; see {run_dir / runfiles.LOGS}")
+    bench = json.loads(bench_file.read_text())
+    cal = fitting.fit(bench, cluster=profile_name, nics_per_node=nics_per_node, partition=partition)
+    print("\n".join(fitting.summary(cal)))
+    return fitting.save(cal, out)
+
+
+def run(ns: argparse.Namespace) -> Path:
+    """Submit, wait, fit, store: the whole command as a function (tests call it)."""
+    plan, out = prepare(ns)
+    run_dir, job_id = submit(plan)
+    spec = plan.spec
+    print(f"calibration job {job_id}: {spec.nodes} node(s) x {spec.tasks_per_node} rank(s) of "
+          f"partition {spec.partition}, run directory {run_dir}", flush=True)  # fmt: skip
+    wait(job_id, run_dir, float(ns.timeout))
+    nics = int(spec.profile.node_type(ns.stage).fabric.get("nics_per_node", 1))
+    return fit_and_store(run_dir, spec.profile.name, nics, out, spec.partition)
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        path = run(ns)
+    except (RuntimeError, fitting.CalibrationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
