@@ -20,8 +20,11 @@ class ModelLoadError(ValueError):
     """A fine-tune checkpoint that cannot be loaded into the model; the message says why."""
 
 
+TEST_MODELS = ("volo_tiny", "vit_micro")
+
+
 def known_model(name: str) -> bool:
-    return name in VOLO_NAMES or name == "volo_tiny" or name in timm.list_models("vit_*")
+    return name in VOLO_NAMES or name in TEST_MODELS or name in timm.list_models("vit_*")
 
 
 def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -> nn.Module:
@@ -30,6 +33,13 @@ def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -
         return VOLO(
             img_size=img_size, layers=[1, 1], embed_dims=[32, 64], num_heads=[1, 2], patch_size=8,
             stem_hidden_dim=16, num_classes=num_classes, drop_path_rate=drop_path,
+        )  # fmt: skip
+    if name == "vit_micro":  # a 4-block, 4-head ViT for tests: splits over tp 2/4 and pp 2/4
+        from timm.models.vision_transformer import VisionTransformer
+
+        return VisionTransformer(
+            img_size=img_size, patch_size=8, embed_dim=64, depth=4, num_heads=4,
+            num_classes=num_classes, drop_path_rate=drop_path,
         )  # fmt: skip
     if not known_model(name):
         raise ModelLoadError(f"--model {name}: unknown; use volo_d1..volo_d5, volo_tiny or vit_*")
@@ -51,8 +61,27 @@ def resolve_finetune_file(path: str) -> Path:
     )
 
 
+def _sharded_dir(path: str) -> Path | None:
+    """A sharded (DCP) checkpoint: a step directory, or a run's newest one if it has no final."""
+    from trainer import dcp
+
+    p = Path(path)
+    if dcp.is_sharded_checkpoint(p):
+        return p
+    if (p / "final" / "model.pt").is_file() or not (p / "checkpoints").is_dir():
+        return None
+    steps = sorted((p / "checkpoints").glob("step_*"), reverse=True)
+    return next((s for s in steps if dcp.is_sharded_checkpoint(s)), None)
+
+
 def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
     """State dict and its manifest (empty if none) from a finetune path."""
+    sharded = _sharded_dir(path)
+    if sharded is not None:
+        from trainer import dcp
+
+        # The mesh engine stores qkv head-major; load_finetune converts it with the model's heads.
+        return dcp.read_model_state(sharded), {"qkv_layout": "head_major"}
     file = resolve_finetune_file(path)
     state = torch.load(file, map_location="cpu", weights_only=True)
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
@@ -73,6 +102,10 @@ def load_finetune(model: nn.Module, path: str, model_name: str) -> list[str]:
             f"pass --model {saved_name} or another checkpoint"
         )
     own = model.state_dict()
+    if manifest.get("qkv_layout") == "head_major":
+        from trainer.tensor_parallel import attention_heads, to_timm_layout
+
+        state = to_timm_layout(state, attention_heads(model))
     _check_architecture(own, state, path, model_name)
     state = _resample_pos_embed(model, own, state)
     skipped = [k for k in state if k.startswith(HEAD_PREFIXES) and state[k].shape != own[k].shape]
