@@ -110,7 +110,8 @@ class MeshEngine:
     def pipeline_micro(self, images: torch.Tensor, targets: Any, last: bool) -> torch.Tensor:
         """Collect the accumulation's micro-batches; on the last one run the schedule over them.
 
-        Returns the mean loss of the step on every rank (the last stage computed it)."""
+        Returns, on every rank, the last micro-batch's loss (what the loop reports for the other
+        engines, so the curves compare); the last stage computed it."""
         self._buffer.append((images, targets))
         if not last:
             return torch.zeros((), device=images.device)
@@ -121,7 +122,7 @@ class MeshEngine:
         first, final = self.mesh.pp_rank == 0, self.mesh.pp_rank == self.mesh.shape.pp - 1
         args = (batch,) if first else ()
         self.schedule.step(*args, target=target if final else None, losses=losses)
-        loss = torch.stack(losses).mean().detach() if final else torch.zeros((), device=batch.device)
+        loss = losses[-1].detach().float() if final else torch.zeros((), device=batch.device)
         src = self.mesh.global_rank("pp", self.mesh.shape.pp - 1)
         dist.broadcast(loss, src=src, group=self.mesh.group("pp"))
         return loss
