@@ -73,10 +73,12 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) ->
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """This rank's model state gathered to full tensors on the CPU (collective over the mesh)."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=options)
+    # cpu_offload=True would keep the result on global rank 0 only; each pipeline stage's
+    # first rank needs its own stage's tensors.
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
