@@ -411,7 +411,11 @@ def layout_comm(
     if pp > 1:
         # Stages are tp ranks apart; across nodes once tp x pp exceeds a node.
         cross = tp * pp > fabric.gpus_per_node
-        bw = min(fabric.intra_bw, fabric.node_bw / fabric.gpus_per_node) if cross else fabric.intra_bw
+        bw = (
+            min(fabric.intra_bw, fabric.node_bw / fabric.gpus_per_node)
+            if cross
+            else fabric.intra_bw
+        )
         lat = fabric.inter_latency if cross else fabric.intra_latency
         sent["pp"] = 2 * micro_batches * activation_bytes_per_micro
         seconds["pp"] = sent["pp"] / bw + 2 * micro_batches * lat

@@ -56,7 +56,7 @@ def run_layout(name: str, flags: list[str], nproc: int, common: list[str], out: 
 
 def add_ratios(results: dict) -> None:
     base = results.get("ddp", {})
-    for name, r in results.items():
+    for r in results.values():
         if "failed" in r or "failed" in base:
             continue
         for key in ("step_s_median", "peak_mem_bytes_max", "param_bytes_per_rank"):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -64,7 +65,7 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) ->
             " engine (DDP/DeepSpeed) or is incomplete: resume with the same flags or --resume none"
         )
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(directory / SUBDIR))
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -78,7 +79,7 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     # cpu_offload=True would keep the result on global rank 0 only; each pipeline stage's
     # first rank needs its own stage's tensors.
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {k: v.detach().cpu() for k, v in state.items()}
+    return {k: v.detach().cpu() for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
@@ -88,8 +89,7 @@ def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
     metadata = reader.read_metadata()
     state: dict[str, Any] = {}
     for key, meta in metadata.state_dict_metadata.items():
-        size = getattr(meta, "size", None)
-        if key.startswith("model.") and size is not None:
-            state[key] = torch.empty(size, dtype=meta.properties.dtype)
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
+            state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     dcp.load(state, storage_reader=reader, no_dist=True)
     return {k.removeprefix("model."): v for k, v in state.items()}

@@ -39,7 +39,7 @@ def _is_vit(model: nn.Module) -> bool:
     return hasattr(model, "blocks") and hasattr(model, "patch_embed")
 
 
-def _shard_units(model: nn.Module) -> list[nn.Module]:
+def _shard_units(model: Any) -> list[nn.Module]:
     """FSDP units: each transformer/outlooker block (ViT blocks, VOLO network and post blocks)."""
     if _is_vit(model):
         blocks = model.blocks.values() if isinstance(model.blocks, nn.ModuleDict) else model.blocks
@@ -208,7 +208,8 @@ class MeshEngine:
         full: dict[str, torch.Tensor] = {}
         for part in stages:
             full.update(part or {})
-        return to_timm_layout(full, self.model.timm_heads)
+        heads: dict[str, int] = self.model.timm_heads  # type: ignore[assignment]
+        return to_timm_layout(full, heads)
 
 
 def _optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:

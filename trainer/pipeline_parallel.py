@@ -29,7 +29,7 @@ def stage_bounds(blocks: int, stages: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
-def split_vit(model: nn.Module, stage: int, stages: int) -> nn.Module:
+def split_vit(model: Any, stage: int, stages: int) -> nn.Module:
     """Keep only stage `stage` of a timm VisionTransformer, in place; returns the model."""
     start, end = stage_bounds(len(model.blocks), stages)[stage]
     # A ModuleDict keyed by the original indices keeps names such as blocks.7.attn.qkv.weight.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import types
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,7 @@ def _timm_major(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.reshape(heads, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
-def _attentions(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def _attentions(model: nn.Module) -> Iterator[tuple[str, Any]]:
     for name, module in model.named_modules():
         if isinstance(module, VitAttention | VoloAttention):
             yield name, module
@@ -66,7 +67,9 @@ def use_head_major_qkv(model: nn.Module) -> None:
         attn.forward = types.MethodType(forward, attn)  # type: ignore[method-assign]
 
 
-def to_timm_layout(state: dict[str, torch.Tensor], heads: dict[str, int]) -> dict[str, torch.Tensor]:
+def to_timm_layout(
+    state: dict[str, torch.Tensor], heads: dict[str, int]
+) -> dict[str, torch.Tensor]:
     """A full state dict in head-major qkv order -> timm's order (heads: attention name -> H)."""
     out = dict(state)
     for name, h in heads.items():
@@ -108,7 +111,9 @@ def _volo_attention(self, x: torch.Tensor) -> torch.Tensor:
     qkv = self.qkv(x)
     heads = _local_heads(qkv, head_dim)
     q, k, v = qkv.reshape(B, H * W, heads, 3, head_dim).permute(3, 0, 2, 1, 4).unbind(0)
-    x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+    x = F.scaled_dot_product_attention(
+        q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0
+    )
     x = x.transpose(1, 2).reshape(B, H, W, heads * head_dim)
     return self.proj_drop(self.proj(x))
 
@@ -158,10 +163,11 @@ def parallelize_vit_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def parallelize_volo_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+def parallelize_volo_tp(model: Any, tp_mesh: DeviceMesh) -> None:
     """VOLO: outlookers (v and attn column-wise by head, proj row-wise), transformer blocks
     (qkv column-wise, proj row-wise) and every MLP; the class-attention blocks stay replicated."""
     tp = tp_mesh.size()
+    block: Any
     for block in model.network.modules():
         attn = getattr(block, "attn", None)
         if isinstance(attn, OutlookAttention):
@@ -179,5 +185,5 @@ def parallelize_volo_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def _blocks(model: nn.Module, class_name: str) -> list[nn.Module]:
+def _blocks(model: nn.Module, class_name: str) -> list[Any]:
     return [m for m in model.modules() if type(m).__name__ == class_name]

@@ -93,6 +93,8 @@ class Trainer:
         self.model = self.engine.model  # a pipeline stage or sharded module replaces the model
         mesh = getattr(self.engine, "mesh", None)
         # Ranks of one model replica (tp x pp) read the same samples and share dropout masks.
+        self.data_rank: int
+        self.data_world: int
         self.data_rank, self.data_world = (
             (mesh.dp_rank, mesh.shape.dp) if mesh else (env.rank, env.world_size)
         )
@@ -223,10 +225,10 @@ class Trainer:
         # Counted per process, so the warm-up after a restart is left out too.
         warmup = self.steps_this_process < cfg.warmup_steps_excluded
         self.steps_this_process += 1
-        # The tp x pp ranks of one replica share its images: count each image once over ranks.
-        images = cfg.batch_size * cfg.accum_steps * self.data_world / self.env.world_size
+        images = cfg.batch_size * cfg.accum_steps
         if not warmup:
-            self.throughput["images"] += images
+            # The tp x pp ranks of one replica share its images: each is counted once in total.
+            self.throughput["images"] += images * self.data_world / self.env.world_size
             self.throughput["seconds"] += times["step"]
         lr = current_lr(self.engine.optimizer)
         self.metrics.step(self.step, self.epoch, images, loss, lr, times, warmup)
