@@ -5,7 +5,13 @@ trainer's mesh engine; MFU = analysis.layout.step_flops / step time / the GPU's 
 computed afterwards (benchmarks/results/fsdp_gpu_mfu.json).
 """
 
-import os, time, json, torch, timm, torch.distributed as dist
+import json
+import os
+import time
+
+import timm
+import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
@@ -25,7 +31,7 @@ def run(name, fsdp, b, n=20):
     y = torch.randint(0, 1000, (b,), device="cuda")
     torch.cuda.reset_peak_memory_stats()
     ts = []
-    for i in range(n):
+    for _ in range(n):
         torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
