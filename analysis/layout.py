@@ -186,3 +186,48 @@ def suggest_layouts(
             f"{gpu_mem_bytes / GIB:.0f} GiB{need}: add --accum-steps, lower the batch or add GPUs"
         )
     return ranked[0]
+
+
+def profile_fabric(profile: str) -> Fabric:
+    """The `fabric:` block of a cluster profile (bundled name or YAML path), read here:
+    analysis does not import workflows."""
+    import yaml
+
+    from analysis.memory import _profile_path
+
+    path = _profile_path(profile)
+    fabric = (yaml.safe_load(path.read_text()) or {}).get("fabric")
+    if not fabric:
+        raise ValueError(f"--profile {profile!r}: no fabric: block in {path}")
+    return Fabric.from_mapping(fabric)
+
+
+def add_layout_parser(sub: Any) -> None:
+    parser = sub.add_parser("layouts", help="memory and communication of every dp x tp x pp")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--gpus", type=int, required=True, help="world size")
+    parser.add_argument("--global-batch", type=int, required=True)
+    parser.add_argument("--accum-steps", type=int, default=1, help="micro-batches per step")
+    parser.add_argument("--img-size", type=int, default=224)
+    parser.add_argument("--precision", default="amp")
+    parser.add_argument("--profile", default="dgxpod", help="cluster profile: fabric and GPU")
+    parser.set_defaults(func=layouts_main)
+
+
+def layouts_main(args: Any) -> int:
+    from analysis.memory import profile_gpu_memory
+
+    fabric, memory = profile_fabric(args.profile), profile_gpu_memory(args.profile)
+    ranked = compare_layouts(args.model, args.gpus, fabric, memory, args.global_batch,
+                             args.accum_steps, img_size=args.img_size,
+                             precision=args.precision)  # fmt: skip
+    print(f"{'layout':28s} {'GiB/rank':>9s} {'fits':>5s} {'comm ms':>8s} {'bubble':>7s}")
+    for c in ranked:
+        name = f"dp{c.mesh.dp} tp{c.mesh.tp} pp{c.mesh.pp}" + " fsdp" * c.fsdp
+        print(f"{name:28s} {c.memory.total / GIB:9.1f} {str(c.fits):>5s} "
+              f"{c.comm.total_s * 1e3:8.1f} {c.comm.bubble:7.2f}")  # fmt: skip
+    best = suggest_layouts(args.model, args.gpus, fabric, memory, args.global_batch,
+                           args.accum_steps, img_size=args.img_size,
+                           precision=args.precision)  # fmt: skip
+    print("cheapest that fits: " + " ".join(best.flags()))
+    return 0

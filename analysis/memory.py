@@ -487,17 +487,22 @@ def max_micro_batch(gpu_mem_bytes: float, reserve_bytes: float = 1.0 * GIB, **kw
     return max(0, int(room // fixed.activation_per_sample)) if room > 0 else 0
 
 
+def _profile_path(profile: str) -> Path:
+    path = Path(profile)
+    if not path.suffix:
+        path = Path(__file__).resolve().parent.parent / "workflows" / "profiles" / f"{profile}.yaml"
+    if not path.is_file():
+        raise ValueError(f"--profile {profile!r}: no such profile YAML ({path})")
+    return path
+
+
 def profile_gpu_memory(profile: str) -> int:
     """gpu.memory_bytes of a cluster profile (a bundled name such as dgxpod, or a YAML path).
 
     Reads the YAML itself: analysis does not import workflows."""
     import yaml
 
-    path = Path(profile)
-    if not path.suffix:
-        path = Path(__file__).resolve().parent.parent / "workflows" / "profiles" / f"{profile}.yaml"
-    if not path.is_file():
-        raise ValueError(f"--profile {profile!r}: no such profile YAML ({path})")
+    path = _profile_path(profile)
     data = yaml.safe_load(path.read_text()) or {}
     memory = (data.get("gpu") or {}).get("memory_bytes")
     if not memory:
