@@ -20,9 +20,8 @@ def _blocks(model: str) -> int:
 
 
 def check_layout(
-    world: int, gpus_per_node: int, tp: int, pp: int, model: str | None = None,
-    micro_batches: int | None = None,
-) -> None:  # fmt: skip
+    world: int, gpus_per_node: int, tp: int, pp: int, model: str | None = None
+) -> None:
     """Raise ValueError naming the flag and the fix if the trainer cannot run this layout."""
     for name, value in (("world size", world), ("gpus per node", gpus_per_node), ("--tp", tp),
                         ("--pp", pp)):  # fmt: skip
@@ -46,12 +45,6 @@ def check_layout(
         )
     if model is not None:
         _check_model(model, tp, pp)
-    if pp > 1 and micro_batches is not None and micro_batches < pp:
-        raise ValueError(
-            f"--pp {pp} with --accum-steps {micro_batches}: the micro-batches are the accumulation"
-            f" steps and fewer than the stages leave most of the pipeline idle; pass"
-            f" --accum-steps {pp} or more"
-        )
 
 
 def _check_model(model: str, tp: int, pp: int) -> None:
@@ -162,7 +155,7 @@ def compare_layouts(
     out = []
     for mesh in candidate_layouts(world, fabric.gpus_per_node, model):
         micro, rest = divmod(global_batch, mesh.dp * micro_batches)
-        if rest or not micro or (mesh.pp > 1 and micro_batches < mesh.pp):
+        if rest or not micro:
             continue
         for fsdp in (False, True) if mesh.dp > 1 else (False,):
             out.append(layout_cost(model, mesh, fabric, gpu_mem_bytes, micro, fsdp=fsdp,

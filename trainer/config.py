@@ -362,10 +362,11 @@ def _mesh_problems(cfg: TrainConfig) -> list[str]:
         out.append(f"--tp/--pp: no parallel plan for --model {cfg.model}; use a vit_* or volo_*")
     if cfg.pp > 1 and not cfg.model.startswith("vit_"):
         out.append(f"--pp {cfg.pp}: pipeline stages are defined for vit_* models; use --tp/--fsdp")
-    if cfg.pp > 1 and cfg.accum_steps < cfg.pp:
+    if cfg.pp > 1 and cfg.accum_steps < cfg.pp and (cfg.batch_size * cfg.accum_steps) % cfg.pp:
         out.append(
-            f"--pp {cfg.pp} with --accum-steps {cfg.accum_steps}: the micro-batches are the"
-            f" accumulation steps; pass --accum-steps {cfg.pp} or more to fill the pipeline"
+            f"--pp {cfg.pp} with --accum-steps {cfg.accum_steps}: the step's batch"
+            f" ({cfg.batch_size} x {cfg.accum_steps}) is split into {cfg.pp} micro-batches and must"
+            f" divide by it; pass -b a multiple of {cfg.pp} or --accum-steps {cfg.pp}"
         )
     if cfg.pp > 1 and cfg.token_label:
         out.append("--token-label with --pp: the token-label loss is not staged; drop one")

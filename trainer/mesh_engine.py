@@ -85,9 +85,12 @@ class MeshEngine:
         self._comm = 0.0
         self._buffer: list[tuple[torch.Tensor, Any]] = []
         if self.pipelined:
+            # The micro-batches are the accumulation steps; with fewer steps than stages the
+            # step's batch is cut into pp micro-batches instead, so every stage has work.
+            self.micro_batches = max(cfg.accum_steps, mesh.shape.pp)
             self.schedule = build_schedule(
                 self.model, mesh.pp_rank, mesh.shape.pp, precision.device, mesh.group("pp"),
-                cfg.accum_steps, loss_fn, cfg.pp_schedule,
+                self.micro_batches, loss_fn, cfg.pp_schedule,
             )  # fmt: skip
 
     # ------------------------------------------------------------------ one micro-batch
@@ -110,8 +113,8 @@ class MeshEngine:
     def pipeline_micro(self, images: torch.Tensor, targets: Any, last: bool) -> torch.Tensor:
         """Collect the accumulation's micro-batches; on the last one run the schedule over them.
 
-        Returns, on every rank, the last micro-batch's loss (what the loop reports for the other
-        engines, so the curves compare); the last stage computed it."""
+        Returns, on every rank, the loss of the last loader batch (what the loop reports for the
+        other engines, so the curves compare); the last stage computed it."""
         self._buffer.append((images, targets))
         if not last:
             return torch.zeros((), device=images.device)
@@ -122,7 +125,13 @@ class MeshEngine:
         first, final = self.mesh.pp_rank == 0, self.mesh.pp_rank == self.mesh.shape.pp - 1
         args = (batch,) if first else ()
         self.schedule.step(*args, target=target if final else None, losses=losses)
-        loss = losses[-1].detach().float() if final else torch.zeros((), device=batch.device)
+        # The last loader batch may have been cut into several micro-batches: average those.
+        per_batch = self.micro_batches // self.accum_steps
+        loss = (
+            torch.stack(losses[-per_batch:]).mean().detach().float()
+            if final
+            else torch.zeros((), device=batch.device)
+        )
         src = self.mesh.global_rank("pp", self.mesh.shape.pp - 1)
         dist.broadcast(loss, src=src, group=self.mesh.group("pp"))
         return loss
