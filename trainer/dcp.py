@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -33,13 +34,19 @@ class AsyncSaver:
 
     def __init__(self) -> None:
         self._pending: Any = None
+        # The background write coordinates over collectives of its own: on the training
+        # group they would interleave with the next step's and deadlock; a separate gloo
+        # group keeps them apart (as torchtitan does for its async checkpoints).
+        self._group = dist.new_group(backend="gloo")
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """Stage to host memory now (the optimizer may then step), write in the background."""
         self.wait()
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
-        result = dcp.async_save(state, checkpoint_id=str(directory / SUBDIR))
+        result = dcp.async_save(
+            state, checkpoint_id=str(directory / SUBDIR), process_group=self._group
+        )
         # Newer DCP may return the staging and the upload as two futures: the host copy must be
         # finished before the parameters change, the upload only before the next save.
         staging = getattr(result, "staging_completion", None)
