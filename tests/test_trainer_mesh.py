@@ -40,7 +40,7 @@ def summary(run: Path) -> dict:
 
 def train(nproc: int, run: Path, digits: Path, *flags: str, steps: int = STEPS) -> dict:
     args = [str(digits), *COMMON, "--max-steps", str(steps), "--output", str(run), *flags]
-    codes = run_ranks(nproc, args, run.parent / f"logs-{run.name}", timeout=600)
+    codes = run_ranks(nproc, args, run.parent / f"logs-{run.name}", timeout=1500)
     assert codes == [0] * nproc, logs(run.parent / f"logs-{run.name}")
     return summary(run)
 
@@ -76,6 +76,7 @@ def test_stages_split_blocks_evenly_and_refuse_too_many() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 50 steps of 4 gloo processes on a shared 2-core machine
 @pytest.mark.parametrize(
     "name,nproc,flags,steps,mesh",
     [
@@ -104,6 +105,7 @@ def test_layout_loss_curve_matches_ddp(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_3d_mesh_dp_tp_pp_on_8_processes(ddp_reference: Path, digits_dir: Path) -> None:
     """DP x TP x PP = 2 x 2 x 2: 8 gloo processes (slow on a 2-core machine: 10 steps)."""
     run = ddp_reference.parent / "3d"
