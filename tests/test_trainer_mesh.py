@@ -113,3 +113,26 @@ def test_3d_mesh_dp_tp_pp_on_8_processes(ddp_reference: Path, digits_dir: Path) 
     assert result["mesh"] == {"dp": 2, "tp": 2, "pp": 2}
     worst = max(abs(a - b) for a, b in zip(losses(run), losses(ddp_reference)[:10], strict=True))
     assert worst <= LOSS_TOL
+
+
+@pytest.mark.parametrize(
+    "flags,world,message",
+    [
+        (["--tp", "3"], 4, "--tp 3 x --pp 1 = 3 does not divide the 4 rank(s)"),
+        (["--pp", "2", "--model", "volo_tiny"], 4, "pipeline stages are defined for vit_*"),
+        (["--tp", "2", "--deepspeed"], 4, "--deepspeed and --fsdp/--tp/--pp"),
+        (["--pp", "2", "-b", "3"], 4, "pass -b a multiple of 2 or --accum-steps 2"),
+    ],
+)
+def test_bad_layouts_are_refused_before_training(flags: list[str], world: int, message: str):
+    from trainer.config import parse_args, problems
+
+    cfg = parse_args(["x", "--dataset", "synthetic", "--model", "vit_micro", *flags], world)
+    assert any(message in p for p in problems(cfg, for_training=False)), problems(cfg, False)
+
+
+def test_dp_size_sets_the_global_batch() -> None:
+    from trainer.config import parse_args
+
+    cfg = parse_args(["x", "--model", "vit_micro", "--tp", "2", "--pp", "2", "-b", "8"], 8)
+    assert (cfg.dp_size, cfg.global_batch_size) == (2, 16)
