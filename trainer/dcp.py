@@ -37,7 +37,8 @@ class AsyncSaver:
         # The background write coordinates over collectives of its own: on the training
         # group they would interleave with the next step's and deadlock; a separate gloo
         # group keeps them apart (as torchtitan does for its async checkpoints).
-        self._group = dist.new_group(backend="gloo")
+        group = dist.new_group(backend="gloo")
+        self._group = group if isinstance(group, dist.ProcessGroup) else None
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """Stage to host memory now (the optimizer may then step), write in the background."""

@@ -136,6 +136,10 @@ class MeshEngine:
         dist.broadcast(loss, src=src, group=self.mesh.group("pp"))
         return loss
 
+    def discard_partial(self) -> None:
+        """Forget the micro-batches of an accumulation the epoch's end cut short."""
+        self._buffer.clear()
+
     # ------------------------------------------------------------------ the step
     def step(self) -> None:
         start = time.perf_counter()

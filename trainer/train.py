@@ -191,6 +191,8 @@ class Trainer:
             reseed_for_step(cfg.seed, self.data_rank, self.step, micro)
             last = micro + 1 == cfg.accum_steps
             if engine.pipelined:  # the schedule runs the step's micro-batches together
+                if len(images) != cfg.batch_size:  # stages are built for one micro-batch shape
+                    break  # an epoch's short tail: dropped, as an incomplete accumulation is
                 with self.precision.autocast():
                     loss = engine.pipeline_micro(
                         self.precision.prepare_input(images), _to_device(targets, self.device), last
@@ -217,6 +219,8 @@ class Trainer:
             if self._reached_max_steps():
                 return "max_steps"
         engine.optimizer.zero_grad(set_to_none=True)  # an incomplete accumulation is dropped
+        if engine.pipelined:
+            engine.discard_partial()
         return "epoch_end"
 
     def _record_step(self, loss: float, times: dict[str, float]) -> None:
