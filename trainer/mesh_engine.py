@@ -226,33 +226,21 @@ class MeshEngine:
 
 
 def _optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
-    """The configured optimizer, multi-tensor (foreach): it handles DTensor parameters."""
+    """The configured optimizer, one tensor at a time (foreach=False).
+
+    Multi-tensor kernels refuse plain tensors mixed with DTensors (or DTensors of two meshes);
+    splitting the groups by layout would make the number of groups depend on the mesh, and
+    a checkpoint's optimizer state would then not load into another mesh. The same two weight
+    decay groups in every layout keep sharded checkpoints portable.
+    """
     from timm.optim import create_optimizer_v2
 
     from trainer.optim import param_groups
 
-    groups = _by_layout(param_groups(model, cfg.weight_decay))
-    log.info("optimizer %s: foreach implementation (sharded parameters)", cfg.opt)
+    groups = param_groups(model, cfg.weight_decay)
+    log.info("optimizer %s: single-tensor implementation (sharded parameters)", cfg.opt)
     return create_optimizer_v2(groups, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                               foreach=True)  # fmt: skip
-
-
-def _layout(p: torch.Tensor) -> tuple:
-    if not isinstance(p, DTensor):
-        return ()
-    return (p.device_mesh.mesh_dim_names, tuple(str(x) for x in p.placements))
-
-
-def _by_layout(groups: list[dict]) -> list[dict]:
-    """Split each parameter group so that its tensors share one layout: a multi-tensor (foreach)
-    kernel refuses plain tensors mixed with DTensors, or DTensors of different meshes."""
-    out = []
-    for group in groups:
-        parts: dict[tuple, list] = {}
-        for p in group["params"]:
-            parts.setdefault(_layout(p), []).append(p)
-        out += [{**group, "params": params} for params in parts.values()]
-    return out
+                               foreach=False)  # fmt: skip
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
