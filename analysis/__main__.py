@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     from analysis.memory import add_memory_parser
 
     add_memory_parser(sub)
+    from analysis.layout import add_layout_parser
+
+    add_layout_parser(sub)
     return parser
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from analysis.memory import plan
 from registry import models
-from registry.models import Volo
 
 
 def _rss_bytes(field: str = "VmRSS") -> int:
@@ -27,24 +26,8 @@ def _reset_peak() -> None:
 
 
 def build_model(model: str, img_size: int, num_classes: int) -> Any:
-    """The timm model the trainer builds for this name (volo_tiny: built from its registry arch)."""
-    import timm
-    from timm.models.volo import VOLO
-
-    info = models.get(model)
-    if info.timm_name is None:
-        arch = info.arch
-        assert isinstance(arch, Volo)
-        return VOLO(
-            img_size=img_size,
-            layers=list(arch.layers),
-            embed_dims=list(arch.embed_dims),
-            num_heads=list(arch.num_heads),
-            patch_size=arch.patch_size,
-            stem_hidden_dim=arch.stem_hidden_dim,
-            num_classes=num_classes,
-        )
-    return timm.create_model(info.timm_name, img_size=img_size, num_classes=num_classes)
+    """The timm model the trainer builds for this name (the registry's builder)."""
+    return models.build(model, img_size, num_classes)
 
 
 def measure_here(model: str, img_size: int, batch: int, num_classes: int) -> dict[str, int]:

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry.models import MODELS, Vit, Volo, param_count
+from analysis.mesh import Mesh
+from registry.models import MODELS, Vit, Volo, _linear, _volo_params, param_count
 from registry.models import arch_of as registry_arch
 
 PRECISIONS = ("fp32", "amp", "half")
@@ -30,6 +31,84 @@ def arch_of(model: str) -> Volo | Vit:
         raise ValueError(
             f"--model {model!r} is unknown to the memory planner; known: {sorted(ARCHS)}"
         ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ParamParts:
+    """Parameters by where they live under model parallelism: per block, the part a Megatron
+    split shards over tp (column-parallel weights and biases, row-parallel weights) and the part
+    every tp rank keeps (norms, row-parallel biases); embeddings on the first pipeline stage;
+    final norm and heads (VOLO: also its class-attention blocks) on the last."""
+
+    blocks: tuple[tuple[int, int], ...]
+    first: int
+    last: int
+
+    @property
+    def total(self) -> int:
+        return self.first + self.last + sum(a + b for a, b in self.blocks)
+
+
+def _pair(d: int, hidden: int) -> int:
+    """Sharded part of a column-parallel (d -> hidden, biased) + row-parallel (hidden -> d) pair."""
+    return d * hidden + hidden + hidden * d
+
+
+def _vit_parts(a: Vit, img_size: int, num_classes: int) -> ParamParts:
+    d, tokens = a.embed_dim, (img_size // a.patch_size) ** 2 + 1
+    sharded = 3 * d * d + 3 * d + d * d + _pair(d, int(d * a.mlp_ratio))  # qkv, proj, MLP
+    block = (sharded, 4 * d + 2 * d)  # norms; proj and fc2 biases
+    first = 3 * a.patch_size**2 * d + d + d + tokens * d
+    return ParamParts((block,) * a.depth, first, 2 * d + _linear(d, num_classes))
+
+
+def _volo_parts(a: Volo, img_size: int, num_classes: int) -> ParamParts:
+    total = _volo_params(a, img_size, num_classes)
+    h, e0, k4 = a.stem_hidden_dim, a.embed_dims[0], a.kernel**4
+    first = 3 * h * 49 + 2 * 9 * h * h + 3 * 2 * h + h * e0 * (a.patch_size // 2) ** 2 + e0
+    grid = img_size // a.patch_size // a.pooling_scale
+    first += grid * grid * a.embed_dims[-1]
+    blocks: list[tuple[int, int]] = []
+    for i, n_blocks in enumerate(a.layers):
+        d, m = a.embed_dims[i], a.num_heads[i]
+        hidden = int(d * a.mlp_ratio)
+        attn = d * d + _linear(d, k4 * m) + d * d if a.outlook[i] else 3 * d * d + d * d
+        blocks += [(attn + _pair(d, hidden), 6 * d)] * n_blocks
+        if a.downsamples[i] and i + 1 < len(a.layers):  # replicated, after the stage's blocks
+            sharded, kept = blocks[-1]
+            blocks[-1] = (sharded, kept + 4 * d * a.embed_dims[i + 1] + a.embed_dims[i + 1])
+    in_blocks = sum(x + y for x, y in blocks)
+    return ParamParts(tuple(blocks), first, total - first - in_blocks)
+
+
+def param_parts(model: str, img_size: int = 224, num_classes: int = 1000) -> ParamParts:
+    """The parameter count split as tensor and pipeline parallelism split it."""
+    arch = arch_of(model)
+    if isinstance(arch, Volo):
+        return _volo_parts(arch, img_size, num_classes)
+    return _vit_parts(arch, img_size, num_classes)
+
+
+def params_per_rank(
+    model: str, mesh: Mesh, img_size: int = 224, num_classes: int = 1000, fsdp: bool = False
+) -> float:
+    """Parameters the most loaded rank holds: its pipeline stage (stage 0 or the last, whichever
+    is larger), tp-sharded block parts / tp, and everything / dp under FSDP (ZeRO-3)."""
+    parts = param_parts(model, img_size, num_classes)
+    worst = 0.0
+    for stage, (start, end) in enumerate(stage_bounds(len(parts.blocks), mesh.pp)):
+        own = sum(a / mesh.tp + b for a, b in parts.blocks[start:end])
+        own += parts.first * (stage == 0) + parts.last * (stage == mesh.pp - 1)
+        worst = max(worst, own)
+    return worst / (mesh.dp if fsdp else 1)
+
+
+def stage_bounds(blocks: int, stages: int) -> list[tuple[int, int]]:
+    """[start, end) blocks of each pipeline stage, split as trainer/pipeline_parallel.py does."""
+    if stages > blocks:
+        raise ValueError(f"--pp {stages}: the model has only {blocks} blocks; use at most that")
+    cuts = [round(i * blocks / stages) for i in range(stages + 1)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
 def timm_param_count(model: str, img_size: int = 224, num_classes: int = 1000) -> int:
@@ -104,6 +183,30 @@ def _vit_activations(a: Vit, img_size: int) -> tuple:
     return blocks, 2.0 * tokens * a.embed_dim  # final norm input and output
 
 
+def _saved_blocks(model: str, img_size: int, num_classes: int, token_label: bool) -> tuple:
+    arch = arch_of(model)
+    if isinstance(arch, Volo):
+        return _volo_activations(arch, img_size, num_classes, token_label)
+    return _vit_activations(arch, img_size)
+
+
+def _tp_split(block: Saved, tp: int) -> Saved:
+    """Under tensor parallelism the norm inputs and the two column-parallel inputs (as many
+    elements as the norm inputs) stay whole on each rank; the rest splits over tp."""
+    return Saved(norm=block.norm, other=block.norm + (block.other - block.norm) / tp)
+
+
+def _blocks_bytes(blocks: list, extra: float, precision: str, checkpointing: bool) -> float:
+    half = 2 if precision in ("amp", "half") else 4
+    extra_bytes = extra * (4 if precision == "fp32" else half)
+    if not blocks:
+        return extra_bytes
+    if not checkpointing:
+        return extra_bytes + sum(b.bytes(precision) for b in blocks)
+    inputs = sum(b.norm / 2 for b in blocks) * (2 if precision == "half" else 4)
+    return extra_bytes + inputs + max(b.bytes(precision) for b in blocks)
+
+
 def activation_bytes(
     model: str,
     img_size: int,
@@ -114,17 +217,31 @@ def activation_bytes(
 ) -> float:
     """Bytes kept for backward per sample. With checkpointing each block keeps only its input,
     and one block's activations are rebuilt at a time during backward."""
-    arch = arch_of(model)
-    if isinstance(arch, Volo):
-        blocks, extra = _volo_activations(arch, img_size, num_classes, token_label)
-    else:
-        blocks, extra = _vit_activations(arch, img_size)
-    half = 2 if precision in ("amp", "half") else 4
-    extra_bytes = extra * (4 if precision == "fp32" else half)
-    if not checkpointing:
-        return extra_bytes + sum(b.bytes(precision) for b in blocks)
-    inputs = sum(b.norm / 2 for b in blocks) * (2 if precision == "half" else 4)
-    return extra_bytes + inputs + max(b.bytes(precision) for b in blocks)
+    blocks, extra = _saved_blocks(model, img_size, num_classes, token_label)
+    return _blocks_bytes(blocks, extra, precision, checkpointing)
+
+
+def stage_activation_bytes(
+    model: str, img_size: int, mesh: Mesh, precision: str = "fp32", checkpointing: bool = False,
+    num_classes: int = 1000, token_label: bool = False, micro_batches: int = 1,
+    schedule: str = "1f1b",
+) -> float:  # fmt: skip
+    """Bytes per sample of one micro-batch that the most loaded rank keeps, times the
+    micro-batches it holds at once: 1F1B keeps at most pp - stage in flight (stage 0 the
+    most), GPipe all of them (Narayanan et al., arXiv:2104.04473, section 2.2). The stem and
+    head activations are charged to every stage (an upper bound)."""
+    if schedule not in ("1f1b", "gpipe"):
+        raise ValueError(f"--pp-schedule must be 1f1b or gpipe, got {schedule!r}")
+    blocks, extra = _saved_blocks(model, img_size, num_classes, token_label)
+    blocks = [_tp_split(b, mesh.tp) for b in blocks]
+    worst = 0.0
+    for stage, (start, end) in enumerate(stage_bounds(len(blocks), mesh.pp)):
+        in_flight = 1 if mesh.pp == 1 else micro_batches
+        if schedule == "1f1b":
+            in_flight = min(in_flight, mesh.pp - stage)
+        per = _blocks_bytes(blocks[start:end], extra, precision, checkpointing)
+        worst = max(worst, per * in_flight)
+    return worst
 
 
 # ---------------------------------------------------------------- the plan
@@ -173,8 +290,17 @@ def plan(
     checkpointing: bool = False,
     num_classes: int = 1000,
     token_label: bool = False,
+    mesh: Mesh | None = None,
+    fsdp: bool = False,
+    micro_batches: int = 1,
+    schedule: str = "1f1b",
 ) -> Plan:
     """Per-GPU memory for micro-batch `batch` with AdamW under ZeRO stage `zero` on `gpus` GPUs.
+
+    With `mesh` (dp x tp x pp; `gpus` is then ignored) the most loaded rank's share: its
+    pipeline stage, tp-split block weights and activations, and with `fsdp` (ZeRO-3 over dp)
+    weights, gradients and optimizer states / dp. `micro_batches` (the accumulation steps)
+    sets how many micro-batches a pipeline stage holds at once.
 
     Bytes per parameter: weights 4 (half: 2), gradients 4 (half: 2), AdamW 8 for two fp32
     moments (half: 12, plus the fp32 master). ZeRO-1 shards optimizer states, ZeRO-2 also
@@ -182,6 +308,9 @@ def plan(
     large as the gradients (gradient_as_bucket_view=False, the default).
     """
     _check(precision, zero, gpus, batch)
+    if mesh is not None:
+        return _mesh_plan(model, img_size, batch, precision, zero, checkpointing, num_classes,
+                          token_label, mesh, fsdp, micro_batches, schedule)  # fmt: skip
     params = param_count(model, img_size, num_classes)
     half = precision == "half"
     weights, grads, optim = params * (2 if half else 4), params * (2 if half else 4), params * 8
@@ -211,6 +340,39 @@ def plan(
     )
 
 
+def _mesh_plan(
+    model: str, img_size: int, batch: int, precision: str, zero: int, checkpointing: bool,
+    num_classes: int, token_label: bool, mesh: Mesh, fsdp: bool, micro_batches: int,
+    schedule: str,
+) -> Plan:  # fmt: skip
+    params = params_per_rank(model, mesh, img_size, num_classes)
+    half = precision == "half"
+    weights, grads, optim = params * (2 if half else 4), params * (2 if half else 4), params * 8
+    optim += params * 4 if half else 0
+    stage = 3 if fsdp else zero
+    dp = mesh.dp
+    per_sample = stage_activation_bytes(
+        model, img_size, mesh, precision, checkpointing, num_classes, token_label, micro_batches,
+        schedule,
+    )  # fmt: skip
+    return Plan(
+        model=model,
+        params=param_count(model, img_size, num_classes),
+        weights=weights / (dp if stage >= 3 else 1),
+        grads=grads / (dp if stage >= 2 else 1),
+        optimizer=optim / (dp if stage >= 1 else 1),
+        buffers=float(grads if stage == 0 and dp > 1 else 0),  # the all-reduce's flat copy
+        activations=per_sample * batch,
+        activation_per_sample=per_sample,
+        settings={
+            "img_size": img_size, "batch": batch, "precision": precision, "zero": stage,
+            "mesh": mesh.as_dict(), "fsdp": fsdp, "micro_batches": micro_batches,
+            "schedule": schedule, "checkpointing": checkpointing, "num_classes": num_classes,
+            "token_label": token_label, "params_per_rank": params,
+        },
+    )  # fmt: skip
+
+
 def max_micro_batch(gpu_mem_bytes: float, reserve_bytes: float = 1.0 * GIB, **kwargs: Any) -> int:
     """Largest micro-batch whose plan fits gpu_mem_bytes minus reserve_bytes (CUDA context,
     workspaces, fragmentation); 0 if not even the model states fit."""
@@ -219,21 +381,31 @@ def max_micro_batch(gpu_mem_bytes: float, reserve_bytes: float = 1.0 * GIB, **kw
     return max(0, int(room // fixed.activation_per_sample)) if room > 0 else 0
 
 
-def profile_gpu_memory(profile: str, stage: str = "pretrain") -> int:
-    """gpu.memory_bytes of the node type a profile's stage runs on (a bundled name such as
-    dgxpod, or a YAML path). Reads the YAML itself: analysis does not import workflows."""
-    import yaml
-
+def _profile_path(profile: str) -> Path:
     path = Path(profile)
     if not path.suffix:
         path = Path(__file__).resolve().parent.parent / "workflows" / "profiles" / f"{profile}.yaml"
     if not path.is_file():
         raise ValueError(f"--profile {profile!r}: no such profile YAML ({path})")
-    data = yaml.safe_load(path.read_text()) or {}
-    node = data
-    if "node_types" in data:
-        kind = ((data.get("partitions") or {}).get(stage) or {}).get("node_type", "default")
-        node = (data.get("node_types") or {}).get(kind) or {}
+    return path
+
+
+def profile_node(data: dict[str, Any], stage: str) -> dict[str, Any]:
+    """The node fields of a profile's stage: its partition's node type, or the top level of a
+    profile with one kind of node."""
+    if "node_types" not in data:
+        return data
+    kind = ((data.get("partitions") or {}).get(stage) or {}).get("node_type", "default")
+    return (data.get("node_types") or {}).get(kind) or {}
+
+
+def profile_gpu_memory(profile: str, stage: str = "pretrain") -> int:
+    """gpu.memory_bytes of the node type a profile's stage runs on (a bundled name such as
+    dgxpod, or a YAML path). Reads the YAML itself: analysis does not import workflows."""
+    import yaml
+
+    path = _profile_path(profile)
+    node = profile_node(yaml.safe_load(path.read_text()) or {}, stage)
     memory = (node.get("gpu") or {}).get("memory_bytes")
     if not memory:
         raise ValueError(

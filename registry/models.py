@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +72,13 @@ _VOLO = {
 _VIT = {
     "vit_small_patch16_224": Vit(patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16_224": Vit(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    # ViT-L/16 and ViT-H/14: arXiv:2010.11929, table 1; ViT-g/14: Zhai et al., "Scaling Vision
+    # Transformers", arXiv:2106.04560 (timm's vit_giant_patch14_224).
+    "vit_large_patch16_224": Vit(patch_size=16, embed_dim=1024, depth=24, num_heads=16),
+    "vit_huge_patch14_224": Vit(patch_size=14, embed_dim=1280, depth=32, num_heads=16),
+    "vit_giant_patch14_224": Vit(
+        patch_size=14, embed_dim=1408, depth=40, num_heads=16, mlp_ratio=48 / 11
+    ),
 }
 
 MODELS: dict[str, ModelInfo] = {
@@ -84,6 +92,12 @@ MODELS: dict[str, ModelInfo] = {
                         crop_pct=0.875, lr_base=1e-3)
         for name, arch in _VIT.items()
     },
+    # A 4-block, 4-head ViT for tests (splits over tp 2/4 and pp 2/4): our own choice.
+    "vit_micro": ModelInfo(
+        name="vit_micro", timm_name=None,
+        arch=Vit(patch_size=8, embed_dim=64, depth=4, num_heads=4),
+        recipe="vit_micro", drop_path=0.1, crop_pct=0.875, lr_base=1e-3,
+    ),
     # A VOLO small enough for CPU tests (a batch of 8 trains in ~10 ms): our own choice.
     "volo_tiny": ModelInfo(
         name="volo_tiny", timm_name=None,
@@ -115,6 +129,33 @@ def get(name: str) -> ModelInfo:
 
 def arch_of(name: str) -> Volo | Vit:
     return get(name).arch
+
+
+def build(name: str, img_size: int, num_classes: int, drop_path: float = 0.0) -> Any:
+    """The timm model of a registered name, no pretrained weights (timm is imported here only,
+    so the registry stays importable on a login node without torch)."""
+    import timm
+    from timm.models.vision_transformer import VisionTransformer
+    from timm.models.volo import VOLO
+
+    info = get(name)
+    if info.timm_name is not None:
+        return timm.create_model(
+            info.timm_name, pretrained=False, img_size=img_size, num_classes=num_classes,
+            drop_path_rate=drop_path,
+        )  # fmt: skip
+    a = info.arch
+    if isinstance(a, Vit):
+        return VisionTransformer(
+            img_size=img_size, patch_size=a.patch_size, embed_dim=a.embed_dim, depth=a.depth,
+            num_heads=a.num_heads, mlp_ratio=a.mlp_ratio, num_classes=num_classes,
+            drop_path_rate=drop_path,
+        )  # fmt: skip
+    return VOLO(
+        img_size=img_size, layers=list(a.layers), embed_dims=list(a.embed_dims),
+        num_heads=list(a.num_heads), patch_size=a.patch_size, stem_hidden_dim=a.stem_hidden_dim,
+        mlp_ratio=a.mlp_ratio, num_classes=num_classes, drop_path_rate=drop_path,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- parameter counts

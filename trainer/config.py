@@ -128,6 +128,18 @@ class TrainConfig:
     zero_stage: int = field(
         default=1, metadata=_arg("parallel", "ZeRO stage 0-3 (generated config)")
     )
+    fsdp: bool = field(
+        default=False, metadata=_arg("parallel", "FSDP2 full sharding (ZeRO-3) over the dp ranks")
+    )
+    reshard_after_forward: bool = field(
+        default=True,
+        metadata=_arg("parallel", "FSDP2: free gathered weights after forward (ZeRO-3)"),
+    )
+    tp: int = field(default=1, metadata=_arg("parallel", "tensor-parallel ranks (within a node)"))
+    pp: int = field(default=1, metadata=_arg("parallel", "pipeline stages"))
+    pp_schedule: str = field(
+        default="1f1b", metadata=_arg("parallel", "pipeline schedule", choices=("1f1b", "gpipe"))
+    )
     # Run
     output: str = field(default="runs/train", metadata=_arg("run", "run directory"))
     resume: str = field(default="auto", metadata=_arg("run", "auto | none | checkpoint path"))
@@ -176,8 +188,18 @@ class TrainConfig:
         return self.amp or self.apex_amp
 
     @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: world / (tp x pp) (each model replica spans tp x pp ranks)."""
+        return max(1, self.world_size // max(1, self.tp * self.pp))
+
+    @property
+    def uses_mesh(self) -> bool:
+        """FSDP2, tensor or pipeline parallelism: the DeviceMesh engine, not DDP/DeepSpeed."""
+        return self.fsdp or self.tp > 1 or self.pp > 1
+
+    @property
     def global_batch_size(self) -> int:
-        return self.batch_size * self.accum_steps * self.world_size
+        return self.batch_size * self.accum_steps * self.dp_size
 
     def to_json(self) -> str:
         return json.dumps(
@@ -274,10 +296,10 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     if cfg.token_label and cfg.token_label_size is None:
         cfg.token_label_size = cfg.img_size // 16
     if cfg.global_batch is not None:
-        ranks = cfg.world_size * cfg.accum_steps
+        ranks = cfg.dp_size * cfg.accum_steps
         if cfg.global_batch % ranks:
             raise ConfigError(
-                f"--global-batch {cfg.global_batch} does not divide over {cfg.world_size} rank(s)"
+                f"--global-batch {cfg.global_batch} does not divide over {cfg.dp_size} dp rank(s)"
                 f" x --accum-steps {cfg.accum_steps}; pick a multiple of {ranks}"
             )
         cfg.batch_size = cfg.global_batch // ranks
@@ -351,6 +373,7 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         out.append("--deepspeed and --topology ps both choose the gradient path; drop one")
     if not 0 <= cfg.zero_stage <= 3:
         out.append(f"--zero-stage {cfg.zero_stage}: must be 0, 1, 2 or 3")
+    out += _mesh_problems(cfg)
     if cfg.resume not in ("auto", "none") and for_training and not os.path.exists(cfg.resume):
         out.append(f"--resume {cfg.resume}: no such checkpoint; use auto, none or an existing path")
     if for_training:
@@ -362,6 +385,39 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         )
     if cfg.finetune:
         out += _finetune_problems(cfg)
+    return out
+
+
+def _mesh_problems(cfg: TrainConfig) -> list[str]:
+    """A layout the mesh cannot hold, named by its flag (the GPUs-per-node check is the planner's:
+    analysis.layout.check_layout; here only what one job's world size decides)."""
+    out: list[str] = []
+    for name in ("tp", "pp"):
+        if getattr(cfg, name) < 1:
+            out.append(f"--{name} {getattr(cfg, name)}: must be at least 1")
+    if out:
+        return out
+    if cfg.world_size % (cfg.tp * cfg.pp):
+        out.append(
+            f"--tp {cfg.tp} x --pp {cfg.pp} = {cfg.tp * cfg.pp} does not divide the"
+            f" {cfg.world_size} rank(s); pick tp x pp dividing the world size"
+        )
+    if cfg.uses_mesh and cfg.deepspeed:
+        out.append("--deepspeed and --fsdp/--tp/--pp both shard the model; drop one")
+    if cfg.uses_mesh and cfg.topology == "ps":
+        out.append("--topology ps applies to DDP only; drop it with --fsdp/--tp/--pp")
+    if (cfg.tp > 1 or cfg.pp > 1) and not cfg.model.startswith(("vit_", "volo")):
+        out.append(f"--tp/--pp: no parallel plan for --model {cfg.model}; use a vit_* or volo_*")
+    if cfg.pp > 1 and not cfg.model.startswith("vit_"):
+        out.append(f"--pp {cfg.pp}: pipeline stages are defined for vit_* models; use --tp/--fsdp")
+    if cfg.pp > 1 and cfg.accum_steps < cfg.pp and (cfg.batch_size * cfg.accum_steps) % cfg.pp:
+        out.append(
+            f"--pp {cfg.pp} with --accum-steps {cfg.accum_steps}: the step's batch"
+            f" ({cfg.batch_size} x {cfg.accum_steps}) is split into {cfg.pp} micro-batches and must"
+            f" divide by it; pass -b a multiple of {cfg.pp} or --accum-steps {cfg.pp}"
+        )
+    if cfg.pp > 1 and cfg.token_label:
+        out.append("--token-label with --pp: the token-label loss is not staged; drop one")
     return out
 
 

@@ -13,7 +13,6 @@ from timm.models.volo import VOLO
 from torch import nn
 
 from registry import models
-from registry.models import Volo
 from trainer.config import known_model
 
 HEAD_PREFIXES = ("head.", "aux_head.")
@@ -27,19 +26,11 @@ def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -
     """Build `name` (no pretrained weights: nothing is downloaded inside a job)."""
     if not known_model(name):
         raise ModelLoadError(f"--model {name}: unknown; use volo_d1..volo_d5, volo_tiny or vit_*")
-    info = models.get(name) if models.known(name) else None
-    if info is not None and info.timm_name is None:
-        arch = info.arch
-        assert isinstance(arch, Volo)
-        return VOLO(
-            img_size=img_size, layers=list(arch.layers), embed_dims=list(arch.embed_dims),
-            num_heads=list(arch.num_heads), patch_size=arch.patch_size,
-            stem_hidden_dim=arch.stem_hidden_dim, num_classes=num_classes,
-            drop_path_rate=drop_path,
-        )  # fmt: skip
+    if models.known(name):
+        return models.build(name, img_size, num_classes, drop_path)  # type: ignore[no-any-return]
     return timm.create_model(
-        (info.timm_name or name) if info else name, pretrained=False, img_size=img_size,
-        num_classes=num_classes, drop_path_rate=drop_path,
+        name, pretrained=False, img_size=img_size, num_classes=num_classes,
+        drop_path_rate=drop_path,
     )  # fmt: skip
 
 
@@ -54,8 +45,27 @@ def resolve_finetune_file(path: str) -> Path:
     )
 
 
+def _sharded_dir(path: str) -> Path | None:
+    """A sharded (DCP) checkpoint: a step directory, or a run's newest one if it has no final."""
+    from trainer import dcp
+
+    p = Path(path)
+    if dcp.is_sharded_checkpoint(p):
+        return p
+    if (p / "final" / "model.pt").is_file() or not (p / "checkpoints").is_dir():
+        return None
+    steps = sorted((p / "checkpoints").glob("step_*"), reverse=True)
+    return next((s for s in steps if dcp.is_sharded_checkpoint(s)), None)
+
+
 def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
     """State dict and its manifest (empty if none) from a finetune path."""
+    sharded = _sharded_dir(path)
+    if sharded is not None:
+        from trainer import dcp
+
+        # The mesh engine stores qkv head-major; load_finetune converts it with the model's heads.
+        return dcp.read_model_state(sharded), {"qkv_layout": "head_major"}
     file = resolve_finetune_file(path)
     state = torch.load(file, map_location="cpu", weights_only=True)
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
@@ -76,6 +86,10 @@ def load_finetune(model: nn.Module, path: str, model_name: str) -> list[str]:
             f"pass --model {saved_name} or another checkpoint"
         )
     own = model.state_dict()
+    if manifest.get("qkv_layout") == "head_major":
+        from trainer.tensor_parallel import attention_heads, to_timm_layout
+
+        state = to_timm_layout(state, attention_heads(model))
     _check_architecture(own, state, path, model_name)
     state = _resample_pos_embed(model, own, state)
     skipped = [k for k in state if k.startswith(HEAD_PREFIXES) and state[k].shape != own[k].shape]

@@ -142,6 +142,18 @@ class DDPEngine:
     def comm_seconds(self) -> float:
         return self.comm.pop()
 
+    pipelined = False
+    counts_eval = True  # every rank evaluates its own shard of the validation set
+
+    def eval_forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)
+
+    def wait_sharded(self) -> None:
+        pass
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
     def save_sharded(self, directory: Path) -> None:
         del directory  # DDP state is replicated: rank 0's file holds it
 
@@ -216,6 +228,18 @@ class DeepSpeedEngine:
     def comm_seconds(self) -> float:
         return 0.0  # inside DeepSpeed's reducer; not separable here
 
+    pipelined = False
+    counts_eval = True
+
+    def eval_forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images.to(self.dtype))
+
+    def wait_sharded(self) -> None:
+        pass
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
         return {}  # model and ZeRO partitions are in DeepSpeed's own sharded files
 
@@ -230,8 +254,14 @@ class DeepSpeedEngine:
         self.engine.load_checkpoint(str(directory), tag="deepspeed", load_lr_scheduler_states=False)
 
 
-def parallelize(model: nn.Module, optimizer_factory, precision: Precision, cfg) -> Any:
-    """Apply the gradient engine chosen by cfg (ring | ps | deepspeed) to a model on its device."""
+def parallelize(
+    model: nn.Module, optimizer_factory, precision: Precision, cfg, loss_fn: Any = None
+) -> Any:
+    """Apply the engine chosen by cfg (ring | ps | deepspeed | mesh) to a model on its device."""
+    if cfg.uses_mesh:
+        from trainer.mesh_engine import make_mesh_engine
+
+        return make_mesh_engine(model, optimizer_factory, precision, cfg, loss_fn)
     if cfg.deepspeed:
         if cfg.deepspeed_config:
             with open(cfg.deepspeed_config) as fh:

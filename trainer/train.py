@@ -18,6 +18,7 @@ from trainer import checkpoint as ckpt
 from trainer import dist as tdist
 from trainer.config import TrainConfig
 from trainer.exitcodes import OK, REQUEUE
+from trainer.mesh import local_param_bytes, max_over_ranks
 from trainer.metrics import MetricsLogger, StepTimer, topk_correct
 from trainer.models import create_model, load_finetune, model_manifest
 from trainer.optim import create_optimizer, create_schedule, current_lr
@@ -99,14 +100,25 @@ class Trainer:
             self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, cfg.channels_last
         )
         self.model = prepare_model(self.model, self.precision, cfg.compile)
-        self.engine = parallelize(self.model, self._optimizer, self.precision, cfg)
+        self.criterion = make_criterion(cfg)
+        self.engine = parallelize(
+            self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
+        )
+        self.model = self.engine.model  # a pipeline stage or sharded module replaces the model
+        mesh = getattr(self.engine, "mesh", None)
+        # Ranks of one model replica (tp x pp) read the same samples and share dropout masks.
+        self.data_rank: int
+        self.data_world: int
+        self.data_rank, self.data_world = (
+            (mesh.dp_rank, mesh.shape.dp) if mesh else (env.rank, env.world_size)
+        )
+        self.mesh_shape = mesh.shape.as_dict() if mesh else {"dp": env.world_size, "tp": 1, "pp": 1}
         self.train_loader, self.val_loader = self._build_data()
         self.steps_per_epoch = max(1, len(self.train_loader) // cfg.accum_steps)
         self.scheduler = create_schedule(
             self.engine.optimizer, cfg.epochs, cfg.warmup_epochs, cfg.warmup_lr, cfg.min_lr,
             self.steps_per_epoch,
         )  # fmt: skip
-        self.criterion = make_criterion(cfg)
         self.checkpointer = ckpt.Checkpointer(
             self.run_dir / runfiles.CHECKPOINTS, env.rank, env.world_size, cfg.keep_last,
             cfg.milestone_every,
@@ -141,7 +153,7 @@ class Trainer:
         from trainer.data import create_loader
 
         data_cfg = data_config(self.cfg)
-        rank, world = self.env.rank, self.env.world_size
+        rank, world = self.data_rank, self.data_world
         return (
             create_loader(data_cfg, "train", rank, world),
             create_loader(dataclasses.replace(data_cfg, token_label=False), "val", rank, world),
@@ -191,12 +203,20 @@ class Trainer:
         timer, micro = StepTimer(self.device), 0
         for images, targets in self.train_loader:
             timer.lap("data")
-            reseed_for_step(cfg.seed, self.env.rank, self.step, micro)
+            reseed_for_step(cfg.seed, self.data_rank, self.step, micro)
             last = micro + 1 == cfg.accum_steps
-            with engine.micro_step(last), self.precision.autocast():
-                output = engine.forward(self.precision.prepare_input(images))
-                loss = self.criterion(output, _to_device(targets, self.device))
-            engine.backward(loss)
+            if engine.pipelined:  # the schedule runs the step's micro-batches together
+                if len(images) != cfg.batch_size:  # stages are built for one micro-batch shape
+                    break  # an epoch's short tail: dropped, as an incomplete accumulation is
+                with self.precision.autocast():
+                    loss = engine.pipeline_micro(
+                        self.precision.prepare_input(images), _to_device(targets, self.device), last
+                    )
+            else:
+                with engine.micro_step(last), self.precision.autocast():
+                    output = engine.forward(self.precision.prepare_input(images))
+                    loss = self.criterion(output, _to_device(targets, self.device))
+                engine.backward(loss)
             timer.lap("compute")
             micro += 1
             if not last:
@@ -214,6 +234,8 @@ class Trainer:
             if self._reached_max_steps():
                 return "max_steps"
         engine.optimizer.zero_grad(set_to_none=True)  # an incomplete accumulation is dropped
+        if engine.pipelined:
+            engine.discard_partial()
         return "epoch_end"
 
     def _record_step(self, loss: float, times: dict[str, float]) -> None:
@@ -224,7 +246,8 @@ class Trainer:
         self.steps_this_process += 1
         images = cfg.batch_size * cfg.accum_steps
         if not warmup:
-            self.throughput["images"] += images
+            # The tp x pp ranks of one replica share its images: each is counted once in total.
+            self.throughput["images"] += images * self.data_world / self.env.world_size
             self.throughput["seconds"] += times["step"]
         lr = current_lr(self.engine.optimizer)
         self.metrics.step(self.step, self.epoch, images, loss, lr, times, warmup)
@@ -242,7 +265,10 @@ class Trainer:
         totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top1, top5, count
         for images, targets in self.val_loader:
             with self.precision.autocast():
-                logits = model(self.precision.prepare_input(images).to(dtype)).float()
+                out = self.engine.eval_forward(self.precision.prepare_input(images).to(dtype))
+            if out is None or not self.engine.counts_eval:
+                continue
+            logits = out.float()
             targets = targets.to(self.device)
             top1, top5 = topk_correct(logits, targets)
             loss = nn.functional.cross_entropy(logits, targets, reduction="sum")
@@ -264,6 +290,7 @@ class Trainer:
         state: dict[str, Any] = {
             "step": self.step, "epoch": self.epoch, "epoch_end": epoch_end,
             "rng": ckpt.rng_state(), "loader": self.train_loader.state_dict(),
+            "mesh": self.mesh_shape,
         }  # fmt: skip
         if self.env.is_main:
             state.update(self.engine.state_dict(), scheduler=self.scheduler.state_dict())
@@ -279,6 +306,7 @@ class Trainer:
         )
         if wait:
             self.checkpointer.wait()
+            self.engine.wait_sharded()
 
     def _restore(self) -> None:
         cfg = self.cfg
@@ -294,15 +322,22 @@ class Trainer:
         self.engine.load_sharded(directory)
         self.scheduler.load_state_dict(shared["scheduler"])
         self.step, self.epoch = own["step"], own["epoch"]
-        if not own["epoch_end"]:
+        same_mesh = own.get("mesh", self.mesh_shape) == self.mesh_shape
+        if not own["epoch_end"] and same_mesh:
             self.train_loader.load_state_dict(own["loader"])
+        elif not own["epoch_end"]:  # another dp size splits the data differently
+            log.warning("mesh %s -> %s: the loader restarts epoch %d from its first batch",
+                        own["mesh"], self.mesh_shape, self.epoch)  # fmt: skip
         ckpt.set_rng_state(own["rng"])
         log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
 
     def _finish(self) -> None:
         self.checkpointer.wait()
+        self.engine.wait_sharded()
         if not self.last_eval:
             self._evaluate()
+        param_bytes = max_over_ranks(local_param_bytes(self.engine.model), self.device)
+        model_state = self.engine.full_state_dict()  # collective for sharded engines
         # On the collective's device: NCCL has no CPU tensors (found on an H100, not on gloo).
         rate = torch.tensor(
             [self.throughput["images"], self.throughput["seconds"]],
@@ -318,13 +353,14 @@ class Trainer:
             cfg = self.cfg
             manifest = model_manifest(cfg.model, cfg.img_size, _classes(cfg))
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
-            ckpt.save_final(self.run_dir, self.engine.model.state_dict(), manifest)
+            ckpt.save_final(self.run_dir, model_state, manifest)
             self.metrics.summary(
                 {
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
                     "steps": self.step, "images_per_s": float(images[0]) / max(seconds, 1e-9),
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
                     "topology": self.engine.name, "corrupt_images": corrupt,
+                    "mesh": self.mesh_shape, "param_bytes_per_rank": int(param_bytes),
                 },
                 self.run_dir,
             )  # fmt: skip

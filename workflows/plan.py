@@ -158,6 +158,7 @@ def plan_job(req: Request) -> JobPlan:
             tail = topology.with_topology(list(spec.command[TRAINER_ARGV_START:]), decision)
             spec = dataclasses.replace(spec, command=(*spec.command[:TRAINER_ARGV_START], *tail))
             cfg = _parse_trainer(spec.command, world)
+        preflight.check_layout(cfg, node, world)
         memory = preflight.memory_fit(cfg, node, world, req.stage, partition.name)
     launch = launch_plan(spec)
     template, script_name = (
@@ -205,8 +206,8 @@ def _decide_topology(
     command: tuple[str, ...], calibration: Any = None,
 ) -> topology.TopologyDecision | None:  # fmt: skip
     """Ring or parameter server from the cost model (an explicit --topology wins); None when
-    DeepSpeed reduces gradients itself."""
-    if cfg.deepspeed:
+    DeepSpeed or the mesh engine (--fsdp/--tp/--pp) reduces gradients itself."""
+    if cfg.deepspeed or cfg.uses_mesh:
         return None
     argv = list(command[TRAINER_ARGV_START:])
     try:

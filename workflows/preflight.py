@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis import memory
+from analysis import layout, memory
+from analysis.mesh import Mesh
 from registry import models, runfiles
 from workflows.container import check_container_paths
 from workflows.errors import ConfigError
@@ -67,6 +68,7 @@ def memory_fit(
         return {"checked": False, "reason": f"partition {partition} has no GPU memory to fit"}
     if not models.known(cfg.model):
         return {"checked": False, "reason": f"{cfg.model} is not in the model registry"}
+    mesh = Mesh(dp=cfg.dp_size, tp=cfg.tp, pp=cfg.pp)
     settings: dict[str, Any] = {
         "model": cfg.model,
         "img_size": cfg.img_size,
@@ -76,6 +78,8 @@ def memory_fit(
         "num_classes": cfg.num_classes or 1000,
         "token_label": cfg.token_label,
     }
+    if cfg.fsdp or mesh.tp > 1 or mesh.pp > 1:
+        settings.update(mesh=mesh, fsdp=cfg.fsdp, micro_batches=cfg.accum_steps)
     need = memory.plan(batch=cfg.batch_size, **settings).total * PLAN_MARGIN
     capacity = node.gpu.memory_bytes
     largest = memory.max_micro_batch((capacity - RESERVE_BYTES) / PLAN_MARGIN, 0, **settings)
@@ -88,7 +92,7 @@ def memory_fit(
         "predicted_peak_bytes": need,
         "micro_batch": cfg.batch_size,
         "largest_micro_batch": largest,
-        "settings": settings,
+        "settings": {k: (v.as_dict() if k == "mesh" else v) for k, v in settings.items()},
     }
     if need + RESERVE_BYTES <= capacity:
         return record
@@ -96,14 +100,38 @@ def memory_fit(
     fix = (
         f"use -b {largest} (with --accum-steps to keep the global batch)"
         if largest
-        else "not even the model states fit: use --deepspeed --zero-stage 3 or more GPUs"
+        else "not even the model states fit"
     )
+    fix += _layout_hint(cfg, node, world, capacity)
     raise ConfigError(
         f"-b {cfg.batch_size}: the batch does not fit in GPU memory: {cfg.model} at "
         f"{cfg.img_size} px ({settings['precision']}) needs {need / gib:.1f} GiB per GPU for the "
         f"{stage} stage, but a {node.gpu.model} on partition {partition} has "
         f"{capacity / gib:.1f} GiB ({RESERVE_BYTES / gib:.0f} GiB kept free); {fix}"
     )
+
+
+def check_layout(cfg: TrainConfig, node: NodeType, world: int) -> None:
+    """dp x tp x pp must divide the job's ranks, and tensor parallelism stay inside a node."""
+    try:
+        layout.check_layout(world, node.ranks_per_node, cfg.tp, cfg.pp, cfg.model)
+    except ValueError as exc:
+        raise ConfigError(f"ARGS: {exc}") from None
+
+
+def _layout_hint(cfg: TrainConfig, node: NodeType, world: int, capacity: float) -> str:
+    """The cheapest dp x tp x pp (+FSDP) layout that fits, from the cost model and the plan."""
+    if not models.known(cfg.model) or isinstance(models.arch_of(cfg.model), models.Volo):
+        return ""
+    try:
+        best = layout.suggest_layouts(
+            cfg.model, world, node.fabric_model(), (capacity - RESERVE_BYTES) / PLAN_MARGIN,
+            cfg.global_batch_size, micro_batches=cfg.accum_steps, img_size=cfg.img_size,
+            precision=_precision(cfg), reserve_bytes=0, num_classes=cfg.num_classes or 1000,
+        )  # fmt: skip
+    except ValueError:
+        return ""
+    return f"; or keep the batch with {' '.join(best.flags())} (the cheapest layout that fits)"
 
 
 def _precision(cfg: TrainConfig) -> str:

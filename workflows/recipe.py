@@ -32,6 +32,9 @@ _FLAGS = {
     "token_label_size": "--token-label-size",
     "ground_truth": "--ground-truth",
     "amp": "--apex-amp",
+    "fsdp": "--fsdp",
+    "tp": "--tp",
+    "pp": "--pp",
 }
 
 
@@ -61,6 +64,9 @@ class StageRecipe(Strict):
     ground_truth: bool = False
     amp: bool = True
     finetune: bool = Field(default=False, description="needs the pretrain stage's model")
+    fsdp: bool = Field(default=False, description="FSDP2 full sharding (ZeRO-3)")
+    tp: int = Field(default=1, ge=1, description="tensor-parallel ranks, within a node")
+    pp: int = Field(default=1, ge=1, description="pipeline stages")
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -85,6 +91,8 @@ class StageRecipe(Strict):
         for field, flag in _FLAGS.items():
             value = getattr(self, field)
             if field == "lr_base_size" and self.lr_base is None:
+                continue
+            if field in ("tp", "pp") and value == 1:
                 continue
             if isinstance(value, bool):
                 flags += [flag] if value else []

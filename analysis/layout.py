@@ -1,0 +1,226 @@
+"""Which (dp, tp, pp) layouts a job can use, their memory and communication, the cheapest fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from analysis.commcost import Fabric, LayoutComm, layout_comm
+from analysis.memory import GIB, Plan, Vit, arch_of, param_parts, plan, stage_bounds
+from analysis.mesh import Mesh
+
+
+def _heads(model: str) -> list[int]:
+    arch = arch_of(model)
+    return [arch.num_heads] if isinstance(arch, Vit) else list(arch.num_heads)
+
+
+def _blocks(model: str) -> int:
+    return len(param_parts(model).blocks)
+
+
+def check_layout(
+    world: int, gpus_per_node: int, tp: int, pp: int, model: str | None = None
+) -> None:
+    """Raise ValueError naming the flag and the fix if the trainer cannot run this layout."""
+    for name, value in (("world size", world), ("gpus per node", gpus_per_node), ("--tp", tp),
+                        ("--pp", pp)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if tp > gpus_per_node:
+        raise ValueError(
+            f"--tp {tp} exceeds the {gpus_per_node} GPUs of a node: tensor parallelism all-reduces"
+            f" every block's activations and must stay inside a node; use --tp <= {gpus_per_node}"
+            " and add --pp or --fsdp for the rest"
+        )
+    if gpus_per_node % tp:
+        raise ValueError(
+            f"--tp {tp} does not divide the {gpus_per_node} GPUs of a node, so a tp group would"
+            f" straddle two nodes; use a divisor of {gpus_per_node}"
+        )
+    if world % (tp * pp):
+        raise ValueError(
+            f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {world} GPUs; the data-parallel"
+            f" size is world / (tp x pp): pick tp x pp dividing {world}"
+        )
+    if model is not None:
+        _check_model(model, tp, pp)
+
+
+def _check_model(model: str, tp: int, pp: int) -> None:
+    bad = [h for h in _heads(model) if h % tp]
+    if bad:
+        raise ValueError(
+            f"--tp {tp}: {model} has {bad[0]} attention heads per block, which do not split over"
+            f" {tp} ranks (a rank computes whole heads); use a --tp dividing {bad[0]}"
+        )
+    if pp > 1 and not model.startswith("vit_"):
+        raise ValueError(
+            f"--pp {pp}: pipeline stages are defined for vit_* models, not {model}; use --tp or"
+            " --fsdp"
+        )
+    if pp > _blocks(model):
+        raise ValueError(f"--pp {pp}: {model} has only {_blocks(model)} blocks; use at most that")
+
+
+def candidate_layouts(world: int, gpus_per_node: int, model: str) -> list[Mesh]:
+    """Every (dp, tp, pp) the trainer can run for `model` on `world` GPUs."""
+    out = []
+    for tp in range(1, gpus_per_node + 1):
+        for pp in range(1, world // tp + 1):
+            try:
+                check_layout(world, gpus_per_node, tp, pp, model)
+            except ValueError:
+                continue
+            out.append(Mesh(dp=world // (tp * pp), tp=tp, pp=pp))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutCost:
+    """One layout's memory on its most loaded rank and its predicted step overhead."""
+
+    mesh: Mesh
+    fsdp: bool
+    memory: Plan
+    comm: LayoutComm
+    overhead_s: float
+    """Communication seconds plus the pipeline bubble's share of the compute time."""
+    fits: bool
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def flags(self) -> list[str]:
+        return self.mesh.flags(self.fsdp)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mesh": self.mesh.as_dict(), "fsdp": self.fsdp, "fits": self.fits,
+            "bytes_per_rank": self.memory.total, "comm_s": self.comm.seconds,
+            "comm_bytes": self.comm.bytes, "bubble": self.comm.bubble,
+            "overhead_s": self.overhead_s, "flags": self.flags(),
+        }  # fmt: skip
+
+
+def step_flops(model: str, img_size: int, batch: int, num_classes: int = 1000) -> float:
+    """Training FLOPs of `batch` images: 6 x parameters x tokens for the matmuls (forward 2,
+    backward 4; Kaplan et al., arXiv:2001.08361) plus attention's 12 x tokens^2 x dim a block."""
+    arch = arch_of(model)
+    params = param_parts(model, img_size, num_classes).total
+    if isinstance(arch, Vit):
+        tokens, dims = (img_size // arch.patch_size) ** 2 + 1, [arch.embed_dim] * arch.depth
+    else:
+        tokens = (img_size // arch.patch_size // 2) ** 2
+        dims = [d for d, n in zip(arch.embed_dims, arch.layers, strict=True) for _ in range(n)]
+    return batch * (6.0 * params * tokens + sum(12.0 * tokens * tokens * d for d in dims))
+
+
+def layout_cost(
+    model: str, mesh: Mesh, fabric: Fabric, gpu_mem_bytes: float, batch: int, img_size: int = 224,
+    precision: str = "amp", fsdp: bool = False, micro_batches: int = 1,
+    flops_per_s: float = 312e12, reserve_bytes: float = 1.0 * GIB, num_classes: int = 1000,
+    schedule: str = "1f1b",
+) -> LayoutCost:  # fmt: skip
+    """Memory and predicted overhead of one layout; `batch` is the micro-batch per dp rank.
+
+    flops_per_s: sustained GPU FLOP/s (default: A100 bf16 dense peak, an optimistic bound)
+    turns the bubble fraction into seconds.
+    """
+    mem = plan(model, img_size, batch, precision, mesh=mesh, fsdp=fsdp,
+               micro_batches=micro_batches, schedule=schedule, num_classes=num_classes)  # fmt: skip
+    arch = arch_of(model)
+    dim = arch.embed_dim if isinstance(arch, Vit) else arch.embed_dims[-1]
+    tokens = (img_size // arch.patch_size) ** 2 + 1 if isinstance(arch, Vit) else \
+        (img_size // arch.patch_size // 2) ** 2  # fmt: skip
+    act_bytes = batch * tokens * dim * (2 if precision != "fp32" else 4)
+    blocks_per_stage = max(e - s for s, e in stage_bounds(_blocks(model), mesh.pp))
+    grad_bytes = mem.settings["params_per_rank"] * (2 if precision == "half" else 4)
+    comm = layout_comm(fabric, mesh.dp, mesh.tp, mesh.pp, grad_bytes, act_bytes, blocks_per_stage,
+                       micro_batches, fsdp)  # fmt: skip
+    compute_s = step_flops(model, img_size, batch * micro_batches, num_classes) / (
+        flops_per_s * mesh.tp * mesh.pp
+    )
+    overhead = comm.total_s + comm.bubble / (1 - comm.bubble) * compute_s
+    fits = mem.total <= gpu_mem_bytes - reserve_bytes
+    return LayoutCost(mesh, fsdp, mem, comm, overhead, fits,
+                      {"compute_s": compute_s, "batch": batch, "img_size": img_size})  # fmt: skip
+
+
+def compare_layouts(
+    model: str, world: int, fabric: Fabric, gpu_mem_bytes: float, global_batch: int,
+    micro_batches: int = 1, **kwargs: Any,
+) -> list[LayoutCost]:  # fmt: skip
+    """Every runnable layout at the same global batch, with and without FSDP, cheapest first
+    (those that fit before those that do not). A layout's micro-batch per dp rank is
+    global_batch / (dp x micro_batches); layouts it does not divide are left out."""
+    out = []
+    for mesh in candidate_layouts(world, fabric.gpus_per_node, model):
+        micro, rest = divmod(global_batch, mesh.dp * micro_batches)
+        if rest or not micro:
+            continue
+        for fsdp in (False, True) if mesh.dp > 1 else (False,):
+            out.append(layout_cost(model, mesh, fabric, gpu_mem_bytes, micro, fsdp=fsdp,
+                                   micro_batches=micro_batches, **kwargs))  # fmt: skip
+    return sorted(out, key=lambda c: (not c.fits, c.overhead_s))
+
+
+def suggest_layouts(
+    model: str, world: int, fabric: Fabric, gpu_mem_bytes: float, global_batch: int,
+    micro_batches: int = 1, **kwargs: Any,
+) -> LayoutCost:  # fmt: skip
+    """The cheapest layout that fits `gpu_mem_bytes`; ValueError (with the best try) if none."""
+    ranked = compare_layouts(model, world, fabric, gpu_mem_bytes, global_batch, micro_batches,
+                             **kwargs)  # fmt: skip
+    if not ranked or not ranked[0].fits:
+        best = min(ranked, key=lambda c: c.memory.total) if ranked else None
+        need = f"; the smallest, {best.flags()}, needs {best.memory.total / GIB:.1f} GiB" if best \
+            else ""  # fmt: skip
+        raise ValueError(
+            f"{model} at global batch {global_batch} fits no layout of {world} GPUs with "
+            f"{gpu_mem_bytes / GIB:.0f} GiB{need}: add --accum-steps, lower the batch or add GPUs"
+        )
+    return ranked[0]
+
+
+def profile_fabric(profile: str, stage: str = "pretrain") -> Fabric:
+    """The `fabric:` block of a cluster profile's stage (bundled name or YAML path), read here:
+    analysis does not import workflows."""
+    import yaml
+
+    from analysis.memory import _profile_path, profile_node
+
+    path = _profile_path(profile)
+    fabric = profile_node(yaml.safe_load(path.read_text()) or {}, stage).get("fabric")
+    if not fabric:
+        raise ValueError(f"--profile {profile!r}: no fabric: block in {path}")
+    return Fabric.from_mapping(fabric)
+
+
+def add_layout_parser(sub: Any) -> None:
+    parser = sub.add_parser("layouts", help="memory and communication of every dp x tp x pp")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--gpus", type=int, required=True, help="world size")
+    parser.add_argument("--global-batch", type=int, required=True)
+    parser.add_argument("--accum-steps", type=int, default=1, help="micro-batches per step")
+    parser.add_argument("--img-size", type=int, default=224)
+    parser.add_argument("--precision", default="amp")
+    parser.add_argument("--profile", default="dgxpod", help="cluster profile: fabric and GPU")
+    parser.set_defaults(func=layouts_main)
+
+
+def layouts_main(args: Any) -> int:
+    from analysis.memory import profile_gpu_memory
+
+    fabric, memory = profile_fabric(args.profile), profile_gpu_memory(args.profile)
+    ranked = compare_layouts(args.model, args.gpus, fabric, memory, args.global_batch,
+                             args.accum_steps, img_size=args.img_size,
+                             precision=args.precision)  # fmt: skip
+    print(f"{'layout':28s} {'GiB/rank':>9s} {'fits':>5s} {'comm ms':>8s} {'bubble':>7s}")
+    for c in ranked:
+        name = f"dp{c.mesh.dp} tp{c.mesh.tp} pp{c.mesh.pp}" + " fsdp" * c.fsdp
+        print(f"{name:28s} {c.memory.total / GIB:9.1f} {str(c.fits):>5s} "
+              f"{c.comm.total_s * 1e3:8.1f} {c.comm.bubble:7.2f}")  # fmt: skip
+    best = suggest_layouts(args.model, args.gpus, fabric, memory, args.global_batch,
+                           args.accum_steps, img_size=args.img_size,
+                           precision=args.precision)  # fmt: skip
+    print("cheapest that fits: " + " ".join(best.flags()))
+    return 0

@@ -1,0 +1,79 @@
+"""Sharded (DCP) checkpoints: exact resume, loading into another mesh, fine-tuning from one."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_trainer_launch import logs, run_ranks
+
+COMMON = [
+    "--dataset", "digits", "--model", "vit_micro", "--img-size", "32", "--num-classes", "10",
+    "-b", "16", "--workers", "0", "--loader", "torch", "--aa", "", "--reprob", "0",
+    "--drop-path", "0", "--lr", "2e-3", "--warmup-epochs", "0", "--log-interval", "1000",
+    "--seed", "7", "--no-eval", "--checkpoint-every", "5",
+]  # fmt: skip
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # a shared 2-core machine is slow
+
+
+def train(nproc: int, run: Path, digits: Path, steps: int, *flags: str) -> None:
+    args = [str(digits), *COMMON, "--max-steps", str(steps), "--output", str(run), *flags]
+    log_dir = run.parent / f"logs-{run.name}"
+    codes = run_ranks(nproc, args, log_dir, timeout=1500)
+    assert codes == [0] * nproc, logs(log_dir)
+
+
+def final(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "final" / "model.pt", weights_only=True)
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def from_checkpoint(source: Path, step: int, run: Path) -> Path:
+    """A run directory whose only checkpoint is `source`'s step `step` (resume picks it)."""
+    name = f"step_{step:09d}"
+    shutil.copytree(source / "checkpoints" / name, run / "checkpoints" / name)
+    return run
+
+
+@pytest.fixture(scope="module")
+def tp_run(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """dp 2 x tp 2, 10 steps, sharded checkpoints at steps 5 and 10."""
+    run = tmp_path_factory.mktemp("dcp") / "tp"
+    train(4, run, digits_dir, 10, "--tp", "2")
+    assert (run / "checkpoints" / "step_000000005" / "dcp" / ".metadata").is_file()
+    return run
+
+
+def test_resume_mid_epoch_is_exact(tp_run: Path, digits_dir: Path) -> None:
+    run = from_checkpoint(tp_run, 5, tp_run.parent / "resumed")
+    train(4, run, digits_dir, 10, "--tp", "2")
+    assert "resumed from" in logs(tp_run.parent / "logs-resumed")
+    assert_same(final(run), final(tp_run))
+
+
+def test_tp2_dp2_checkpoint_loads_into_fsdp_dp4(tp_run: Path, digits_dir: Path) -> None:
+    run = from_checkpoint(tp_run, 10, tp_run.parent / "as_dp4")
+    train(4, run, digits_dir, 10, "--fsdp")  # resumes at step 10: nothing left to train
+    assert_same(final(run), final(tp_run))
+
+
+def test_fsdp_dp4_checkpoint_loads_into_tp2_dp2(tp_run: Path, digits_dir: Path) -> None:
+    source = tp_run.parent / "dp4"
+    train(4, source, digits_dir, 10, "--fsdp")
+    run = from_checkpoint(source, 10, tp_run.parent / "as_tp2")
+    train(4, run, digits_dir, 10, "--tp", "2")
+    assert_same(final(run), final(source))
+
+
+def test_finetune_starts_from_a_sharded_checkpoint(tp_run: Path, digits_dir: Path) -> None:
+    """Plain DDP reads the dp 2 x tp 2 shards and timm's qkv order comes back."""
+    run = tp_run.parent / "finetune"
+    step_dir = tp_run / "checkpoints" / "step_000000010"
+    train(2, run, digits_dir, 0, "--finetune", str(step_dir), "--checkpoint-every", "0")
+    assert_same(final(run), final(tp_run))

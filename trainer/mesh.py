@@ -1,0 +1,75 @@
+"""One DeviceMesh (dp, pp, tp) for FSDP2, tensor and pipeline parallelism, and what it holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+
+
+@dataclass(frozen=True, slots=True)
+class MeshShape:
+    """Ranks along each mesh dimension; dp x pp x tp = world size."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The mesh and this rank's coordinates (tp innermost: a tp group is consecutive ranks,
+    so with ranks placed node by node it stays inside one node's NVLink domain)."""
+
+    shape: MeshShape
+    device_mesh: DeviceMesh
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+
+    def group(self, name: str) -> dist.ProcessGroup:
+        return self.device_mesh.get_group(name)
+
+    def sub(self, name: str) -> DeviceMesh:
+        return self.device_mesh[name]
+
+    def global_rank(self, name: str, index: int) -> int:
+        """Global rank of `index` along dimension `name`, with this rank's other coordinates."""
+        return dist.get_global_rank(self.group(name), index)
+
+
+def build_mesh(device: torch.device, tp: int, pp: int) -> Mesh:
+    """DeviceMesh of the whole job, shape (dp, pp, tp) with dp = world / (tp x pp)."""
+    world = dist.get_world_size()
+    if world % (tp * pp):
+        raise ValueError(f"--tp {tp} x --pp {pp} does not divide the {world} ranks")
+    shape = MeshShape(dp=world // (tp * pp), tp=tp, pp=pp)
+    device_mesh = init_device_mesh(
+        device.type, (shape.dp, shape.pp, shape.tp), mesh_dim_names=("dp", "pp", "tp")
+    )
+    coords = device_mesh.get_coordinate() or [0, 0, 0]
+    return Mesh(shape, device_mesh, dp_rank=coords[0], pp_rank=coords[1], tp_rank=coords[2])
+
+
+def local_param_bytes(model: nn.Module) -> int:
+    """Bytes of parameters this rank stores (a DTensor counts only its local shard)."""
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        total += local.numel() * local.element_size()
+    return total
+
+
+def max_over_ranks(value: float, device: torch.device) -> float:
+    """The largest value on any rank (pipeline stages differ; the largest one sets memory)."""
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0])
