@@ -217,3 +217,17 @@ def test_a_login_node_install_renders_from_anywhere(tmp_path):
     assert done.returncode == 0, done.stderr
     script = Path(done.stdout.splitlines()[-1])
     assert script.is_file() and "#SBATCH --partition=dgxa100" in script.read_text()
+
+
+def test_the_planner_knows_the_mesh(tmp_path):
+    """TP stays inside a node; the memory fit is per mesh rank and names a layout that fits."""
+    with pytest.raises(ConfigError, match="--tp 16 exceeds the 8 GPUs of a node"):
+        plan_job(Request(cluster="dgxpod", model="vit_base_patch16_224", nodes=4,
+                         args="--tp 16", run_root=str(tmp_path)))  # fmt: skip
+    giant = plan_job(Request(cluster="dgxpod", model="vit_giant_patch14_224",
+                             run_root=str(tmp_path)))  # fmt: skip
+    assert "--fsdp" in giant.spec.command and giant.topology is None  # the recipe asks for FSDP
+    assert giant.memory["settings"]["mesh"] == {"dp": 40, "tp": 1, "pp": 1}
+    with pytest.raises(ConfigError, match=r"does not fit in GPU memory.*--fsdp \(the cheapest"):
+        plan_job(Request(cluster="dgxpod", model="vit_giant_patch14_224", args="--no-fsdp",
+                         run_root=str(tmp_path)))  # fmt: skip
