@@ -17,9 +17,12 @@ GPUS ?= 1 2 4
 BATCH ?=
 ACCUM ?= 1
 IMAGE ?=
+TEACHER ?=
+TEACHER_CKPT ?=
+SHARDS ?=
 TESTS ?= tests
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS VENV
-export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TESTS VENV
+export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -31,10 +34,10 @@ WF := $(PY) -m workflows
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
-        container slurm-up slurm-down bench
+        container slurm-up slurm-down bench token-labels
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report container slurm-up slurm-down bench"
+	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report container slurm-up slurm-down bench token-labels"
 	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE="
 
 setup:
@@ -68,6 +71,12 @@ demo:
 
 status:
 	$(WF) status --run "$$RUN"
+
+# Token labels for STAGE's data and grid (img_size/16), from TEACHER (a run dir or weights file;
+# or a timm name with TEACHER_CKPT): a Slurm job array, one shard per rank.
+token-labels:
+	$(WF) token-labels --stage "$$STAGE" --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" \
+	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS"
 
 scaling:
 	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS"

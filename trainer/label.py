@@ -1,4 +1,4 @@
-"""`python -m trainer.label DATA_DIR --teacher T --output OUT`: label one shard per rank.
+"""`python -m trainer.label DATA_DIR --teacher T --label-dir OUT`: label one shard per rank.
 
 One rank of a labeling job array: shard = array task x world size + rank, of
 (array tasks x world size) shards, each a contiguous slice of the sorted training-sample names.
@@ -10,7 +10,7 @@ resubmitted job finds the sidecar and skips the shard. Whichever rank finds ever
 writes manifest.json (same content from any rank; atomic rename), which is what the login node
 checks before a training job may use the labels.
 
-Exit status: 0 done (or skipped), 2 bad configuration.
+Exit status: 0 done (or skipped), 2 bad configuration, 75 preempted (requeue me).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from trainer import labelset
-from trainer.exitcodes import OK, USAGE
+from trainer.exitcodes import OK, REQUEUE, USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher", required=True, help="vitpod run dir, weights file, or timm name")
     p.add_argument("--teacher-checkpoint", default="", help="weights for a timm-name teacher")
     p.add_argument("--teacher-model", default="", help="model name of a weights-file teacher")
-    p.add_argument("--output", required=True, help="token-label directory (shared storage)")
+    p.add_argument("--label-dir", required=True, help="token-label directory (shared storage)")
     p.add_argument("--img-size", type=int, default=224, help="labeling resolution (grid = /16)")
     p.add_argument("--topk", type=int, default=5, help="classes kept per token (VOLO: 5)")
     p.add_argument("-b", "--batch-size", type=int, default=64)
@@ -122,7 +123,7 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
         "classes_sha256": hashlib.sha256("\n".join(split.classes).encode()).hexdigest(),
         "teacher": teacher,
     }  # fmt: skip
-    out = labelset.shard_path(ns.output, shard, shards)
+    out = labelset.shard_path(ns.label_dir, shard, shards)
     sidecar = out.with_suffix(".json")
     if sidecar.is_file() and out.is_file():
         done = json.loads(sidecar.read_text())
@@ -212,8 +213,21 @@ def write_manifest_if_complete(output: str, meta: dict[str, Any]) -> dict[str, A
     return manifest
 
 
+def _requeue_on_preemption() -> None:
+    """SIGUSR2/SIGTERM (Slurm preemption): stop now and ask for a requeue. Nothing to save: a
+    shard in progress is a temporary file (removed on the way out), finished ones are kept."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        print(f"label: signal {signum}: stopping; the requeued job skips finished shards")
+        sys.exit(REQUEUE)
+
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    _requeue_on_preemption()
     if ns.img_size % labelset.STRIDE:
         print(f"error: --img-size {ns.img_size} must be a multiple of 16", file=sys.stderr)
         return USAGE
@@ -229,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
-    if write_manifest_if_complete(ns.output, record) is not None:
-        print(f"label: all {shards} shards done; manifest {Path(ns.output) / 'manifest.json'}")
+    if write_manifest_if_complete(ns.label_dir, record) is not None:
+        print(f"label: all {shards} shards done; manifest {Path(ns.label_dir) / 'manifest.json'}")
     return OK
 
 

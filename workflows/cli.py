@@ -33,6 +33,7 @@ COMMANDS = {
     "demo": "workflows.demo:main",
     "status": "workflows.status:main",
     "scaling": "workflows.scaling:main",
+    "token-labels": "workflows.labels:main",
 }
 
 
