@@ -64,7 +64,7 @@ finetune:
 	$(WF) submit --stage finetune $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
 
 pipeline:
-	$(WF) pipeline $(STAGE_ARGS)
+	$(WF) pipeline $(STAGE_ARGS) --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT"
 
 demo:
 	$(WF) demo --cluster "$$CLUSTER"

@@ -37,8 +37,10 @@ def labels(digits_dir: Path, teacher_run: Path, tmp_path_factory: pytest.TempPat
     """Labels over digits at 32 px (grid 2) in 3 shards, made the way each rank makes them."""
     out = tmp_path_factory.mktemp("labels") / "tl"
     for shard in range(3):
-        argv = [str(digits_dir), "--teacher", str(teacher_run), "--label-dir", str(out),
-                "--img-size", "32", "--topk", "3", "--shard", str(shard), "--num-shards", "3"]  # fmt: skip
+        argv = [
+            str(digits_dir), "--teacher", str(teacher_run), "--label-dir", str(out),
+            "--img-size", "32", "--topk", "3", "--shard", str(shard), "--num-shards", "3",
+        ]  # fmt: skip
         assert label.main(argv) == 0
     return out
 
@@ -69,7 +71,9 @@ def test_manifest_records_teacher_grid_and_data_set(labels: Path, digits_dir: Pa
     assert not list(labels.rglob(".*")), "no temporary files left behind"
 
 
-def test_a_finished_shard_is_skipped_and_a_changed_one_redone(labels, digits_dir, teacher_run, capsys):
+def test_a_finished_shard_is_skipped_and_a_changed_one_redone(
+    labels, digits_dir, teacher_run, capsys
+):
     shard = labelset.shard_path(labels, 1, 3)
     before = shard.stat().st_mtime_ns
     argv = [str(digits_dir), "--teacher", str(teacher_run), "--label-dir", str(labels),
@@ -97,7 +101,8 @@ def test_the_trainer_reads_the_shards_with_the_teachers_scores(labels, digits_di
     from trainer.data.transforms import eval_transform
 
     with Image.open(digits_dir / name) as img:
-        image = eval_transform(DataConfig(data_dir="", img_size=32, crop_pct=1.0))(img.convert("RGB"))
+        cfg32 = DataConfig(data_dir=str(digits_dir), img_size=32, crop_pct=1.0)
+        image = eval_transform(cfg32)(img.convert("RGB"))
     with torch.no_grad():
         probs = dense_logits(teacher.eval(), image[None]).softmax(1)[0]
     top = probs.topk(3, dim=0)
@@ -117,9 +122,10 @@ def test_wrong_grid_and_other_data_set_are_refused(labels: Path, digits_dir: Pat
     renamed = [*names[:-1], "train/9/other.jpg"]
     (other,) = labelset.problems(manifest, where="L", names=renamed, data_dir="d", img_size=32)
     assert "names checksum differs" in other
-    assert "no manifest.json" in labelset.problems(
-        None, where="L", names=names, data_dir="d", img_size=32
-    )[0]
+    assert (
+        "no manifest.json"
+        in labelset.problems(None, where="L", names=names, data_dir="d", img_size=32)[0]
+    )
     # The trainer makes the same check when it opens the directory.
     cfg = DataConfig(data_dir=str(digits_dir), img_size=64, batch_size=8, workers=0,
                      loader="torch", token_label=True, token_label_data=str(labels),
@@ -133,7 +139,7 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
         return plan_job(Request(cluster="local", model="volo_tiny", args=extra,
                                 run_dir=tmp_path / "run"))  # fmt: skip
 
-    good = plan(f"--token-label --token-label-data {labels}")
+    good = plan(f"--token-label --token-label-size 2 --token-label-data {labels}")
     assert good.trainer and good.trainer["data_dir"]
     data = Path(good.trainer["data_dir"])
     if not (data / "train").is_dir():  # the local profile's digits (the trainer writes them)
@@ -141,19 +147,27 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
 
         write_digits_jpeg(data, size=32)
     assert token_label_problems(good) == []
-    (wrong,) = token_label_problems(plan(f"--img-size 64 --token-label --token-label-data {labels}"))
+    (wrong,) = token_label_problems(
+        plan(f"--img-size 64 --token-label --token-label-size 2 --token-label-data {labels}")
+    )
     assert "grid 2" in wrong and "grid 4" in wrong
     assert "make token-labels CLUSTER=local MODEL=volo_tiny STAGE=pretrain" in wrong
     assert f'ARGS="--label-dir {labels}"' in wrong
-    (missing,) = token_label_problems(plan(f"--token-label --token-label-data {tmp_path / 'no'}"))
+    (missing,) = token_label_problems(
+        plan(f"--token-label --token-label-size 2 --token-label-data {tmp_path / 'no'}")
+    )
     assert "does not exist" in missing and "make token-labels" in missing
     partial = tmp_path / "partial"
     shutil.copytree(labels, partial)
     (partial / labelset.MANIFEST).unlink()
-    (unfinished,) = token_label_problems(plan(f"--token-label --token-label-data {partial}"))
+    (unfinished,) = token_label_problems(
+        plan(f"--token-label --token-label-size 2 --token-label-data {partial}")
+    )
     assert "has no manifest.json" in unfinished
     with pytest.raises(ConfigError, match="grid 2"):
         from workflows import preflight
 
-        preflight.check(plan(f"--img-size 64 --token-label --token-label-data {labels}"))
+        preflight.check(
+            plan(f"--img-size 64 --token-label --token-label-size 2 --token-label-data {labels}")
+        )
     json.dumps(good.manifest())  # the plan still records cleanly

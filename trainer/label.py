@@ -136,7 +136,10 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
         split.name, split.classes, split.labels[start:stop],
         files=(split.files or [])[start:stop], root=split.root,
     )  # fmt: skip
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    cuda = torch.cuda.is_available()
+    # One GPU per rank, picked by the local rank as the trainer does (bind.sh sets LOCAL_RANK).
+    local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
+    device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else None
     model = load_teacher(teacher, ns.img_size, len(split.classes))
     if device is not None:
         model = model.to(device)

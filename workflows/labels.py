@@ -95,7 +95,7 @@ def teacher_flags(teacher: str, checkpoint: str) -> list[str]:
 def prepare(
     cluster: str, model: str = "", stage: str = "pretrain", *, teacher: str,
     teacher_checkpoint: str = "", nodes: int | str | None = None, shards: str | int = "",
-    args: str = "", run_root: str = "", dependency: str = "",
+    args: str = "", run_root: str = "", dependency: str = "", run_dir: Path | None = None,
 ) -> LabelJob:  # fmt: skip
     """Plan the labeling array (ConfigError on bad input); nothing is written."""
     profile = load_profile(cluster)
@@ -114,7 +114,7 @@ def prepare(
         "--label-dir", str(default_label_dir(profile, model, stage)),
         *teacher_flags(teacher, teacher_checkpoint),
     ]  # fmt: skip
-    run_dir = new_run_path(runs_root(profile, run_root), model, "labels")
+    run_dir = run_dir or new_run_path(runs_root(profile, run_root), model, "labels")
     plan = plan_job(
         Request(
             cluster=cluster, model=model, stage=stage, nodes=node_count, entry="labels",
@@ -183,14 +183,20 @@ def submit(job: LabelJob, force: bool = False) -> str | None:
         return None
     if found and not force:
         raise ConfigError(
-            "; ".join(found) + f"; choose another directory (ARGS=\"--label-dir DIR\") or "
+            "; ".join(found) + f'; choose another directory (ARGS="--label-dir DIR") or '
             f"remove {job.label_dir}"
         )
     preflight.check(job.plan, render_hint="python -m workflows token-labels ... --render-only")
+    return launch(job)
+
+
+def launch(job: LabelJob) -> str | None:
+    """Write the run dir, then sbatch the array (its job id) or, without Slurm, run it here."""
     plan = dataclasses.replace(job.plan, script=job.script)
     script = materialize(plan, job.manifest())
     print(f"labels: {job.tasks} array task(s) x {job.shards // job.tasks} rank(s) = "
-          f"{job.shards} shard(s) -> {job.label_dir}; run directory {script.parent}")  # fmt: skip
+          f"{job.shards} shard(s) -> {job.label_dir}; run directory {script.parent}",
+          flush=True)  # fmt: skip
     if plan.profile.scheduler != "slurm":
         import subprocess
 
@@ -204,7 +210,7 @@ def submit(job: LabelJob, force: bool = False) -> str | None:
         remove_run_dir(script.parent)
         raise
     write_json(script.parent / runfiles.MANIFEST, job.manifest([job_id]))
-    print(f"submitted array job {job_id}")
+    print(f"submitted array job {job_id}", flush=True)
     return job_id
 
 

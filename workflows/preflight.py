@@ -187,9 +187,7 @@ def check_partition(plan: JobPlan) -> list[str]:
     ]
 
 
-def path_problems(
-    plan: JobPlan, chained: bool = False, labels_pending: bool = False
-) -> list[str]:
+def path_problems(plan: JobPlan, chained: bool = False, labels_pending: bool = False) -> list[str]:
     """Paths the ranks will read, checked from here (shared storage: same paths everywhere).
     `labels_pending`: a labeling job queued ahead of this one makes the token labels."""
     spec, cfg = plan.spec, plan.trainer or {}

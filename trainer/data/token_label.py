@@ -241,9 +241,7 @@ class TokenLabelStore:
                     "`make token-labels` (python -m trainer.label)"
                 )
             else:
-                self._data = torch.load(
-                    self.path, map_location="cpu", mmap=True, weights_only=True
-                )
+                self._data = torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)
         return self._data
 
     def __getstate__(self) -> dict[str, Any]:
@@ -286,7 +284,10 @@ def _load_shards(path: Path) -> dict[str, Any]:
             f"--token-label-data {path} has no {labelset.MANIFEST}: its labeling job has not "
             "finished; rerun `make token-labels` (finished shards are kept)"
         )
-    shards, starts, shard_of, index = [], [], [], {}
+    shards: list[dict[str, Any]] = []
+    starts: list[int] = []
+    shard_of: list[int] = []
+    index: dict[str, int] = {}
     for number in range(manifest["num_shards"]):
         part = torch.load(
             labelset.shard_path(path, number, manifest["num_shards"]),
