@@ -148,7 +148,7 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
         write_digits_jpeg(data, size=32)
     assert token_label_problems(good) == []
     (wrong,) = token_label_problems(
-        plan(f"--img-size 64 --token-label --token-label-size 2 --token-label-data {labels}")
+        plan(f"--img-size 64 --token-label --token-label-size 4 --token-label-data {labels}")
     )
     assert "grid 2" in wrong and "grid 4" in wrong
     assert "make token-labels CLUSTER=local MODEL=volo_tiny STAGE=pretrain" in wrong
@@ -168,6 +168,6 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
         from workflows import preflight
 
         preflight.check(
-            plan(f"--img-size 64 --token-label --token-label-size 2 --token-label-data {labels}")
+            plan(f"--img-size 64 --token-label --token-label-size 4 --token-label-data {labels}")
         )
     json.dumps(good.manifest())  # the plan still records cleanly

@@ -259,6 +259,7 @@ class Pipeline:
         model = self.model or profile.default_model or DEFAULT_MODEL
         directory = new_run_path(runs_root(profile, self.run_root), model, "pipeline")
         records: dict[str, StageRecord] = {}
+        self.label_jobs = {}
         for stage in self.wanted:
             chained = stage == "finetune" and not self.finetune_from
             source = self.finetune_from or str(directory / "pretrain")
