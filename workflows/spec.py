@@ -169,7 +169,7 @@ def build_spec(
     partition = profile.partition(stage)
     node = profile.node_type(stage)
     _check_dependency(dependency)
-    finetune = _finetune_source(stage_recipe.finetune, finetune_from)
+    finetune = _finetune_source(stage_recipe.finetune and entry != "labels", finetune_from)
     python = _python(profile)
     data_dir: str | None = None
     if entry == "rankinfo":
