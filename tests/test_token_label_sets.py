@@ -171,3 +171,28 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
             plan(f"--img-size 64 --token-label --token-label-size 4 --token-label-data {labels}")
         )
     json.dumps(good.manifest())  # the plan still records cleanly
+
+
+def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teacher_run, tmp_path):
+    from trainer.data.digits import write_digits_jpeg
+    from workflows.pipeline import Pipeline
+    from workflows.profile import load_profile, resolve_path
+
+    write_digits_jpeg(resolve_path(load_profile("local").storage.data) / "digits", size=32)
+    new = tmp_path / "grid4"
+    stages = {
+        "pretrain_args": f"--token-label --token-label-size 2 --token-label-data {labels}",
+        "finetune_args": f"--token-label --token-label-size 4 --token-label-data {new}",
+        "run_root": str(tmp_path / "runs"),
+    }
+    run = Pipeline("local", "volo_tiny", teacher=str(teacher_run), **stages)
+    run.plan()
+    assert list(run.label_jobs) == ["finetune"], "the pretrain's labels pass the checks: reused"
+    job = run.label_jobs["finetune"]
+    assert (job.img_size, job.label_dir) == (64, new)
+    assert job.plan.spec.command[1:3] == ("-m", "trainer.label")
+    with pytest.raises(ConfigError, match=r"does not exist; make it with `make token-labels"):
+        Pipeline("local", "volo_tiny", **stages).plan()
+    shared = {**stages, "finetune_args": stages["finetune_args"].replace(str(new), str(labels))}
+    with pytest.raises(ConfigError, match="grid 2 .* grid 4"):  # existing labels never replaced
+        Pipeline("local", "volo_tiny", teacher=str(teacher_run), **shared).plan()

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,6 @@ import torch
 from trainer import labelset
 from trainer.checkpoint import save_final
 from trainer.models import create_model, model_manifest
-from workflows.scaling import wait_array
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -51,8 +51,8 @@ def label(setup: dict[str, Path]) -> tuple[str, str]:
     assert out.returncode == 0, out.stderr
     job = re.search(r"submitted array job (\d+)", out.stdout)
     assert job, out.stdout
-    states = wait_array(job.group(1), 2, timeout=600)
-    assert states == {0: "COMPLETED", 1: "COMPLETED"}, states
+    states = wait_done(job.group(1))
+    assert states == ["COMPLETED", "COMPLETED"], states
     run_dir = re.search(r"run directory (\S+)", out.stdout)
     assert run_dir
     return job.group(1), run_dir.group(1)
@@ -94,7 +94,7 @@ def test_label_array_resume_use_and_refusal(setup):
                  ARGS=f"{flags} --max-steps 2 --workers 0 --loader torch --epochs 1")  # fmt: skip
     assert train.returncode == 0, train.stderr
     job = re.search(r"submitted batch job (\d+)", train.stdout)
-    assert job and setup_state(job.group(1)) == "COMPLETED"
+    assert job and wait_done(job.group(1)) == ["COMPLETED"]
     run = Path(train.stdout.strip().splitlines()[-1]).parent
     config = json.loads((run / "config.json").read_text())
     assert config["token_label"] and config["token_label_data"] == str(setup["labels"])
@@ -111,8 +111,23 @@ def test_label_array_resume_use_and_refusal(setup):
     assert sorted(setup["runs"].rglob("job.sbatch")) == before
 
 
-def setup_state(job_id: str) -> str:
-    from workflows import jobstate
-
-    infos = jobstate.wait_finished(jobstate.JobStatePoller([job_id]), timeout=600, poll_s=3)
-    return infos[job_id].state
+def wait_done(job_id: str, timeout: float = 1200) -> list[str]:
+    """Final accounting state of each task of a job (array), once squeue no longer lists it.
+    Tolerant of a slow controller (the local Slurm is shared): a query that times out is retried.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            queue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], timeout=60,
+                                   capture_output=True, text=True)  # fmt: skip
+            if queue.returncode != 0 or not queue.stdout.strip():
+                acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+                                      timeout=60, capture_output=True, text=True)  # fmt: skip
+                states = [line.split()[0] for line in acct.stdout.split("\n") if line.strip()]
+                if states and all(s not in ("PENDING", "RUNNING") for s in states):
+                    return states
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(3)
+    subprocess.run(["scancel", job_id], check=False)
+    raise TimeoutError(f"job {job_id} not finished after {timeout} s")
