@@ -104,6 +104,11 @@ def prepare(
     node_count = whole_number(nodes, "NODES", 1)
     per_task = node_count * profile.node_type(stage).ranks_per_node
     wanted = whole_number(shards, "SHARDS", profile.partition(stage).nodes * per_task)
+    if profile.scheduler != "slurm" and wanted != per_task:
+        raise ConfigError(
+            f"SHARDS={wanted}: profile {profile.name} has no scheduler and runs one task of "
+            f"{per_task} rank(s) here; use SHARDS={per_task} (or leave it empty)"
+        )
     if wanted % per_task:
         raise ConfigError(
             f"SHARDS={wanted}: every array task runs {per_task} rank(s) (NODES={node_count}), "
