@@ -152,7 +152,7 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
     )
     assert "grid 2" in wrong and "grid 4" in wrong
     assert "make token-labels CLUSTER=local MODEL=volo_tiny STAGE=pretrain" in wrong
-    assert f'ARGS="--label-dir {labels}"' in wrong
+    assert 'ARGS="--label-dir <new dir>"' in wrong, "existing labels are never overwritten"
     (missing,) = token_label_problems(
         plan(f"--token-label --token-label-size 2 --token-label-data {tmp_path / 'no'}")
     )

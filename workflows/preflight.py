@@ -240,6 +240,10 @@ def token_label_problems(plan: JobPlan) -> list[str]:
         labelset.read_manifest(path), where=f"token-label data {labels!r}", names=names,
         data_dir=data_dir, img_size=int(cfg.get("img_size") or 0),
     )  # fmt: skip
+    if found and labelset.read_manifest(path) is not None:  # never overwrite labels that exist
+        make = make.split(" ARGS=")[0] + ' ARGS="--label-dir <new dir>"'
+        return [f"{p}; make the right ones with `{make}` and pass --token-label-data <new dir>"
+                for p in found]  # fmt: skip
     return [f"{p}; make the right ones with `{make}`" for p in found]
 
 
