@@ -22,7 +22,8 @@ TEACHER_CKPT ?=
 SHARDS ?=
 TOKEN_LABELS ?=
 TESTS ?= tests
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS VENV
+FOLLOW ?=
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW VENV
 export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
@@ -32,6 +33,8 @@ $(error unknown variable(s) $(unknown); valid variables: $(VALID_VARS))
 endif
 
 WF := $(PY) -m workflows
+# FOLLOW=1 (any value but empty or 0): live view until the run ends (workflows/follow.py).
+FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
@@ -39,7 +42,7 @@ STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report container slurm-up slurm-down bench token-labels"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE="
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo)"
 
 setup:
 	bash scripts/setup.sh
@@ -71,7 +74,7 @@ demo:
 	$(WF) demo --cluster "$$CLUSTER" $(if $(TOKEN_LABELS),--token-labels)
 
 status:
-	$(WF) status --run "$$RUN"
+	$(WF) status --run "$$RUN" $(FOLLOW_FLAG)
 
 # Token labels for STAGE's data and grid (img_size/16), from TEACHER (a run dir or weights file;
 # or a timm name with TEACHER_CKPT): a Slurm job array, one shard per rank.
@@ -80,7 +83,7 @@ token-labels:
 	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS"
 
 scaling:
-	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS"
+	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(FOLLOW_FLAG)
 
 report:
 	$(PY) -m analysis report "$$STUDY"

@@ -34,14 +34,26 @@ REFERENCES: list[dict[str, Any]] = [
     },
 ]
 
+# Layout: the page must fit a 1300-px-wide browser window with no horizontal scrollbar (checked
+# in a real headless Chromium by tests/test_report_browser.py). One 18-column table did not
+# (about 1500 px), so the numbers are split into two tables of at most 10 columns, headers wrap,
+# long paths in a failed row break anywhere, and images shrink with the page. No external
+# assets: styles are inline and the plots are data: URIs, so the file works offline.
 TEMPLATE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>vitpod scaling report: {{ title }}</title>
+<html><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>vitpod scaling report: {{ title }}</title>
 <style>
-body { font-family: sans-serif; margin: 2em; max-width: 70em; }
-table { border-collapse: collapse; margin: 1em 0; }
-td, th { border: 1px solid #bbb; padding: 0.25em 0.6em; text-align: right; }
+body { font-family: sans-serif; margin: 1.5em auto; padding: 0 1em; max-width: 72em; }
+table { border-collapse: collapse; margin: 1em 0; max-width: 100%; }
+td, th { border: 1px solid #bbb; padding: 0.25em 0.5em; text-align: right; }
+th { background: #f3f3f3; font-weight: 600; }
+td.text, th.text { text-align: left; }
+td.path { text-align: left; overflow-wrap: anywhere; word-break: break-word; }
 tr.failed td { background: #fde2e2; color: #900; }
-img { max-width: 32em; margin: 0.5em; border: 1px solid #ddd; }
+.plots { display: flex; flex-wrap: wrap; gap: 0.5em; }
+.plots img { width: calc(50% - 0.5em); min-width: 20em; max-width: 100%; height: auto;
+  border: 1px solid #ddd; box-sizing: border-box; }
 </style></head><body>
 <h1>Scaling report: {{ title }}</h1>
 <p>Mode: <b>{{ mode }}</b>. Model: {{ model or "n/a" }}. Baseline: {{ base }}.
@@ -54,31 +66,40 @@ speedup and efficiency.</b>{% endif %}</p>
 the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
 comm / step time. Predicted communication comes from the alpha-beta cost model
 (analysis/commcost.py) for the topology the run used; ratio = measured / predicted.</p>
-<h2>Table</h2>
-<table><tr><th>GPUs</th><th>nodes</th><th>state</th><th>global batch</th><th>images/s</th>
-<th>images/s per GPU</th><th>speedup</th><th>ideal</th><th>efficiency</th>
-<th>data ms</th><th>compute ms</th><th>comm ms</th><th>optimizer ms</th><th>step ms</th>
-<th>comm %</th><th>topology</th><th>predicted comm ms</th><th>measured/predicted</th></tr>
+<h2>Throughput and efficiency</h2>
+<table id="throughput"><tr><th>GPUs</th><th>nodes</th><th class="text">state</th>
+<th>global batch</th><th>images/s</th><th>images/s per GPU</th><th>speedup</th><th>ideal</th>
+<th>efficiency</th></tr>
 {% for r in rows %}{% if r.state == "ok" %}<tr><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td>
-<td>ok</td><td>{{ r.global_batch }}</td><td>{{ "%.1f"|format(r.images_per_s) }}</td>
+<td class="text">ok</td><td>{{ r.global_batch }}</td>
+<td>{{ "%.1f"|format(r.images_per_s) }}</td>
 <td>{{ "%.1f"|format(r.images_per_s_per_gpu) }}</td><td>{{ "%.2f"|format(r.speedup) }}</td>
 <td>{{ "%.2f"|format(r.ideal_speedup) }}</td><td>{{ "%.1f%%"|format(100 * r.efficiency) }}</td>
+</tr>{% else %}<tr class="failed"><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td>
+<td class="text">FAILED</td><td colspan="6" class="path">{{ r.error }} ({{ r.run_dir }})</td>
+</tr>{% endif %}{% endfor %}</table>
+<h2>Step-time breakdown and communication</h2>
+<table id="breakdown"><tr><th>GPUs</th><th>data ms</th><th>compute ms</th><th>comm ms</th>
+<th>optimizer ms</th><th>step ms</th><th>comm %</th><th class="text">topology</th>
+<th>predicted comm ms</th><th>measured / predicted</th></tr>
+{% for r in rows %}{% if r.state == "ok" %}<tr><td>{{ r.gpus }}</td>
 {% for part in ("data", "compute", "comm", "optimizer", "step") %}
 <td>{{ "%.2f"|format(1000 * r.time[part]) }}</td>{% endfor %}
 <td>{{ "%.1f"|format(r.comm_pct) if r.comm_pct is not none else "n/a" }}</td>
-<td>{{ r.topology or "n/a" }}</td>
+<td class="text">{{ r.topology or "n/a" }}</td>
 <td>{{ "%.3f"|format(1000 * r.predicted_comm_s) if r.predicted_comm_s is not none else "n/a" }}</td>
 <td>{{ "%.2f"|format(r.comm_ratio) if r.comm_ratio is not none else "n/a" }}</td></tr>
-{% else %}<tr class="failed"><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td><td>FAILED</td>
-<td colspan="15" style="text-align:left">{{ r.error }} ({{ r.run_dir }})</td></tr>
+{% else %}<tr class="failed"><td>{{ r.gpus }}</td>
+<td colspan="9" class="text">FAILED (see above)</td></tr>
 {% endif %}{% endfor %}</table>
 <h2>Plots</h2>
+<div class="plots">
 {% for name, data in images %}<img alt="{{ name }}" src="data:image/png;base64,{{ data }}">
-{% endfor %}
+{% endfor %}</div>
 <h2>Reference figures</h2>
-<table><tr><th>reference</th><th>baseline GPUs</th><th>GPUs</th><th>speedup</th>
-<th>efficiency</th></tr>
-{% for ref in references %}<tr><td style="text-align:left">{{ ref.name }}</td>
+<table id="references"><tr><th class="text">reference</th><th>baseline GPUs</th><th>GPUs</th>
+<th>speedup</th><th>efficiency</th></tr>
+{% for ref in references %}<tr><td class="text">{{ ref.name }}</td>
 <td>{{ ref.base_gpus }}</td><td>{{ ref.gpus }}</td><td>{{ "%.2f"|format(ref.speedup) }}</td>
 <td>{{ "%.1f%%"|format(100 * ref.efficiency) }}</td></tr>{% endfor %}</table>
 <p>VOLO-D5: about 500 images/s on one DGX A100 (8 GPUs) and about 2100 on five.</p>

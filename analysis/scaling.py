@@ -82,7 +82,7 @@ class Row:
 # study.json keys (written by workflows/scaling.py); unknown ones are rejected.
 _STUDY_KEYS = {
     "mode", "points", "model", "batch", "accum", "fabric", "grad_bytes", "cluster", "steps",
-    "warmup", "args", "created", "script", "job_id",
+    "warmup", "args", "created", "script", "job_id", "report_job_id",
 }  # fmt: skip
 _POINT_KEYS = {
     "gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index", "topology",

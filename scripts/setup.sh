@@ -7,7 +7,8 @@ PIP=("$VENV/bin/pip" install --quiet -c constraints.txt)
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
-  for p in slurmctld slurmd slurm-client slurmdbd munge mariadb-server shellcheck numactl squashfs-tools; do
+  # chromium: the report test renders report.html in a real headless browser.
+  for p in slurmctld slurmd slurm-client slurmdbd munge mariadb-server shellcheck numactl squashfs-tools chromium; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then

@@ -95,7 +95,10 @@ def test_profile_by_path(tmp_path):
         ({"mpi": "openmpi"}, r"field mpi: Input should be 'pmix', 'pmi2' or 'none'"),
         ({"env": {"HF_TOKEN": "hf_abc"}}, r"field env: 'HF_TOKEN' looks like a secret.*secrets:"),
         ({"secrets": ["WANDB_API_KEY=abc"]}, r"field secrets: .*list variable NAMES"),
-        ({"fabric": {"gpus_per_node": 2}}, r"field node_types.default.fabric: fabric: missing key\(s\)"),
+        (
+            {"fabric": {"gpus_per_node": 2}},
+            r"field node_types.default.fabric: fabric: missing key\(s\)",
+        ),
         (
             {"binding": [{"local_rank": 0, "numa": 0, "hca": "mlx5_0"}]},
             r"binding\.0\.hca: 'mlx5_0' is not DEVICE:PORT",

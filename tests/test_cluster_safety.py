@@ -291,7 +291,7 @@ sys.meta_path.insert(0, Block())
 import workflows.cli, workflows.errors, workflows.profile, workflows.recipe, workflows.rundir
 import workflows.spec, workflows.templating, workflows.rankinfo, workflows.submission
 import workflows.pipeline, workflows.jobstate, workflows.status, workflows.topology
-import workflows.scaling, workflows.demo, analysis.commcost
+import workflows.scaling, workflows.demo, workflows.follow, workflows.reportjob, analysis.commcost
 assert workflows.cli.main(['render', '--cluster', 'dgxpod', '--model', 'volo_d5',
                            '--run-root', sys.argv[1]]) == 0
 assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]

@@ -84,7 +84,7 @@ def test_a_batch_that_cannot_fit_in_gpu_memory_is_refused(tmp_path):
     done = make(tmp_path, "render", *base, "ARGS=-b 64")
     assert done.returncode == 2
     assert "-b 64: the batch does not fit in GPU memory" in done.stderr
-    assert "V100-SXM3-32GB" in done.stderr and "use -b 14" in done.stderr
+    assert "V100-SXM3-32GB" in done.stderr and "use -b 12" in done.stderr
     assert run_dirs(tmp_path) == []
     assert make(tmp_path, "render", *base, "ARGS=-b 4").returncode == 0
 

@@ -41,7 +41,7 @@ def test_two_nodes_choose_hierarchical_ring():
 def test_one_gpu_per_node_prefers_dedicated_servers():
     fab = Fabric(**{**_fields(SIMPLE), "gpus_per_node": 1})
     d = topology.decide(fab, "vit_small_patch16_224", nodes=4)
-    # ring 2*3/4 M/B = 1.5 M/B; dedicated PS max(M/B, 4M/(4B)) = M/B (DESIGN.md's anchor).
+    # ring 2*3/4 M/B = 1.5 M/B; dedicated PS max(M/B, 4M/(4B)) = M/B (BytePS's bound).
     assert d.costs["ring"] == pytest.approx(1.5 * VIT_S / 10e9)
     assert d.predicted_s == pytest.approx(VIT_S / 10e9)
     assert (d.topology, d.algorithm) == ("ps", "ps_dedicated")

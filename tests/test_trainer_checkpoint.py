@@ -70,10 +70,10 @@ def test_keeps_last_k_plus_milestones(tmp_path: Path) -> None:
     for step in range(1, 7):
         ck.save(
             step, epoch=step, state=state(step), epoch_end=True
-        )  # epochs 1, 3, 5 are milestones
+        )  # ends of epochs 2, 4, 6 are milestones
     ck.close()
     kept = sorted(int(p.name.split("_")[1]) for p in ck.step_dirs())
-    assert kept == [1, 3, 5, 6]
+    assert kept == [2, 4, 5, 6]
 
 
 def test_resume_auto_skips_a_corrupt_checkpoint_with_a_warning(tmp_path: Path, caplog) -> None:

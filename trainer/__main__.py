@@ -23,6 +23,18 @@ def usage_error(messages: list[str]) -> int:
     return USAGE
 
 
+def _count_classes_if_readable(cfg) -> None:
+    """--print-config shows the class count training would use; null when the data is absent
+    (printing must work away from the data, e.g. for the published commands' /path/to/...)."""
+    from trainer.data import DataConfigError, DataSourceError
+    from trainer.train import resolve_num_classes
+
+    try:
+        resolve_num_classes(cfg)
+    except (DataConfigError, DataSourceError, OSError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     preemption = Preemption()
     preemption.install()  # first: a SIGUSR2/SIGTERM from here on sets a flag instead of killing
@@ -35,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return usage_error([str(exc)])
     if cfg.print_config:
+        _count_classes_if_readable(cfg)
         print(cfg.to_json())
         for message in problems(cfg, for_training=False):
             print(f"warning: training would refuse this: {message}", file=sys.stderr)

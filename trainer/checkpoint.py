@@ -184,8 +184,10 @@ class Checkpointer:
         """
         start = time.perf_counter()
         self.wait()  # the stager's buffers are reused: the previous write must be finished
+        # At an epoch end `epoch` counts the epochs completed (the trainer increments it before
+        # saving, and a resume starts that epoch), so milestones are the ends of epochs N, 2N...
         milestone = bool(
-            epoch_end and self.milestone_every and (epoch + 1) % self.milestone_every == 0
+            epoch_end and self.milestone_every and epoch > 0 and epoch % self.milestone_every == 0
         )
         meta = {"step": step, "epoch": epoch, "rank": self.rank, "world_size": self.world_size,
                 "milestone": milestone, "epoch_end": epoch_end}  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
@@ -43,7 +44,11 @@ class TrainConfig:
     crop_pct: float | None = field(
         default=None, metadata=_arg("data", "eval crop ratio (model default)")
     )
-    num_classes: int = field(default=1000, metadata=_arg("data", "number of classes"))
+    num_classes: int | None = field(
+        default=None,
+        metadata=_arg("data", "number of classes (default: counted from the data set; given: "
+                      "must match it)"),
+    )  # fmt: skip
     aa: str | None = field(
         default="rand-m9-mstd0.5-inc1", metadata=_arg("data", "RandAugment policy ('' = off)")
     )
@@ -131,10 +136,30 @@ class TrainConfig:
     )
     keep_last: int = field(default=3, metadata=_arg("run", "checkpoints kept (plus milestones)"))
     milestone_every: int = field(
-        default=50, metadata=_arg("run", "keep epoch-end checkpoints every N epochs")
+        default=50,
+        metadata=_arg(
+            "run",
+            "also keep the checkpoints at the end of epochs N, 2N, ... "
+            "(epochs counted from 1; 0 = none)",
+        ),
     )
     eval: bool = field(default=True, metadata=_arg("run", "evaluate on the val split"))
     log_interval: int = field(default=50, metadata=_arg("run", "metrics line every N steps"))
+    # Experiment tracking (timm train.py's --log-wandb); rank 0 only, see trainer/metrics.py.
+    log_wandb: bool = field(
+        default=False,
+        metadata=_arg("run", "also log metrics and config to Weights & Biases (rank 0)"),
+    )
+    wandb_project: str | None = field(
+        default=None, metadata=_arg("run", "W&B project (default: $WANDB_PROJECT, else vitpod)")
+    )
+    wandb_entity: str | None = field(
+        default=None, metadata=_arg("run", "W&B entity (default: $WANDB_ENTITY)")
+    )
+    wandb_name: str | None = field(
+        default=None,
+        metadata=_arg("run", "W&B run name (default: $WANDB_NAME, else the run directory name)"),
+    )
     warmup_steps_excluded: int = field(
         default=5, metadata=_arg("run", "steps left out of throughput")
     )
@@ -311,7 +336,8 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         "lr_base_size",
         "ps_servers",
     ):
-        if getattr(cfg, name) < 1:
+        value = getattr(cfg, name)
+        if value is not None and value < 1:  # num_classes None: counted from the data later
             out.append(f"--{name.replace('_', '-')} must be at least 1")
     if cfg.lr is not None and cfg.lr <= 0:
         out.append(f"--lr {cfg.lr}: must be positive")
@@ -329,6 +355,11 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         out.append(f"--resume {cfg.resume}: no such checkpoint; use auto, none or an existing path")
     if for_training:
         out += _path_problems(cfg)
+    if cfg.log_wandb and for_training and importlib.util.find_spec("wandb") is None:
+        out.append(
+            "--log-wandb: the wandb package is not installed in this environment; install it "
+            "(pip install wandb, part of vitpod's [train] extra) or drop --log-wandb"
+        )
     if cfg.finetune:
         out += _finetune_problems(cfg)
     return out

@@ -1,10 +1,12 @@
-"""Per-rank JSONL metrics, TensorBoard scalars (rank 0), a progress bar or plain lines, accuracy."""
+"""Per-rank JSONL metrics, TensorBoard scalars and W&B (rank 0), a progress bar or plain lines."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -56,20 +58,71 @@ class StepTimer:
         return dict(self.times)
 
 
+WANDB_ID_FILE = "wandb-run-id"  # in RUN_DIR: a requeued job continues the same W&B run
+
+
+def _wandb_run(run_dir: Path, config: dict[str, Any]) -> Any:
+    """Start (or resume, after a requeue) the W&B run of this run directory.
+
+    Project, entity and name come from the flags, else W&B's own variables (WANDB_PROJECT,
+    WANDB_ENTITY, WANDB_NAME, which a cluster profile sets under `env:`), else vitpod / W&B's
+    default entity / the run directory's name. `dir=RUN_DIR` puts W&B's files, and with
+    WANDB_MODE=offline the whole run (RUN_DIR/wandb/offline-run-*; `wandb sync` uploads it),
+    beside the run. Online, the key comes from WANDB_API_KEY, which profiles list under
+    `secrets:` so it reaches the container by name. https://docs.wandb.ai/ref/python/init and
+    https://docs.wandb.ai/guides/track/environment-variables
+    """
+    try:
+        import wandb  # lazily: only runs given --log-wandb need it
+    except ImportError:
+        from trainer.config import ConfigError
+
+        raise ConfigError(
+            "--log-wandb: the wandb package is not installed; pip install wandb or drop the flag"
+        ) from None
+    id_file = run_dir / WANDB_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
+    id_file.write_text(run_id + "\n")
+    try:
+        return wandb.init(
+            project=config.get("wandb_project") or os.environ.get("WANDB_PROJECT") or "vitpod",
+            entity=config.get("wandb_entity") or None,  # None: W&B reads WANDB_ENTITY itself
+            name=config.get("wandb_name") or os.environ.get("WANDB_NAME") or run_dir.name,
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            config=config,
+        )
+    except Exception as exc:  # wandb raises its own types (UsageError, CommError, ...)
+        from trainer.config import ConfigError
+
+        raise ConfigError(
+            f"--log-wandb: W&B did not start ({exc}). Online runs need WANDB_API_KEY (list it "
+            "under the profile's `secrets:` and export it where you submit); WANDB_MODE=offline "
+            "logs into the run directory without an account"
+        ) from exc
+
+
 class MetricsLogger:
-    """Writes RUN_DIR/metrics/rank{R}.jsonl on every rank; TensorBoard and console on rank 0."""
+    """Writes RUN_DIR/metrics/rank{R}.jsonl on every rank; TensorBoard, W&B (with --log-wandb)
+    and the console on rank 0. `config` is the resolved trainer config (W&B records it)."""
 
     def __init__(self, run_dir: Path, rank: int, world_size: int, total_steps: int,
-                 log_interval: int, device: torch.device) -> None:  # fmt: skip
+                 log_interval: int, device: torch.device,
+                 config: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        self.total_steps = total_steps
         self.log_interval = max(1, log_interval)
         path = runfiles.metrics_file(run_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a", buffering=1)  # line-buffered: a killed job keeps its lines
         self.tb = self._tensorboard(Path(run_dir) / "tb") if rank == 0 else None
         self.bar = self._bar(total_steps) if rank == 0 and sys.stderr.isatty() else None
+        config = config or {}
+        wanted = rank == 0 and bool(config.get("log_wandb"))
+        self.wandb = _wandb_run(Path(run_dir), config) if wanted else None
 
     @staticmethod
     def _tensorboard(path: Path):
@@ -89,11 +142,13 @@ class MetricsLogger:
     def step(self, step: int, epoch: int, batch_size: int, loss: float, lr: float,
              times: dict[str, float], warmup: bool) -> None:  # fmt: skip
         rate = batch_size / times["step"] if times["step"] > 0 else 0.0
+        peak = peak_memory_bytes(self.device)
+        # total_steps and the wall-clock time let `make status FOLLOW=1` show progress and ETA.
         record = {
             "kind": "step", "step": step, "epoch": epoch, "rank": self.rank,
             "world_size": self.world_size, "batch_size": batch_size, "loss": loss, "lr": lr,
-            "images_per_s": rate, "time": times, "peak_mem_bytes": peak_memory_bytes(self.device),
-            "warmup": warmup,
+            "images_per_s": rate, "time": times, "peak_mem_bytes": peak,
+            "warmup": warmup, "total_steps": self.total_steps, "wall_time": time.time(),
         }  # fmt: skip
         self.write(record)
         if self.rank != 0:
@@ -101,6 +156,15 @@ class MetricsLogger:
         if self.tb is not None:
             for name, value in (("loss", loss), ("lr", lr), ("images_per_s", rate)):
                 self.tb.add_scalar(f"train/{name}", value, step)
+        if self.wandb is not None:
+            # The JSONL step line's numbers under TensorBoard-style names.
+            logged: dict[str, float] = {
+                "train/loss": loss, "train/lr": lr, "train/epoch": epoch,
+                "train/images_per_s": rate, "train/warmup": int(warmup),
+                "train/peak_mem_bytes": peak,
+            }  # fmt: skip
+            logged.update({f"time/{k}": v for k, v in times.items()})
+            self.wandb.log(logged, step=step)
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", ips=f"{rate:.0f}")
@@ -118,6 +182,9 @@ class MetricsLogger:
             if self.tb is not None:
                 for name, value in (("top1", top1), ("top5", top5), ("loss", loss)):
                     self.tb.add_scalar(f"eval/{name}", value, step)
+            if self.wandb is not None:
+                # The step-logging call for `step` already went out: commit with the same step.
+                self.wandb.log({"eval/top1": top1, "eval/top5": top5, "eval/loss": loss}, step=step)
 
     def summary(self, record: dict[str, Any], run_dir: Path) -> None:
         """Rank 0: the summary line and RUN_DIR/summary.json."""
@@ -126,6 +193,8 @@ class MetricsLogger:
         record = {"kind": "summary", **record}
         self.write(record)
         atomic_write_json(record, Path(run_dir) / runfiles.SUMMARY)
+        if self.wandb is not None:
+            self.wandb.summary.update({k: v for k, v in record.items() if k != "kind"})
         log.info("summary %s", json.dumps(record))
 
     def close(self) -> None:
@@ -133,4 +202,6 @@ class MetricsLogger:
             self.bar.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
         self.file.close()

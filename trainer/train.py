@@ -63,6 +63,18 @@ def data_config(cfg: TrainConfig):
     )  # fmt: skip
 
 
+def resolve_num_classes(cfg: TrainConfig) -> None:
+    """--num-classes not given: count the data set's classes (the model is built before the data).
+
+    An explicit --num-classes is kept as given: load_split checks it against the data and
+    refuses a mismatch naming the flag. cfg is updated, so config.json records the count.
+    """
+    if cfg.num_classes is None:
+        from trainer.data.sources import count_classes
+
+        cfg.num_classes = count_classes(data_config(cfg))
+
+
 def make_criterion(cfg: TrainConfig) -> nn.Module:
     if cfg.token_label:
         from trainer.data.token_label import TokenLabelCriterion
@@ -81,6 +93,7 @@ class Trainer:
         self.run_dir = Path(cfg.output)
         self.device = tdist.init(env)
         seed_everything(cfg.seed)
+        resolve_num_classes(cfg)
         self.model = self._build_model()
         self.precision = make_precision(
             self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, cfg.channels_last
@@ -100,8 +113,9 @@ class Trainer:
         )  # fmt: skip
         total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
         self.metrics = MetricsLogger(
-            self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device
-        )
+            self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device,
+            config=dataclasses.asdict(cfg),
+        )  # fmt: skip
         self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
         self.last_eval: dict[str, float] = {}
@@ -110,7 +124,7 @@ class Trainer:
 
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
-        model = create_model(cfg.model, cfg.img_size, cfg.num_classes, cfg.drop_path or 0.0)
+        model = create_model(cfg.model, cfg.img_size, _classes(cfg), cfg.drop_path or 0.0)
         if cfg.finetune:
             reset = load_finetune(model, cfg.finetune, cfg.model)
             log.info("fine-tuning from %s (re-initialised: %s)", cfg.finetune, reset or "none")
@@ -299,9 +313,10 @@ class Trainer:
         dist.all_reduce(images)
         dist.all_reduce(rate, op=dist.ReduceOp.MAX)
         seconds = float(rate[1])
+        corrupt = self._corrupt_images()
         if self.env.is_main:
             cfg = self.cfg
-            manifest = model_manifest(cfg.model, cfg.img_size, cfg.num_classes)
+            manifest = model_manifest(cfg.model, cfg.img_size, _classes(cfg))
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
             ckpt.save_final(self.run_dir, self.engine.model.state_dict(), manifest)
             self.metrics.summary(
@@ -309,10 +324,19 @@ class Trainer:
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
                     "steps": self.step, "images_per_s": float(images[0]) / max(seconds, 1e-9),
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
-                    "topology": self.engine.name,
+                    "topology": self.engine.name, "corrupt_images": corrupt,
                 },
                 self.run_dir,
             )  # fmt: skip
+
+    def _corrupt_images(self) -> int:
+        """Distinct corrupt files skipped by any rank (shards change each epoch, so one file may
+        have been met by several ranks); each rank's own list goes to its metrics file."""
+        own = sorted(self.train_loader.corrupt_files | self.val_loader.corrupt_files)
+        self.metrics.write({"kind": "corrupt", "rank": self.env.rank, "files": own})
+        every: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(every, own)
+        return len(set().union(*every))
 
     def close(self) -> None:
         """Flush checkpoints and metrics, release DDP/optimizer objects, leave the group."""
@@ -326,6 +350,12 @@ def _to_device(targets: Any, device: torch.device) -> Any:
     if isinstance(targets, torch.Tensor):
         return targets.to(device, non_blocking=True)
     return targets
+
+
+def _classes(cfg: TrainConfig) -> int:
+    if cfg.num_classes is None:
+        raise RuntimeError("num_classes unresolved: call resolve_num_classes(cfg) first")
+    return cfg.num_classes
 
 
 def _mkdir(path: Path) -> Path:

@@ -485,6 +485,16 @@ class Pipeline:
                 raise TimeoutError(f"pipeline not finished after {timeout:.0f} s; jobs cancelled")
             time.sleep(min(poll_s, 1.0))
 
+    def follow(self, interval: float | None = None, console: Any = None) -> int:
+        """Live view of every stage until the run ends (workflows/follow.py); 0 when all
+        completed (report.json's path printed), 1 when one failed (root cause printed)."""
+        if not self.stages or self.directory is None:
+            raise RuntimeError("submit() first")
+        from workflows import follow
+
+        advance = None if self._uses_slurm else self._advance_local
+        return follow.follow(self.directory, interval, console, before_poll=advance)
+
     def _failure_message(self, stage: str, reason: str) -> str:
         rec = self.stages[stage]
         tb = status.root_cause(rec.run_dir / runfiles.LOGS)

@@ -201,7 +201,8 @@ def _decide_topology(
     try:
         return topology.decide(
             profile.node_type(stage).fabric, cfg.model, nodes, gpus=world, args=argv,
-            num_classes=cfg.num_classes, img_size=cfg.img_size,
+            # --num-classes not given: the job counts its data; an ImageNet head here
+            num_classes=cfg.num_classes or 1000, img_size=cfg.img_size,
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

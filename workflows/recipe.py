@@ -52,7 +52,9 @@ class StageRecipe(Strict):
     data: str | None = Field(
         default=None, description="dataset dir under the profile's storage.data"
     )
-    num_classes: int = Field(default=1000, gt=1)
+    num_classes: int | None = Field(
+        default=None, gt=1, description="unset: the trainer counts the data set's classes"
+    )
     token_label: bool = False
     token_label_size: int | None = None
     token_label_data: str | None = Field(default=None, description="relative to storage.data")

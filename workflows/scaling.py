@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from registry import runfiles
-from workflows import jobstate, preflight
+from workflows import follow, jobstate, preflight, reportjob
 from workflows.errors import ConfigError
 from workflows.plan import JobPlan, Request, plan_job
 from workflows.preflight import whole_number
@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--render-only", action="store_true", help="write the study, do not submit")
     p.add_argument("--wait", action="store_true", help="wait for the array, then the report")
     p.add_argument("--timeout", default="", help="seconds to wait (with --wait)")
+    p.add_argument("--follow", action="store_true", help="live view until the report exists")
+    p.add_argument("--interval", type=float, default=None, help="seconds between --follow polls")
     return p
 
 
@@ -341,6 +343,21 @@ def record_states(study_dir: Path, states: dict[int, str]) -> dict[str, Any]:
     return study
 
 
+def submit_report_job(sweep: Sweep, array_job_id: str) -> str | None:
+    """Submit the report job (afterany on the array; workflows/reportjob.py); its id, or None
+    (with a warning: the sweep itself is submitted) when sbatch refused it."""
+    try:
+        job_id = reportjob.submit(sweep.spec, sweep.study_dir, array_job_id)
+    except ConfigError as exc:
+        print(f"warning: no report job ({exc}); when the array is done: make report "
+              f"STUDY={shlex.quote(str(sweep.study_dir))}", file=sys.stderr)  # fmt: skip
+        return None
+    path = sweep.study_dir / "study.json"
+    write_json(path, {**json.loads(path.read_text()), "report_job_id": job_id})
+    print(f"submitted report job {job_id} (afterany:{array_job_id})")
+    return job_id
+
+
 def report(study_dir: Path) -> int:
     """`python -m analysis report STUDY_DIR` (a separate process: no matplotlib here)."""
     done = subprocess.run([sys.executable, "-m", "analysis", "report", str(study_dir)], check=False)
@@ -366,16 +383,25 @@ def main(argv: list[str]) -> int:
         raise
     write_json(sweep.study_dir / "study.json", {**sweep.study, "job_id": job_id})
     print(f"submitted array job {job_id} ({len(sweep.points)} points)")
+    report_job = submit_report_job(sweep, job_id)
+    study_arg = shlex.quote(str(sweep.study_dir))
+    if ns.follow:
+        return follow.follow(sweep.study_dir, interval=ns.interval)
     if not ns.wait:
-        print(f"when it is done: make report STUDY={shlex.quote(str(sweep.study_dir))}")
+        print(f"follow it: make status RUN={study_arg} FOLLOW=1")
+        print(sweep.study_dir / "report" / "report.html")
         return 0
     try:
         states = wait_array(job_id, len(sweep.points), float(ns.timeout) if ns.timeout else None)
+        if report_job:  # it records the states and writes the report; wait for it, not twice
+            timeout = float(ns.timeout) if ns.timeout else None
+            jobstate.wait_finished(jobstate.JobStatePoller([report_job]), timeout, poll_s=2)
     except (TimeoutError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    html = sweep.study_dir / "report" / "report.html"
     study = record_states(sweep.study_dir, states)
-    rc = report(sweep.study_dir)
+    rc = 0 if report_job and html.is_file() else report(sweep.study_dir)
     failed = [p["gpus"] for p in study["points"] if p["state"] not in (None, "COMPLETED")]
     if failed:
         print(f"error: the points with {failed} GPUs did not complete; see the report and "

@@ -201,7 +201,7 @@ def stage_status(
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb)
 
 
-def _stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
+def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
     """(stage, run_dir, job ids, recorded state) for a pipeline directory or a single run dir."""
     if (run / PIPELINE_FILE).is_file():
         record = json.loads((run / PIPELINE_FILE).read_text())
@@ -211,12 +211,13 @@ def _stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
         ]
     manifest = json.loads((run / runfiles.MANIFEST).read_text())
     ids = manifest.get("job_ids") or ([manifest["job_id"]] if manifest.get("job_id") else [])
-    return [(str(manifest.get("stage", run.name)), run, [str(j) for j in ids], "")]
+    stage = manifest.get("stage") or manifest.get("recipe", {}).get("stage") or run.name
+    return [(str(stage), run, [str(j) for j in ids], "")]
 
 
 def run_status(run: Path, executor: str | None = None) -> list[StageStatus]:
     """Status of every stage of a run; one batched scheduler poll for all of its jobs."""
-    stages = _stages_of(run)
+    stages = stages_of(run)
     all_ids = [j for _, _, ids, _ in stages for j in ids]
     record_path = run / PIPELINE_FILE
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
@@ -242,15 +243,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workflows status", description=__doc__)
     parser.add_argument("--run", required=True, help="pipeline directory or stage run directory")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--follow", action="store_true", help="live view until the run ends (make ... FOLLOW=1)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=None, help="seconds between polls with --follow"
+    )
     args = parser.parse_args(argv)
     run = Path(args.run) if args.run else None
-    if run is None or not ((run / PIPELINE_FILE).is_file() or (run / runfiles.MANIFEST).is_file()):
+    markers = (PIPELINE_FILE, runfiles.MANIFEST, runfiles.STUDY)
+    if run is None or not any((run / name).is_file() for name in markers):
         print(
-            f"error: RUN={args.run!r} is not a run directory (no {PIPELINE_FILE} or manifest.json);"
-            " pass the directory printed by `make pipeline`/`make pretrain`",
+            f"error: RUN={args.run!r} is not a run directory (no {', '.join(markers)}); pass the "
+            "directory printed by `make pipeline`/`make pretrain`/`make scaling`",
             file=sys.stderr,
         )
         return USAGE
+    if args.follow or (run / "study.json").is_file():
+        from workflows import follow
+
+        if not args.follow:  # a study's snapshot: one poll, plain lines
+            target = follow.Target(run)
+            target.poll()
+            print("\n".join(follow.plain_lines(target)))
+            return 0
+        return follow.follow(run, interval=args.interval)
     statuses = run_status(run)
     if args.json:
         print(json.dumps([asdict(s) for s in statuses], indent=2))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 from workflows.errors import ConfigError
-from workflows.spec import JobSpec
 
 
 def sbatch(script: Path) -> str:

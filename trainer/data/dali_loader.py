@@ -161,10 +161,10 @@ class DaliLoader(Loader):
         paths = [self.split.files[i] for i in sorted(bad)]
         if self.cfg.corrupt == "fail":
             raise CorruptImageError(
-                f"cannot decode {', '.join(paths)}; fix or remove them, or pass corrupt='skip'"
+                f"cannot decode {', '.join(paths)}; fix or remove them, or pass --corrupt skip "
+                "(DataConfig.corrupt='skip') to leave them out"
             ) from err
-        log.warning("skipping %d corrupt image(s): %s", len(paths), ", ".join(paths))
-        self.skipped.extend(paths)
+        self._skip_corrupt(paths)
         cleaned = [np.array([i for i in b if int(i) not in bad], dtype=np.int64) for b in pending]
         return [b for b in cleaned if len(b)]
 

@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 MARKER = ".complete"
+DIGITS_CLASSES = 10  # sklearn's digits are the ten classes 0-9
 VAL_EVERY = 5  # every 5th image of a class goes to val: a deterministic ~80/20 split
 
 
@@ -49,7 +50,7 @@ def _write_images(dest: Path, size: int) -> int:
 
     digits = load_digits()
     pixels = (digits.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
-    seen = {c: 0 for c in range(10)}
+    seen = {c: 0 for c in range(DIGITS_CLASSES)}
     for image, label in zip(pixels, digits.target, strict=True):
         label = int(label)
         split = "val" if seen[label] % VAL_EVERY == 0 else "train"

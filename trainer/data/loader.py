@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from trainer.data.sharding import epoch_order, rank_batches, samples_after
 from trainer.data.sources import Split
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # images, targets, sample indices
+log = logging.getLogger(__name__)
 
 
 class CorruptImageError(RuntimeError):
@@ -43,7 +45,8 @@ class Loader:
         self.epoch = 0
         self._start = 0  # global samples of self.epoch consumed before this iteration
         self._done = 0  # global samples of self.epoch consumed so far
-        self.skipped: list[str] = []  # corrupt images dropped (corrupt='skip')
+        self.skipped: list[str] = []  # corrupt images dropped (corrupt='skip'), every time
+        self.corrupt_files: set[str] = set()  # the distinct ones, each warned about once
 
     def __len__(self) -> int:
         return len(self._plan(0))
@@ -85,6 +88,15 @@ class Loader:
             else:
                 yield images, targets
         self._done = total
+
+    def _skip_corrupt(self, paths: list[str]) -> None:
+        """Drop undecodable files, warning once per file on this rank: a bad file comes back
+        every epoch, and a warning each time would bury the rest of the log."""
+        for path in paths:
+            if path not in self.corrupt_files:
+                self.corrupt_files.add(path)
+                log.warning("skipping corrupt image %s (cannot decode; --corrupt skip)", path)
+        self.skipped.extend(paths)
 
     def _plan(self, start: int) -> list[np.ndarray]:
         order = epoch_order(len(self.split), self.cfg.seed, self.epoch, shuffle=self.train)

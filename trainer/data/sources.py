@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.config import DataConfig
-from trainer.data.digits import write_digits_jpeg
+from trainer.data.digits import DIGITS_CLASSES, write_digits_jpeg
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 SPLITS = ("train", "val")
+SYNTHETIC_CLASSES = 1000  # ImageNet-sized head: the synthetic source stands in for ImageNet
 CIFAR_LAYOUT = {
     "cifar10": ("cifar-10-batches-py", ["data_batch_1", "data_batch_2", "data_batch_3",
                 "data_batch_4", "data_batch_5"], ["test_batch"], "batches.meta",
@@ -71,6 +72,24 @@ def load_split(cfg: DataConfig, split: str) -> Split:
         result = folder_split(root, split)
     _check_num_classes(cfg, result)
     return result
+
+
+def count_classes(cfg: DataConfig) -> int:
+    """The class count of cfg's data without listing its images (the model is built first).
+
+    cfg.num_classes given is returned for 'synthetic' (it makes that many classes) and is
+    otherwise left for load_split to check against the data, so a wrong one still fails there.
+    """
+    if cfg.dataset == "synthetic":
+        return cfg.num_classes or SYNTHETIC_CLASSES
+    if cfg.dataset == "digits":
+        return DIGITS_CLASSES  # the digits are written by load_split; counting needs no files
+    if cfg.dataset in CIFAR_LAYOUT:
+        folder_name, _, _, meta_file, _, names_key = CIFAR_LAYOUT[cfg.dataset]
+        data_dir = Path(cfg.data_dir)
+        folder = data_dir / folder_name if (data_dir / folder_name).is_dir() else data_dir
+        return len(_unpickle(folder / meta_file)[names_key])
+    return len(_class_names(Path(cfg.data_dir) / "train"))
 
 
 def folder_split(root: Path, split: str) -> Split:
@@ -147,7 +166,7 @@ def _unpickle(path: Path) -> dict:
 
 
 def _synthetic_split(cfg: DataConfig, split: str) -> Split:
-    num_classes = cfg.num_classes or 1000
+    num_classes = cfg.num_classes or SYNTHETIC_CLASSES
     size = cfg.synthetic_size if split == "train" else max(1, cfg.synthetic_size // 10)
     labels = np.arange(size, dtype=np.int64) % num_classes
     return Split(split, [str(c) for c in range(num_classes)], labels)

@@ -74,7 +74,8 @@ class SplitDataset(Dataset):
         except (OSError, ValueError, SyntaxError) as err:
             if self.corrupt == "fail":
                 raise CorruptImageError(
-                    f"cannot decode {path}: {err}; fix or remove the file, or pass corrupt='skip'"
+                    f"cannot decode {path}: {err}; fix or remove the file, or pass "
+                    "--corrupt skip (DataConfig.corrupt='skip') to leave it out"
                 ) from err
             return index, None, path
         if self.token_labels is None:
@@ -178,7 +179,7 @@ class TorchLoader(Loader):
             self._loader = self._build()
         self._sampler.batches, self._sampler.epoch = batches, self.epoch
         for images, targets, indices, skipped in self._loader:
-            self.skipped.extend(skipped)
+            self._skip_corrupt(skipped)
             yield images, targets, indices
 
     def _synthetic(self, batches: list[np.ndarray]) -> Iterator[Batch]:

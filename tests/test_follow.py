@@ -1,0 +1,98 @@
+"""The follow view without Slurm: metrics tailing and ETA, and Pipeline.follow() on the local
+profile (submitit's LocalExecutor, 2 gloo ranks) drawn as rich's live table on a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.test_pipeline_local import TINY, _profile
+from workflows import follow
+from workflows.errors import ConfigError
+from workflows.pipeline import Pipeline
+
+
+def step(rank: int, n: int, wall: float, total: int = 100, loss: float = 1.0) -> str:
+    record = {"kind": "step", "rank": rank, "step": n, "loss": loss, "images_per_s": 10.0,
+              "time": {"step": 0.5}, "total_steps": total, "wall_time": wall}  # fmt: skip
+    return json.dumps(record) + "\n"
+
+
+def test_tail_reads_only_new_lines_and_measures_eta(tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    rank0, rank1 = metrics / "rank0.jsonl", metrics / "rank1.jsonl"
+    # 10 steps at 2 s each (wall clock), and a line still being written.
+    rank0.write_text("".join(step(0, n, 1000.0 + 2 * n) for n in range(1, 11)) + '{"kind": "st')
+    rank1.write_text(step(1, 10, 1020.0))
+    tail = follow.MetricsTail(tmp_path)
+    tail.update()
+    assert (tail.step, tail.total, tail.images_per_s) == (10, 100, 20.0)
+    assert tail.eta_s() == pytest.approx(90 * 2.0)
+    with open(rank0, "a") as handle:  # the torn line is finished, then a resume from step 5
+        handle.write('ep", "rank": 0, "step": 11, "wall_time": 1022.0}\n')
+        handle.write(step(0, 6, 5000.0, loss=0.5) + step(0, 7, 5001.0, loss=0.25))
+    tail.update()
+    # Older steps after a restart reset the pace: 1 s a step now, 93 steps left.
+    assert (tail.step, tail.loss) == (7, 0.25)
+    assert tail.eta_s() == pytest.approx(93.0)
+    with open(rank0, "a") as handle:
+        handle.write(json.dumps({"kind": "summary", "steps": 100, "images_per_s": 42.0}) + "\n")
+    tail.update()
+    assert tail.done and tail.eta_s() == 0.0 and tail.images_per_s == 42.0
+
+
+def test_eta_falls_back_to_step_time_without_wall_clock(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    line = {"kind": "step", "rank": 0, "step": 4, "time": {"step": 0.25}, "total_steps": 8}
+    (tmp_path / "metrics" / "rank0.jsonl").write_text(json.dumps(line) + "\n")
+    tail = follow.MetricsTail(tmp_path)
+    tail.update()
+    assert tail.eta_s() == pytest.approx(1.0)
+
+
+def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
+    from workflows.status import main
+
+    assert main(["--run", str(tmp_path), "--follow"]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+    (tmp_path / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": []}))
+    with pytest.raises(ConfigError, match="--interval 0.0: must be a positive number"):
+        main(["--run", str(tmp_path), "--follow", "--interval", "0"])
+
+
+@pytest.mark.slow
+def test_pipeline_follow_live_view_ends_with_the_report(tmp_path, digits_dir):
+    cluster = _profile(tmp_path, storage={"data": str(digits_dir.parent)})
+    run = Pipeline(cluster, "volo_tiny", args=TINY, run_root=str(tmp_path / "runs")).submit()
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=150, color_system=None)
+    assert run.follow(interval=0.5, console=console) == 0
+    text = out.getvalue()
+    # The live table's columns, both stages finished with all their steps, then the report.
+    for column in ("state", "jobs", "restarts", "step", "loss", "images/s", "ETA", "ckpt age"):
+        assert column in text
+    assert text.count("COMPLETED") >= 2 and "6/6" in text
+    found = re.findall(r"report: (\S+)", text)
+    assert found and Path(found[-1]) == run.directory / "report.json", text[-500:]
+    report = Path(found[-1])
+    stages = json.loads(report.read_text())["stages"]
+    assert [stages[s]["state"] for s in ("pretrain", "finetune")] == ["COMPLETED"] * 2
+    assert stages["finetune"]["steps"] == 6
+
+
+def test_a_poll_without_an_answering_squeue_keeps_following(tmp_path, monkeypatch):
+    """squeue failing (here: no slurm.conf to read; on a cluster, a controller restarting) is
+    shown under the rows and the view goes on with the last states instead of crashing."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": ["7"]}))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    target = follow.Target(tmp_path)
+    target.poll()
+    assert "squeue did not answer" in target.note and not target.ended()
+    assert target.rows[0].state == "PENDING"
+    assert any("squeue did not answer" in line for line in follow.plain_lines(target))
