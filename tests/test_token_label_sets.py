@@ -196,3 +196,17 @@ def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teac
     shared = {**stages, "finetune_args": stages["finetune_args"].replace(str(new), str(labels))}
     with pytest.raises(ConfigError, match="grid 2 .* grid 4"):  # existing labels never replaced
         Pipeline("local", "volo_tiny", teacher=str(teacher_run), **shared).plan()
+
+
+def test_an_empty_shard_is_written_and_a_bad_teacher_is_a_usage_error(
+    digits_dir, teacher_run, tmp_path
+):
+    out = tmp_path / "tl"
+    argv = [str(digits_dir), "--teacher", str(teacher_run), "--label-dir", str(out),
+            "--img-size", "32", "--shard", "0", "--num-shards", "2000"]  # fmt: skip
+    assert label.main(argv) == 0  # 1433 images over 2000 shards: shard 0 has none
+    sidecar = json.loads(labelset.shard_path(out, 0, 2000).with_suffix(".json").read_text())
+    assert sidecar["images"] == 0
+    part = torch.load(labelset.shard_path(out, 0, 2000), weights_only=True)
+    assert part["values"].shape == (0, 5, 2, 2)
+    assert label.main([*argv[:2], str(tmp_path / "no-such-run"), *argv[3:]]) == 2

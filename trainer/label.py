@@ -29,6 +29,10 @@ from trainer import labelset
 from trainer.exitcodes import OK, REQUEUE, USAGE
 
 
+class LabelError(ValueError):
+    """A labeling job that cannot run as asked; the message names the flag and the fix."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.label", description=__doc__)
     p.add_argument("data_dir", help="ImageNet-layout folder; its train/ split is labeled")
@@ -62,7 +66,7 @@ def teacher_record(ns: argparse.Namespace) -> dict[str, Any]:
 
     weights = ns.teacher_checkpoint or ns.teacher
     if not weights or not (Path(weights).exists()):
-        raise SystemExit(f"error: --teacher {ns.teacher}: no weights (give a run dir or a file)")
+        raise LabelError(f"--teacher {ns.teacher}: no weights (give a run dir or a file)")
     file = resolve_finetune_file(weights)
     stat = file.stat()
     return {
@@ -81,8 +85,8 @@ def _teacher_name(ns: argparse.Namespace, file: Path) -> str:
     name = json.loads(manifest.read_text()).get("model") if manifest.is_file() else None
     name = name or ns.teacher_model
     if not name:
-        raise SystemExit(
-            f"error: --teacher {ns.teacher}: {file} has no manifest.json naming its model; "
+        raise LabelError(
+            f"--teacher {ns.teacher}: {file} has no manifest.json naming its model; "
             "pass --teacher-model NAME"
         )
     return str(name)
@@ -95,8 +99,8 @@ def load_teacher(record: dict[str, Any], img_size: int, num_classes: int) -> Any
     model = create_model(record["model"], img_size, num_classes, 0.0)
     skipped = load_finetune(model, record["weights"], record["model"])
     if skipped:
-        raise SystemExit(
-            f"error: teacher {record['teacher']}: its head does not predict the data set's "
+        raise LabelError(
+            f"teacher {record['teacher']}: its head does not predict the data set's "
             f"{num_classes} classes ({skipped[0]}); use a teacher trained on these classes"
         )
     return model.eval()
@@ -158,11 +162,13 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
             values.append(top.values.half().cpu())
             indices.append(top.indices.to(torch.int16 if probs.shape[1] < 2**15 else torch.int32))
     seconds = time.perf_counter() - began
-    stacked_v = torch.cat(values) if values else torch.zeros(0, ns.topk, 1, 1).half()
-    stacked_i = torch.cat(indices).cpu() if indices else torch.zeros(0, ns.topk, 1, 1).short()
-    if stacked_v.shape[-1] != meta["grid"]:
-        raise SystemExit(
-            f"error: teacher {teacher['model']} gives a {stacked_v.shape[-1]}x"
+    grid = meta["grid"]  # an empty shard (more shards than images) still gets a file
+    empty = (0, ns.topk, grid, grid)
+    stacked_v = torch.cat(values) if values else torch.zeros(empty, dtype=torch.float16)
+    stacked_i = torch.cat(indices).cpu() if indices else torch.zeros(empty, dtype=torch.int16)
+    if stacked_v.shape[-1] != grid:
+        raise LabelError(
+            f"teacher {teacher['model']} gives a {stacked_v.shape[-1]}x"
             f"{stacked_v.shape[-1]} token grid at {ns.img_size} px, not {meta['grid']} "
             "(img_size/16): use a teacher with 16x16 tokens (VOLO, ViT/16)"
         )
