@@ -17,10 +17,14 @@ GPUS ?= 1 2 4
 BATCH ?=
 ACCUM ?= 1
 IMAGE ?=
+TEACHER ?=
+TEACHER_CKPT ?=
+SHARDS ?=
+TOKEN_LABELS ?=
 TESTS ?= tests
 FOLLOW ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS FOLLOW VENV
-export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW VENV
+export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -34,11 +38,11 @@ FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
-        container slurm-up slurm-down bench calibrate
+        container slurm-up slurm-down bench calibrate token-labels
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling)"
+	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo)"
 
 setup:
 	bash scripts/setup.sh
@@ -64,13 +68,19 @@ finetune:
 	$(WF) submit --stage finetune $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
 
 pipeline:
-	$(WF) pipeline $(STAGE_ARGS)
+	$(WF) pipeline $(STAGE_ARGS) --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT"
 
 demo:
-	$(WF) demo --cluster "$$CLUSTER"
+	$(WF) demo --cluster "$$CLUSTER" $(if $(TOKEN_LABELS),--token-labels)
 
 status:
 	$(WF) status --run "$$RUN" $(FOLLOW_FLAG)
+
+# Token labels for STAGE's data and grid (img_size/16), from TEACHER (a run dir or weights file;
+# or a timm name with TEACHER_CKPT): a Slurm job array, one shard per rank.
+token-labels:
+	$(WF) token-labels --stage "$$STAGE" --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" \
+	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS"
 
 scaling:
 	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(FOLLOW_FLAG)

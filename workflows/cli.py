@@ -34,6 +34,7 @@ COMMANDS = {
     "status": "workflows.status:main",
     "scaling": "workflows.scaling:main",
     "calibrate": "workflows.calibrate:main",
+    "token-labels": "workflows.labels:main",
 }
 
 

@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 import submitit
 
 from registry import runfiles
+from trainer import labelset
 from trainer.exitcodes import REQUEUE
 from workflows import jobstate, preflight, status, topology
 from workflows.cli import materialize
@@ -220,6 +222,9 @@ class Pipeline:
         stages: tuple[str, ...] = STAGES,
         run_root: str | None = None,
         entry: str = "trainer",
+        teacher: str = "",
+        teacher_checkpoint: str = "",
+        label_shards: str | int = "",
     ) -> None:
         self.cluster, self.model = cluster, model
         self.nodes = "" if nodes is None else str(nodes)
@@ -239,6 +244,11 @@ class Pipeline:
             )
         self.run_root = run_root
         self.entry = entry
+        self.teacher, self.teacher_checkpoint = teacher, teacher_checkpoint
+        self.label_shards = label_shards
+        self.label_jobs: dict[str, Any] = {}
+        """Stage -> labels.LabelJob making that stage's missing token labels (queued first)."""
+        self.label_job_ids: list[str] = []
         self.directory: Path | None = None
         self.stages: dict[str, StageRecord] = {}
 
@@ -249,6 +259,7 @@ class Pipeline:
         model = self.model or profile.default_model or DEFAULT_MODEL
         directory = new_run_path(runs_root(profile, self.run_root), model, "pipeline")
         records: dict[str, StageRecord] = {}
+        self.label_jobs = {}
         for stage in self.wanted:
             chained = stage == "finetune" and not self.finetune_from
             source = self.finetune_from or str(directory / "pretrain")
@@ -258,10 +269,40 @@ class Pipeline:
                 finetune_from=source if stage == "finetune" else "",
             )  # fmt: skip
             plan = plan_job(req)
-            preflight.check(plan, chained=chained)
+            pending = self._plan_labels(plan, directory)
+            preflight.check(plan, chained=chained, labels_pending=pending)
             records[stage] = StageRecord(stage, plan)
         self.directory = directory
         return records
+
+    def _plan_labels(self, plan: JobPlan, directory: Path) -> bool:
+        """Token labels for a stage: reuse them when they pass the checks against the data set
+        and the stage's grid; plan a labeling job when none exist and a teacher is given.
+        Returns whether labels are pending (made by a job queued before the pretrain)."""
+        from workflows import labels
+
+        found = preflight.token_label_problems(plan)
+        label_dir = (plan.trainer or {}).get("token_label_data")
+        if not found or not label_dir or not self.teacher:
+            return False  # fine as is, or preflight.check refuses with the command to run
+        if labelset.read_manifest(label_dir) is not None:
+            return False  # labels exist but do not fit: never overwrite them; preflight refuses
+        for other, job in self.label_jobs.items():
+            if job.label_dir == Path(label_dir).absolute():
+                raise ConfigError(
+                    f"{other} and {plan.spec.stage} both read token labels from {label_dir}, "
+                    f"but labels are made per grid (img_size/16); give the {plan.spec.stage} "
+                    f"stage its own --token-label-data"
+                )
+        stage = plan.spec.stage
+        self.label_jobs[stage] = labels.prepare(
+            self.cluster, plan.spec.model, stage, teacher=self.teacher,
+            teacher_checkpoint=self.teacher_checkpoint, shards=self.label_shards,
+            nodes=None, run_dir=directory / f"labels-{stage}",
+            args=shlex.join(["--label-dir", str(label_dir),
+                             "--img-size", str((plan.trainer or {})["img_size"])]),
+        )  # fmt: skip
+        return True
 
     # ---- submission
     def submit(self) -> Pipeline:
@@ -279,16 +320,35 @@ class Pipeline:
                     print(rec.decision.log_line(), flush=True)
             self.stages = records
             first = next(iter(records.values()))
-            self._submit_stage(first, dependency=None)
+            self._submit_labels()
+            ids = ":".join(self.label_job_ids)
+            self._submit_stage(first, dependency=f"afterok:{ids}" if ids else None)
             if self._uses_slurm and "finetune" in records and first.stage == "pretrain":
                 self._submit_stage(records["finetune"], dependency=f"afterok:{first.job_ids[0]}")
         except BaseException:
             self._cancel_submitted()
+            self._cancel_labels()
             remove_run_dir(self.directory)
             self.stages = {}
             raise
         self._save()
         return self
+
+    def _submit_labels(self) -> None:
+        """Queue each labeling array (Slurm: the first stage waits for them, afterok); without
+        Slurm, label here before the first stage starts."""
+        from workflows import labels
+
+        for stage, job in self.label_jobs.items():
+            job_id = labels.launch(job)
+            if job_id is not None:
+                self.label_job_ids.append(job_id)
+            print(f"labels for {stage}: {job.label_dir} (grid {labelset.grid_of(job.img_size)})",
+                  flush=True)  # fmt: skip
+
+    def _cancel_labels(self) -> None:
+        for job_id in self.label_job_ids:
+            subprocess.run(["scancel", job_id], check=False, capture_output=True)
 
     @property
     def _uses_slurm(self) -> bool:
@@ -327,6 +387,14 @@ class Pipeline:
             "model": self.model,
             "executor": "slurm" if self._uses_slurm else "local",
             "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "labels": {
+                stage: {
+                    "run_dir": str(job.plan.run_dir),
+                    "label_dir": str(job.label_dir),
+                    "job_ids": self.label_job_ids,
+                }
+                for stage, job in self.label_jobs.items()
+            },  # fmt: skip
             "stages": {
                 name: {
                     "run_dir": str(rec.run_dir),
@@ -431,6 +499,8 @@ class Pipeline:
         rec = self.stages[stage]
         tb = status.root_cause(rec.run_dir / runfiles.LOGS)
         where = f"\nlogs: {rec.run_dir / 'logs'}"
+        for job in self.label_jobs.values():  # a failed labeling array cancels the pretrain
+            where += f"\nlabeling logs (the pretrain waits for them): {job.plan.run_dir / 'logs'}"
         if tb is None:
             line = status.first_error_line(rec.run_dir / runfiles.LOGS)
             return f"{stage}: {reason}" + (f"\nfirst error: {line}" if line else "") + where
@@ -456,7 +526,13 @@ class Pipeline:
                 "final_model": str(runfiles.final_model(rec.run_dir)),
                 "logs": str(rec.run_dir / runfiles.LOGS),
             }
-        return {"pipeline": str(self.directory), "cluster": self.cluster, "stages": stages}
+        made = {
+            stage: {"label_dir": str(job.label_dir), "run_dir": str(job.plan.run_dir),
+                    "manifest": labelset.read_manifest(job.label_dir)}
+            for stage, job in self.label_jobs.items()
+        }  # fmt: skip
+        report = {"pipeline": str(self.directory), "cluster": self.cluster, "stages": stages}
+        return {**report, "labels": made} if made else report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -467,11 +543,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default="")
     parser.add_argument("--args", default="", help="extra trainer flags for both stages")
     parser.add_argument("--finetune-from", default="", help="skip pretrain; finetune this run")
+    parser.add_argument("--teacher", default="", help="make missing token labels with this teacher")
+    parser.add_argument("--teacher-checkpoint", default="", help="weights of a timm-name teacher")
     parser.add_argument("--wait", action="store_true", help="wait for the end (Slurm profiles)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
     ns = parser.parse_args(argv)
     run = Pipeline(
-        ns.cluster, ns.model, ns.nodes or None, ns.args, finetune_from=ns.finetune_from or None
+        ns.cluster,
+        ns.model,
+        ns.nodes or None,
+        ns.args,
+        finetune_from=ns.finetune_from or None,
+        teacher=ns.teacher,
+        teacher_checkpoint=ns.teacher_checkpoint,
     ).submit()
     assert run.directory is not None
     if ns.wait or not run._uses_slurm:

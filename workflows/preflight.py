@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from analysis import layout, memory
 from analysis.mesh import Mesh
 from registry import models, runfiles
+from trainer import labelset
 from workflows.container import check_container_paths
 from workflows.errors import ConfigError
 from workflows.profile import NodeType, Profile
@@ -154,7 +155,10 @@ class PartitionInfo:
     gpus_per_node: int
 
 
-def check(plan: JobPlan, render_hint: str | None = None, chained: bool = False) -> list[str]:
+def check(
+    plan: JobPlan, render_hint: str | None = None, chained: bool = False,
+    labels_pending: bool = False,
+) -> list[str]:  # fmt: skip
     """Every check that needs the cluster or its file systems; ConfigError lists what fails.
 
     Returns the checks made, for the manifest and `make preflight`. Called before anything is
@@ -171,7 +175,7 @@ def check(plan: JobPlan, render_hint: str | None = None, chained: bool = False) 
                 f"script, run `{hint}` and submit it from a login node with `sbatch <script>`"
             )
         done += check_partition(plan)
-    problems = path_problems(plan, chained)
+    problems = path_problems(plan, chained, labels_pending)
     if problems:
         raise ConfigError("; ".join(problems))
     done.append("paths exist: data, code, token-label data, finetune source, image")
@@ -217,8 +221,9 @@ def check_partition(plan: JobPlan) -> list[str]:
     ]
 
 
-def path_problems(plan: JobPlan, chained: bool = False) -> list[str]:
-    """Paths the ranks will read, checked from here (shared storage: same paths everywhere)."""
+def path_problems(plan: JobPlan, chained: bool = False, labels_pending: bool = False) -> list[str]:
+    """Paths the ranks will read, checked from here (shared storage: same paths everywhere).
+    `labels_pending`: a labeling job queued ahead of this one makes the token labels."""
     spec, cfg = plan.spec, plan.trainer or {}
     name = spec.profile.name
     out = []
@@ -228,12 +233,8 @@ def path_problems(plan: JobPlan, chained: bool = False) -> list[str]:
                 f"profile {name}: {field} path {path!r} does not exist; create it on the shared "
                 f"file system (or fix the profile) before submitting"
             )
-    labels = cfg.get("token_label_data")
-    if cfg.get("token_label") and labels and not Path(labels).exists():
-        out.append(
-            f"token-label data {labels!r} does not exist; generate it first (recipe "
-            f"token_label_data, under storage.data) or pass --token-label-data in ARGS"
-        )
+    if not labels_pending:
+        out += token_label_problems(plan)
     if spec.finetune_from and not (chained or spec.dependency):
         problem = finetune_source_problem(spec.finetune_from)
         if problem:
@@ -244,6 +245,55 @@ def path_problems(plan: JobPlan, chained: bool = False) -> list[str]:
             out.append(f"--{flag.replace('_', '-')} {value}: no such file; pass an existing path")
     out += image_problems(spec.profile)
     return out
+
+
+def token_label_problems(plan: JobPlan) -> list[str]:
+    """Token labels the stage will read must exist, be complete, be for this data set (sample
+    count and names checksum) and have the stage's grid (img_size/16); each problem ends with
+    the command that makes the right ones."""
+    cfg = plan.trainer or {}
+    labels = cfg.get("token_label_data")
+    if not (cfg.get("token_label") and labels):
+        return []
+    spec = plan.spec
+    make = (
+        f"make token-labels CLUSTER={spec.profile.name} MODEL={spec.model} STAGE={spec.stage} "
+        f"TEACHER=<run dir, or timm name with TEACHER_CKPT=file>"
+        + (f' ARGS="--label-dir {labels}"' if _custom_label_dir(plan, labels) else "")
+    )
+    path = Path(labels)
+    if not path.exists():
+        return [f"token-label data {labels!r} does not exist; make it with `{make}`"]
+    if path.is_file():
+        return []  # a single file from generate_token_labels: the trainer checks it on open
+    data_dir = cfg.get("data_dir")
+    names = None
+    if data_dir and Path(data_dir, "train").is_dir():
+        names = labelset.folder_names(data_dir)
+    found = labelset.problems(
+        labelset.read_manifest(path), where=f"token-label data {labels!r}", names=names,
+        data_dir=data_dir, img_size=int(cfg.get("img_size") or 0),
+    )  # fmt: skip
+    if found and labelset.read_manifest(path) is not None:  # never overwrite labels that exist
+        make = make.split(" ARGS=")[0] + ' ARGS="--label-dir <new dir>"'
+        return [f"{p}; make the right ones with `{make}` and pass --token-label-data <new dir>"
+                for p in found]  # fmt: skip
+    return [f"{p}; make the right ones with `{make}`" for p in found]
+
+
+def _custom_label_dir(plan: JobPlan, labels: str) -> bool:
+    """Whether ARGS chose the label directory (make token-labels must then be told it too)."""
+    default = _recipe_label_dir(plan)
+    return default is None or Path(labels) != default
+
+
+def _recipe_label_dir(plan: JobPlan) -> Path | None:
+    from workflows.profile import resolve_path
+
+    stage = plan.recipe.stage(plan.spec.stage)
+    if not stage.token_label_data:
+        return None
+    return resolve_path(plan.profile.storage.data) / stage.token_label_data
 
 
 def finetune_source_problem(path: str) -> str | None:

@@ -17,7 +17,7 @@ from workflows.profile import NodeType, Profile, resolve_path
 from workflows.recipe import Recipe, StageRecipe, check_token_label_size
 from workflows.templating import render
 
-Entry = Literal["trainer", "rankinfo", "commbench"]
+Entry = Literal["trainer", "rankinfo", "commbench", "labels"]
 COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
 MASTER_PORT_BASE = 20000  # MASTER_PORT = base + job id % span: concurrent jobs on a node differ
 MASTER_PORT_SPAN = 20000
@@ -171,13 +171,19 @@ def build_spec(
     partition = profile.partition(stage)
     node = profile.node_type(stage)
     _check_dependency(dependency)
-    finetune = _finetune_source(stage_recipe.finetune, finetune_from)
+    finetune = _finetune_source(stage_recipe.finetune and entry != "labels", finetune_from)
     python = _python(profile)
     data_dir: str | None = None
     if entry == "rankinfo":
         command: tuple[str, ...] = (python, "-m", "workflows.rankinfo")
     elif entry == "commbench":  # collective timings for `make calibrate`; ARGS go to it
         command = (python, "-m", "trainer.commbench", "--out", str(run_dir / COMMBENCH_OUT), *extra)
+    elif entry == "labels":  # token labels for this stage's data (workflows/labels.py)
+        data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
+        generated = stage_recipe.dataset in GENERATED_DATASETS
+        dataset = ["--dataset", stage_recipe.dataset] if generated else []
+        command = (python, "-m", "trainer.label", data_path, *dataset, *extra)
+        data_dir = None if generated else data_path
     else:
         flags = _trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
         data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
@@ -188,7 +194,7 @@ def build_spec(
         profile=profile,
         model=recipe.model,
         stage=stage,
-        job_name=f"vitpod-{recipe.model}-{stage}",
+        job_name=f"vitpod-{recipe.model}-{'labels' if entry == 'labels' else stage}",
         run_dir=str(run_dir),
         log_dir=str(run_dir / runfiles.LOGS),
         partition=partition.name,

@@ -24,6 +24,7 @@ from PIL import Image
 from torch import nn
 from torchvision.ops import roi_align
 
+from trainer import labelset
 from trainer.data.config import DataConfig
 from trainer.data.sources import DataSourceError, Split, folder_split
 from trainer.data.transforms import eval_transform
@@ -193,9 +194,12 @@ class TokenLabelStore:
 
     @classmethod
     def open(cls, cfg: DataConfig, num_classes: int, split: Split | None = None) -> TokenLabelStore:
-        """Open and check cfg.token_label_data; with `split`, every image must have an entry."""
+        """Open and check cfg.token_label_data (one file, or a sharded directory with a manifest
+        from `python -m trainer.label`); with `split`, every image must have an entry."""
         path = Path(cfg.token_label_data)
         store = cls(path, num_classes, cfg.token_label_size)
+        if path.is_dir():
+            store._check_manifest(split)
         data = store.data
         if data.get("format") != FORMAT:
             raise TokenLabelError(f"{path} is not token-label data ({FORMAT}): regenerate it")
@@ -212,15 +216,32 @@ class TokenLabelStore:
                 )
         return store
 
+    def _check_manifest(self, split: Split | None) -> None:
+        """A sharded directory: the manifest must fit this data set and this grid."""
+        manifest = labelset.read_manifest(self.path)
+        names = None
+        if split is not None and split.files is not None:
+            names = [split.relpath(i) for i in range(len(split))]
+        found = labelset.problems(
+            manifest, where=f"--token-label-data {self.path}", names=names,
+            data_dir=str(split.root) if split is not None else None,
+            img_size=self.size * labelset.STRIDE,
+        )  # fmt: skip
+        if found:
+            raise TokenLabelError("; ".join(found))
+
     @property
     def data(self) -> dict[str, Any]:
         if self._data is None:
-            if not self.path.is_file():
+            if self.path.is_dir():
+                self._data = _load_shards(self.path)
+            elif not self.path.is_file():
                 raise TokenLabelError(
-                    f"--token-label-data {self.path} does not exist: "
-                    "write it with trainer.data.token_label.generate_token_labels"
+                    f"--token-label-data {self.path} does not exist: make it with "
+                    "`make token-labels` (python -m trainer.label)"
                 )
-            self._data = torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)
+            else:
+                self._data = torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)
         return self._data
 
     def __getstate__(self) -> dict[str, Any]:
@@ -244,10 +265,43 @@ class TokenLabelStore:
 
     def dense(self, row: int) -> torch.Tensor:
         """The stored top-k of image `row` as a dense [C, H, W] distribution."""
-        values = self.data["values"][row].float()
-        indices = self.data["indices"][row].long()
+        data = self.data
+        if "shards" in data:  # row -> (shard, row in shard): shards stay memory-mapped
+            shard = data["shard_of"][row]
+            part, row = data["shards"][shard], row - data["starts"][shard]
+            values, indices = part["values"][row].float(), part["indices"][row].long()
+        else:
+            values, indices = data["values"][row].float(), data["indices"][row].long()
         dense = torch.zeros(self.num_classes, *values.shape[1:])
         return dense.scatter_(0, indices, values)
+
+
+def _load_shards(path: Path) -> dict[str, Any]:
+    """A sharded label directory as one index over memory-mapped shards (no copy)."""
+    manifest = labelset.read_manifest(path)
+    if manifest is None:
+        raise TokenLabelError(
+            f"--token-label-data {path} has no {labelset.MANIFEST}: its labeling job has not "
+            "finished; rerun `make token-labels` (finished shards are kept)"
+        )
+    shards: list[dict[str, Any]] = []
+    starts: list[int] = []
+    shard_of: list[int] = []
+    index: dict[str, int] = {}
+    for number in range(manifest["num_shards"]):
+        part = torch.load(
+            labelset.shard_path(path, number, manifest["num_shards"]),
+            map_location="cpu", mmap=True, weights_only=True,
+        )  # fmt: skip
+        starts.append(len(shard_of))
+        for name, row in part["index"].items():
+            index[name] = starts[-1] + row
+        shard_of.extend([number] * len(part["index"]))
+        shards.append(part)
+    return {
+        "format": FORMAT, "num_classes": manifest["num_classes"], "index": index,
+        "shards": shards, "starts": starts, "shard_of": shard_of,
+    }  # fmt: skip
 
 
 def crop_scores(

@@ -1,0 +1,132 @@
+"""Token-label data sets on disk: shard names, the manifest and its checks (no torch, no numpy).
+
+A token-label directory holds `manifest.json` and `shards/shard-<i>-of-<n>.pt`. Each shard is
+the torch file `trainer.data.token_label` reads (top-k teacher scores per token of a contiguous
+slice of the sorted training-sample names). The manifest is written when the last shard lands;
+it records what the labels are valid for: the teacher, the labeling resolution, the grid (one
+label per 16x16 pixels: 14 at 224, 32 at 512), k, and the data set (path, sample count and a
+checksum of the sorted sample names). The login node checks a manifest against a data set and a
+stage with `problems()` before anything is queued; the trainer makes the same check on open.
+
+Grid decision: labels are made per grid, at the stage's resolution (labels for 224 have grid 14,
+for 512 grid 32), and a stage only takes labels of its own grid. The trainer still cuts each
+random crop out of the score map with RoIAlign and resamples it to the grid, as VOLO's code does
+(sail-sg/volo, "All Tokens Matter" arXiv:2104.10858), but stretching a 14x14 map to 32x32 would
+invent detail the teacher never saw, so it is refused rather than done silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FORMAT = "vitpod-token-labels/2"
+MANIFEST = "manifest.json"
+SHARDS = "shards"
+STRIDE = 16  # one token label per 16x16 pixels (VOLO: --token-label-size = img_size/16)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")  # = trainer.data.sources'
+
+
+def folder_names(root: str | os.PathLike[str], split: str = "train") -> list[str]:
+    """Sorted sample names of an ImageNet-layout folder, exactly the trainer's order and keys
+    (`split/<class>/<file>`, classes sorted, hidden class folders skipped), without torch."""
+    base = Path(root) / split
+    if not base.is_dir():
+        raise FileNotFoundError(f"{base} is not a folder: expected <root>/{split}/<class>/*.jpg")
+    names: list[str] = []
+    classes = sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for name in classes:
+        files = sorted(
+            p.name for p in (base / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES
+        )
+        names.extend(f"{split}/{name}/{f}" for f in files)
+    return names
+
+
+def names_digest(names: list[str]) -> str:
+    """sha256 of the sorted names, one a line: two data sets match when these match."""
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()
+
+
+def grid_of(img_size: int) -> int:
+    return img_size // STRIDE
+
+
+def shard_path(out: str | os.PathLike[str], index: int, count: int) -> Path:
+    return Path(out) / SHARDS / f"shard-{index:05d}-of-{count:05d}.pt"
+
+
+def shard_bounds(samples: int, index: int, count: int) -> tuple[int, int]:
+    """[start, stop) of shard `index` of `count`: contiguous slices whose sizes differ by <= 1."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index} of {count}: index must be in [0, {count})")
+    return samples * index // count, samples * (index + 1) // count
+
+
+def read_manifest(out: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The manifest of a token-label directory, or None when there is none (yet)."""
+    path = Path(out) / MANIFEST
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def write_json_atomic(data: dict[str, Any], path: Path) -> None:
+    """Temp file in the same folder, fsync, rename: readers see the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def problems(
+    manifest: dict[str, Any] | None,
+    *,
+    where: str,
+    names: list[str] | None,
+    data_dir: str | None,
+    img_size: int,
+) -> list[str]:
+    """Why the labels in `where` cannot serve a stage at `img_size` on this data set ([] = ok).
+
+    `names`: the data set's sorted sample names (None: the data set is not a folder we can list,
+    so only the grid is checked).
+    """
+    if manifest is None:
+        return [f"{where} has no {MANIFEST}: the labeling job has not finished (or never ran)"]
+    if manifest.get("format") != FORMAT:
+        return [f"{where}: format {manifest.get('format')!r} is not {FORMAT!r}; regenerate it"]
+    out = []
+    want = grid_of(img_size)
+    if manifest.get("grid") != want:
+        out.append(
+            f"{where}: grid {manifest.get('grid')} (labeled at {manifest.get('img_size')} px) but "
+            f"this stage trains at {img_size} px, grid {want} (img_size/16); make labels at "
+            f"{img_size} px"
+        )
+    if names is not None:
+        if manifest.get("samples") != len(names):
+            out.append(
+                f"{where}: labels for {manifest.get('samples')} samples of "
+                f"{manifest.get('data_dir')}, but {data_dir} has {len(names)}; these labels are "
+                f"for another data set (or an older copy of it)"
+            )
+        elif manifest.get("names_sha256") != names_digest(names):
+            out.append(
+                f"{where}: same count but other sample names than {data_dir} (names checksum "
+                f"differs; labels made over {manifest.get('data_dir')}); regenerate them"
+            )
+    return out

@@ -1,0 +1,264 @@
+"""`make token-labels`: a Slurm job array that labels a stage's training set, one shard per rank.
+
+The labeling job is planned like training (plan_job with entry "labels"): the same partition,
+binding (bind.sh), container flags and environment, one rank per GPU. Every array task holds
+NODES node(s) (default 1) and each of its ranks runs `python -m trainer.label` on one shard,
+so SHARDS = array tasks x ranks per task. Shards are written atomically and a requeued or
+resubmitted array skips the finished ones; the rank that completes the last shard writes the
+manifest that preflight checks before a training job may read the labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry import runfiles
+from trainer import labelset
+from workflows import preflight
+from workflows.cli import materialize
+from workflows.errors import ConfigError
+from workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
+from workflows.preflight import whole_number
+from workflows.profile import Profile, load_profile, resolve_path
+from workflows.recipe import load_recipe
+from workflows.rundir import RUN_ROOT_ENV, new_run_path, remove_run_dir, runs_root, write_json
+from workflows.submission import sbatch
+
+LABELER_ARGV_START = 3  # command = (python, -m, trainer.label, DATA_DIR, flags...)
+
+
+@dataclass(frozen=True)
+class LabelJob:
+    """A planned labeling array: the plan of one array task, the array size and the settings."""
+
+    plan: JobPlan
+    tasks: int
+    shards: int
+    label_dir: Path
+    img_size: int
+    teacher: str
+    script: str
+    data_dir: str
+
+    def manifest(self, job_ids: list[str] | None = None) -> dict[str, Any]:
+        return self.plan.manifest(
+            job_ids,
+            labels={
+                "label_dir": str(self.label_dir), "img_size": self.img_size,
+                "grid": labelset.grid_of(self.img_size), "array_tasks": self.tasks,
+                "shards": self.shards, "teacher": self.teacher,
+            },
+        )  # fmt: skip
+
+
+def default_label_dir(profile: Profile, model: str, stage: str) -> Path:
+    """The recipe's token_label_data (under storage.data), else token_labels/<model>-<stage>."""
+    recipe = load_recipe(model).stage(stage)
+    if recipe.token_label_data:
+        return resolve_path(profile.storage.data) / recipe.token_label_data
+    return resolve_path(profile.storage.data) / "token_labels" / f"{model}-{stage}"
+
+
+def teacher_flags(teacher: str, checkpoint: str) -> list[str]:
+    """TEACHER (a run dir or weights file; or a timm name with TEACHER_CKPT) as labeler flags;
+    ConfigError when the weights are not there (nothing is downloaded inside a job)."""
+    if not teacher:
+        raise ConfigError(
+            "TEACHER is empty: give a vitpod run directory (its final model), a weights file, "
+            "or a timm model name with TEACHER_CKPT=<weights file>"
+        )
+    if checkpoint:
+        path = Path(checkpoint).expanduser().absolute()
+        if not path.is_file():
+            raise ConfigError(f"TEACHER_CKPT={checkpoint!r} is not a file; give the weights file")
+        return ["--teacher", teacher, "--teacher-checkpoint", str(path)]
+    path = Path(teacher).expanduser().absolute()
+    if not path.exists():
+        raise ConfigError(
+            f"TEACHER={teacher!r} is not a run directory or file; for a timm model name also "
+            f"give TEACHER_CKPT=<weights file>"
+        )
+    if path.is_dir() and not runfiles.final_model(path).is_file():
+        raise ConfigError(
+            f"TEACHER={teacher!r} has no final model ({runfiles.FINAL}/{runfiles.FINAL_MODEL}); "
+            "give a finished run directory"
+        )
+    return ["--teacher", str(path)]
+
+
+def prepare(
+    cluster: str, model: str = "", stage: str = "pretrain", *, teacher: str,
+    teacher_checkpoint: str = "", nodes: int | str | None = None, shards: str | int = "",
+    args: str = "", run_root: str = "", dependency: str = "", run_dir: Path | None = None,
+) -> LabelJob:  # fmt: skip
+    """Plan the labeling array (ConfigError on bad input); nothing is written."""
+    profile = load_profile(cluster)
+    model = model or profile.default_model or DEFAULT_MODEL
+    stage_recipe = load_recipe(model).stage(stage)
+    node_count = whole_number(nodes, "NODES", 1)
+    per_task = node_count * profile.node_type(stage).ranks_per_node
+    wanted = whole_number(shards, "SHARDS", profile.partition(stage).nodes * per_task)
+    if profile.scheduler != "slurm" and wanted != per_task:
+        raise ConfigError(
+            f"SHARDS={wanted}: profile {profile.name} has no scheduler and runs one task of "
+            f"{per_task} rank(s) here; use SHARDS={per_task} (or leave it empty)"
+        )
+    if wanted % per_task:
+        raise ConfigError(
+            f"SHARDS={wanted}: every array task runs {per_task} rank(s) (NODES={node_count}), "
+            f"one shard each; use a multiple of {per_task}"
+        )
+    defaults = [
+        "--img-size", str(stage_recipe.img_size),
+        "--label-dir", str(default_label_dir(profile, model, stage)),
+        *teacher_flags(teacher, teacher_checkpoint),
+    ]  # fmt: skip
+    run_dir = run_dir or new_run_path(runs_root(profile, run_root), model, "labels")
+    plan = plan_job(
+        Request(
+            cluster=cluster, model=model, stage=stage, nodes=node_count, entry="labels",
+            args=shlex.join(defaults) + (" " + args if args else ""), run_dir=run_dir,
+            dependency=dependency,
+        )
+    )  # fmt: skip
+    labeler = _parse_labeler(plan)
+    tasks = wanted // per_task
+    return LabelJob(
+        plan=plan, tasks=tasks, shards=wanted, label_dir=Path(labeler.label_dir).absolute(),
+        img_size=labeler.img_size, teacher=teacher, script=array_script(plan, tasks),
+        data_dir=plan.spec.command[LABELER_ARGV_START],
+    )  # fmt: skip
+
+
+def _parse_labeler(plan: JobPlan) -> argparse.Namespace:
+    """The labeler's own parser on the exact argv every rank will run."""
+    from trainer.label import build_parser
+
+    parser = build_parser()
+    argv = list(plan.spec.command[LABELER_ARGV_START:])
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit:
+        raise ConfigError(f"ARGS: the labeler refuses {shlex.join(argv)} (see above)") from None
+    if ns.img_size % labelset.STRIDE:
+        raise ConfigError(f"ARGS: --img-size {ns.img_size} must be a multiple of 16")
+    return ns
+
+
+def array_script(plan: JobPlan, tasks: int) -> str:
+    """The stage's sbatch script with `--array` (a local profile's script runs one task)."""
+    if plan.profile.scheduler != "slurm":
+        return plan.script
+    lines = plan.script.splitlines()
+    lines.insert(1, f"#SBATCH --array=0-{tasks - 1}")
+    lines = [
+        line.replace("/sbatch-%j.", "/sbatch-%A_%a.") if line.startswith("#SBATCH --") else line
+        for line in lines
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def existing_problems(job: LabelJob) -> list[str] | None:
+    """None when the label dir has no manifest; else what keeps it from serving this stage."""
+    manifest = labelset.read_manifest(job.label_dir)
+    if manifest is None:
+        return None
+    names = labelset.folder_names(job.data_dir) if Path(job.data_dir, "train").is_dir() else None
+    return labelset.problems(
+        manifest, where=str(job.label_dir), names=names, data_dir=job.data_dir,
+        img_size=job.img_size,
+    )  # fmt: skip
+
+
+def submit(job: LabelJob, force: bool = False) -> str | None:
+    """Preflight, write the run dir and sbatch the array (Slurm) or run it here (local).
+
+    Returns the array's job id (None when run here or when matching labels already exist)."""
+    found = existing_problems(job)
+    if found == [] and not force:
+        print(f"labels: {job.label_dir} already holds labels for this data set at grid "
+              f"{labelset.grid_of(job.img_size)}; nothing to do (ARGS='--label-dir ...' or "
+              "--force to make others)")  # fmt: skip
+        return None
+    if found and not force:
+        raise ConfigError(
+            "; ".join(found) + f'; choose another directory (ARGS="--label-dir DIR") or '
+            f"remove {job.label_dir}"
+        )
+    preflight.check(job.plan, render_hint="python -m workflows token-labels ... --render-only")
+    return launch(job)
+
+
+def launch(job: LabelJob) -> str | None:
+    """Write the run dir, then sbatch the array (its job id) or, without Slurm, run it here."""
+    plan = dataclasses.replace(job.plan, script=job.script)
+    script = materialize(plan, job.manifest())
+    print(f"labels: {job.tasks} array task(s) x {job.shards // job.tasks} rank(s) = "
+          f"{job.shards} shard(s) -> {job.label_dir}; run directory {script.parent}",
+          flush=True)  # fmt: skip
+    if plan.profile.scheduler != "slurm":
+        import subprocess
+
+        rc = subprocess.run(["bash", str(script)], check=False).returncode
+        if rc:
+            raise ConfigError(f"labeling failed (status {rc}); see {script.parent / 'logs'}")
+        return None
+    try:
+        job_id = sbatch(script)
+    except ConfigError:
+        remove_run_dir(script.parent)
+        raise
+    write_json(script.parent / runfiles.MANIFEST, job.manifest([job_id]))
+    print(f"submitted array job {job_id}", flush=True)
+    return job_id
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workflows token-labels", description=__doc__)
+    p.add_argument("--cluster", default="local")
+    p.add_argument("--model", default="", help="recipe (default: the profile's default_model)")
+    p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"),
+                   help="whose resolution and data set (grid = img_size/16)")  # fmt: skip
+    p.add_argument("--teacher", default="", help="run dir, weights file, or timm model name")
+    p.add_argument("--teacher-checkpoint", default="", help="weights of a timm-name teacher")
+    p.add_argument("--nodes", default="", help="nodes per array task (default 1)")
+    p.add_argument("--shards", default="", help="array tasks x ranks per task")
+    p.add_argument("--args", default="", help="labeler flags (--label-dir, --topk, -b, ...)")
+    p.add_argument("--run-root", default="", help=f"override storage.runs (or ${RUN_ROOT_ENV})")
+    p.add_argument("--force", action="store_true", help="label even if matching labels exist")
+    p.add_argument("--wait", action="store_true", help="wait for the array to end")
+    p.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    job = prepare(
+        ns.cluster, ns.model, ns.stage, teacher=ns.teacher,
+        teacher_checkpoint=ns.teacher_checkpoint, nodes=ns.nodes or None, shards=ns.shards,
+        args=ns.args, run_root=ns.run_root,
+    )  # fmt: skip
+    job_id = submit(job, force=ns.force)
+    if job_id is not None and ns.wait:
+        from workflows.scaling import wait_array
+
+        states = wait_array(job_id, job.tasks, ns.timeout)
+        bad = {i: s for i, s in states.items() if s != "COMPLETED"}
+        if bad:
+            print(f"error: array tasks did not complete: {bad}; see "
+                  f"{job.plan.run_dir / runfiles.LOGS}", file=sys.stderr)  # fmt: skip
+            return 1
+    manifest = labelset.read_manifest(job.label_dir)
+    if manifest is not None:
+        rates = [t["images_per_s"] for t in manifest["throughput"] if t.get("images_per_s")]
+        if rates:
+            print(f"labels: {manifest['samples']} images, grid {manifest['grid']}, "
+                  f"{min(rates):.1f}-{max(rates):.1f} images/s per rank")  # fmt: skip
+    print(job.label_dir)
+    return 0
