@@ -110,7 +110,16 @@ class DDPEngine:
         self.clip_grad = clip_grad
         device_ids = [precision.device.index] if precision.device.type == "cuda" else None
         wrapped = TrainForward(model) if token_label else model
-        self.ddp = DDP(wrapped, device_ids=device_ids)
+        # Exact resume needs one bucket layout for the whole run. DDP reduces a process's first
+        # iteration in one bucket of parameters in reverse order, then rebuilds its buckets in
+        # the order gradients became ready ("Reducer buckets have been rebuilt"): a resumed
+        # process would reduce its first step in the other layout. With 3+ ranks an element's
+        # place in the buffer sets the order in which the ring all-reduce adds the ranks'
+        # values, so the rounding (and every later parameter) would differ from an
+        # uninterrupted run. find_unused_parameters=True keeps DDP's initial size-capped
+        # layout for good (the reducer never rebuilds with it), at the cost of one autograd
+        # graph traversal per iteration (PyTorch DDP notes, "Internal Design").
+        self.ddp = DDP(wrapped, device_ids=device_ids, find_unused_parameters=True)
         self.comm = CommState(world, server_ranks(world, ps_servers) if topology == "ps" else ())
         self.ddp.register_comm_hook(self.comm, ps_hook if topology == "ps" else ring_hook)
 
