@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         return usage_error(found)
     setup_logging(env.rank)
+    from trainer.checkpoint import ResumeError
     from trainer.train import Trainer, startup_errors
 
     try:
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error([str(exc)])
     try:
         return trainer.run()
+    except ResumeError as exc:  # every rank raises it, before any step: a configuration error
+        return usage_error([str(exc)])
     finally:
         trainer.close()
 
