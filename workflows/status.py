@@ -25,8 +25,11 @@ _COMM_PATTERNS = re.compile(
     r"SignalException|Broken pipe",
     re.IGNORECASE,
 )
-# srun --label and similar prefixes ("3: ") in front of every line.
-_LABEL = re.compile(r"^\s*\d+:\s?")
+# srun --label and similar prefixes ("3: ", torch's "[rank3]: ") in front of every line.
+_LABEL = re.compile(r"^\s*(\d+:\s?|\[rank\d+\]:\s?)")
+# srun's report of a task that died of a signal: it left no traceback (kill -9, OOM killer).
+_KILLED_TASK = re.compile(r"srun: error: (\S+): tasks? (\d+)[\d,-]*: (?!Exited with exit code)(.+)")
+_SIGNAL_NAMES = {"Killed": "SIGKILL", "Terminated": "SIGTERM"}
 _RESTART = re.compile(r"restart[_-]?(\d+)", re.IGNORECASE)
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
@@ -125,7 +128,27 @@ def root_cause(log_dir: Path) -> Traceback | None:
         for tb in find_tracebacks(p)
     ]
     real = [tb for tb in tracebacks if not tb.communication]
-    return next(iter(real or tracebacks), None)
+    if real:
+        return real[0]
+    return _killed_task(log_dir) or next(iter(tracebacks), None)
+
+
+def _killed_task(log_dir: Path) -> Traceback | None:
+    """A rank that srun saw die of a signal (its peers then fail in collectives)."""
+    for path in sorted(log_dir.glob("sbatch-*"), key=_log_order):
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            match = _KILLED_TASK.search(line)
+            if match:
+                node, task, how = match.groups()
+                name = _SIGNAL_NAMES.get(how.strip(), how.strip())
+                exception = (
+                    f"rank {task} on {node} was killed by {name}: no Python traceback, it was "
+                    "stopped from outside (kill -9, the OOM killer, a node failure)"
+                )
+                return Traceback(
+                    str(path), number, f"{line.strip()}\n{exception}", exception, False
+                )
+    return None
 
 
 def first_error_line(log_dir: Path) -> str | None:
