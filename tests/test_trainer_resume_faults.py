@@ -84,3 +84,29 @@ def test_trainer_exits_usage_when_requeued_onto_another_world_size(
     assert codes == [USAGE, USAGE], logs(tmp_path / "l2")
     assert "written by 1 ranks, this job has 2" in logs(tmp_path / "l2")
     assert os.listdir(run / "checkpoints") == ["step_000000002"]  # nothing new written
+
+
+def test_status_names_a_killed_rank_not_an_earlier_restarts_noise(tmp_path: Path) -> None:
+    """The logs of a job requeued once, then failed because rank 1 got SIGKILL (as srun and
+    torch write them): the cause is srun's line, not the peers' gloo errors nor a traceback
+    an earlier restart printed at exit."""
+    from workflows.status import root_cause
+
+    logs_dir = tmp_path / "logs"
+    logs_dir.mkdir()
+    (logs_dir / "train-9-restart0-rank0.log").write_text(
+        "Traceback (most recent call last):\n"
+        '  File "multiprocessing/resource_tracker.py", line 239, in main\n'
+        "KeyError: '/mp-x'\n"
+    )
+    (logs_dir / "train-9-restart1-rank0.log").write_text(
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "trainer/train.py", line 1, in run\n'
+        "[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:545] Read error: Connection reset "
+        "by peer\n"
+    )
+    (logs_dir / "sbatch-9-restart1.log").write_text(
+        "srun: error: node1: task 1: Killed\nsrun: error: node2: task 2: Exited with exit code 1\n"
+    )
+    cause = root_cause(logs_dir)
+    assert cause is not None and "rank 1 on node1 was killed by SIGKILL" in cause.exception

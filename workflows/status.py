@@ -121,21 +121,21 @@ def root_cause(log_dir: Path) -> Traceback | None:
     """The first non-communication traceback across the rank logs (else the first one at all)."""
     if not log_dir.is_dir():
         return None
-    tracebacks = [
-        tb
-        for p in sorted(log_dir.iterdir(), key=_log_order)
-        if p.is_file()
-        for tb in find_tracebacks(p)
-    ]
+    # Only the (re)start that failed: an earlier one ended by a requeue may have left harmless
+    # tracebacks at exit (multiprocessing's resource tracker) that would mask the cause.
+    files = [p for p in sorted(log_dir.iterdir(), key=_log_order) if p.is_file()]
+    newest = min((_log_order(p)[0] for p in files), default=0)
+    files = [p for p in files if _log_order(p)[0] == newest or not _RESTART.search(p.name)]
+    tracebacks = [tb for p in files for tb in find_tracebacks(p)]
     real = [tb for tb in tracebacks if not tb.communication]
     if real:
         return real[0]
-    return _killed_task(log_dir) or next(iter(tracebacks), None)
+    return _killed_task(files) or next(iter(tracebacks), None)
 
 
-def _killed_task(log_dir: Path) -> Traceback | None:
+def _killed_task(files: list[Path]) -> Traceback | None:
     """A rank that srun saw die of a signal (its peers then fail in collectives)."""
-    for path in sorted(log_dir.glob("sbatch-*"), key=_log_order):
+    for path in (p for p in files if p.name.startswith("sbatch-")):
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             match = _KILLED_TASK.search(line)
             if match:
