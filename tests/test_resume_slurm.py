@@ -39,7 +39,7 @@ JOBS = {
     "dali": ("--loader dali --checkpoint-every 5", [("USR2", 2), ("TERM", STEPS_PER_EPOCH)]),
     # A checkpoint every step, written in the background while the next step runs: USR2 lands
     # with one in flight. Then rank 1 is SIGKILLed mid-step in epoch 1.
-    "torch": ("--loader torch --checkpoint-every 1", [("USR2", 12), ("KILL", 30)]),
+    "torch": ("--loader torch --workers 0 --checkpoint-every 1", [("USR2", 12), ("KILL", 30)]),
 }
 
 
@@ -75,7 +75,7 @@ def _last_step(run: Path) -> int:
     return max(steps, default=0)
 
 
-def _wait_until(what: str, check, timeout: float = 300) -> None:
+def _wait_until(what: str, check, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -104,7 +104,7 @@ def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, i
         _wait_until(f"job {job} step {step}", lambda s=step: _last_step(run) >= s)  # type: ignore[misc]
         if sig == "KILL":
             _kill_rank(job, 1)
-            assert slurm.wait(job, timeout=300) == "FAILED"
+            assert slurm.wait(job, timeout=900) == "FAILED"
             status = subprocess.run(
                 ["make", "-s", "status", f"RUN={run}"], cwd=REPO, env=_make_env(tmp_path),
                 capture_output=True, text=True, timeout=120,
@@ -120,7 +120,7 @@ def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, i
         restart += 1
         log = run / "logs" / f"train-{job}-restart{restart}-rank0.log"
         _wait_until(f"restart {restart} of job {job}", log.is_file)
-    return slurm.wait(job, timeout=400)
+    return slurm.wait(job, timeout=900)
 
 
 def _losses(run: Path) -> dict[tuple[int, int], float]:
@@ -179,7 +179,7 @@ def test_preempted_jobs_end_bit_identical_to_uninterrupted_ones(
         states = {loader: future.result() for loader, future in ends.items()}
     for loader, ((ref_job, reference), (_, resumed), _) in jobs.items():
         assert states[loader] == "COMPLETED", loader
-        assert local_slurm.wait(ref_job, timeout=300) == "COMPLETED", loader
+        assert local_slurm.wait(ref_job, timeout=900) == "COMPLETED", loader
         assert _differences(reference, resumed) == {
             "parameters": [],
             "optimizer": [],
