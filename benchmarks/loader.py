@@ -263,6 +263,8 @@ def report(args: argparse.Namespace, files: list[str], results: dict[str, float]
             "python": platform.python_version(),
             "torch": torch.__version__,
             "dali": _dali_version(),
+            # Other processes' load skews absolute rates; interleaved ratios hold up better.
+            "load_average_1_5_15min": [round(x, 1) for x in os.getloadavg()],
         },
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
