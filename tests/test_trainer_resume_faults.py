@@ -86,7 +86,12 @@ def test_trainer_exits_usage_when_requeued_onto_another_world_size(
     assert os.listdir(run / "checkpoints") == ["step_000000002"]  # nothing new written
 
 
-def test_status_names_a_killed_rank_not_an_earlier_restarts_noise(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "srun_says", ["task 1: Killed", "task 1: Exited with exit code 137"]
+)  # the second when a wrapper shell (bind.sh) reports its child's SIGKILL
+def test_status_names_a_killed_rank_not_an_earlier_restarts_noise(
+    tmp_path: Path, srun_says: str
+) -> None:
     """The logs of a job requeued once, then failed because rank 1 got SIGKILL (as srun and
     torch write them): the cause is srun's line, not the peers' gloo errors nor a traceback
     an earlier restart printed at exit."""
@@ -106,7 +111,7 @@ def test_status_names_a_killed_rank_not_an_earlier_restarts_noise(tmp_path: Path
         "by peer\n"
     )
     (logs_dir / "sbatch-9-restart1.log").write_text(
-        "srun: error: node1: task 1: Killed\nsrun: error: node2: task 2: Exited with exit code 1\n"
+        f"srun: error: node2: task 2: Exited with exit code 1\nsrun: error: node1: {srun_says}\n"
     )
     cause = root_cause(logs_dir)
     assert cause is not None and "rank 1 on node1 was killed by SIGKILL" in cause.exception

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,8 +29,12 @@ _COMM_PATTERNS = re.compile(
 # srun --label and similar prefixes ("3: ", torch's "[rank3]: ") in front of every line.
 _LABEL = re.compile(r"^\s*(\d+:\s?|\[rank\d+\]:\s?)")
 # srun's report of a task that died of a signal: it left no traceback (kill -9, OOM killer).
-_KILLED_TASK = re.compile(r"srun: error: (\S+): tasks? (\d+)[\d,-]*: (?!Exited with exit code)(.+)")
+# srun says "task 1: Killed" for a signalled task, or "Exited with exit code 137" (128 + 9) when
+# a wrapper shell (bind.sh) reports its child's death by signal.
+_KILLED_TASK = re.compile(r"srun: error: (\S+): tasks? (\d+)[\d,-]*: (.+)")
+_EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
 _SIGNAL_NAMES = {"Killed": "SIGKILL", "Terminated": "SIGTERM"}
+_SIGNUMS = {int(s) for s in signal.Signals}
 _RESTART = re.compile(r"restart[_-]?(\d+)", re.IGNORECASE)
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
@@ -136,19 +141,30 @@ def root_cause(log_dir: Path) -> Traceback | None:
 def _killed_task(files: list[Path]) -> Traceback | None:
     """A rank that srun saw die of a signal (its peers then fail in collectives)."""
     for path in (p for p in files if p.name.startswith("sbatch-")):
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             match = _KILLED_TASK.search(line)
-            if match:
-                node, task, how = match.groups()
-                name = _SIGNAL_NAMES.get(how.strip(), how.strip())
+            name = _signal_of(match.group(3).strip()) if match else None
+            if match and name:
+                node, task = match.group(1), match.group(2)
                 exception = (
                     f"rank {task} on {node} was killed by {name}: no Python traceback, it was "
                     "stopped from outside (kill -9, the OOM killer, a node failure)"
                 )
                 return Traceback(
-                    str(path), number, f"{line.strip()}\n{exception}", exception, False
+                    str(path), lineno, f"{line.strip()}\n{exception}", exception, False
                 )
     return None
+
+
+def _signal_of(how: str) -> str | None:
+    """The signal in srun's words for a task's end ('Killed', 'Exited with exit code 137')."""
+    code = _EXIT_CODE.match(how)
+    if code is None:
+        return _SIGNAL_NAMES.get(how, how)
+    signum = int(code.group(1)) - 128
+    if signum not in _SIGNUMS:
+        return None  # an ordinary exit status: that rank's log has the traceback
+    return signal.Signals(signum).name
 
 
 def first_error_line(log_dir: Path) -> str | None:
