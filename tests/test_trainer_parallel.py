@@ -40,7 +40,7 @@ def _train(rank: int, world: int, topology: str, servers: int, out: dict) -> Non
     optimizer, _ = create_optimizer(model, "adamw", 1e-2, 0.05, device)
     precision = make_precision(device, False, False, "bf16", False)
     if topology == "builtin":
-        ddp = DDP(model)
+        ddp = DDP(model, find_unused_parameters=True)  # the engine's fixed bucket layout
     else:
         engine = DDPEngine(model, optimizer, precision, topology, servers, 1, None)
     gen = torch.Generator().manual_seed(100 + rank)  # every rank sees different data

@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         return usage_error(found)
     setup_logging(env.rank)
+    from trainer.checkpoint import ResumeError
     from trainer.train import Trainer, startup_errors
 
     try:
@@ -64,9 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         tdist.teardown_quietly()
         return usage_error([str(exc)])
     try:
-        return trainer.run()
-    finally:
+        code = trainer.run()
+    except ResumeError as exc:  # every rank raises it, before any step: a configuration error
         trainer.close()
+        return usage_error([str(exc)])
+    # Any other error is raised without close(): its barrier would fail too when a peer is gone
+    # (a rank killed, a full disk on one rank) and bury the cause under a gloo/NCCL traceback.
+    # Exiting closes this rank's sockets, so its peers fail at once instead of waiting.
+    trainer.close()
+    return code
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 STEP_PREFIX = "step_"
 
 
+class ResumeError(RuntimeError):
+    """The newest valid checkpoint cannot be resumed by this job (said before any step)."""
+
+
 class _HashingWriter:
     """File-like sink that hashes what torch.save writes, so the checksum costs no re-read."""
 
@@ -29,11 +33,18 @@ class _HashingWriter:
         self.fh = fh
         self.sha = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None
 
     def write(self, data) -> int:
         self.sha.update(data)
         self.size += len(data)
-        return self.fh.write(data)
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            # torch.save's zip writer reports a failed write as "unexpected pos": keep the
+            # real cause (ENOSPC, EIO, a quota) to raise instead.
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.fh.flush()
@@ -54,7 +65,12 @@ def atomic_torch_save(obj: Any, path: Path) -> dict[str, Any]:
     try:
         with open(tmp, "wb") as fh:
             writer = _HashingWriter(fh)
-            torch.save(obj, cast(IO[bytes], writer))
+            try:
+                torch.save(obj, cast(IO[bytes], writer))
+            except RuntimeError as exc:
+                if writer.error is not None:
+                    raise writer.error from exc
+                raise
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -256,7 +272,11 @@ class Checkpointer:
     def _raise_pending(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"checkpoint write failed: {error}") from error
+            raise RuntimeError(
+                f"checkpoint write failed under {self.root}: {error}; the previous "
+                "checkpoints are untouched (each file is written under a temporary name and "
+                "renamed only when complete)"
+            ) from error
 
     def _complete(self, directory: Path) -> bool:
         return all((directory / f"rank{r}.json").is_file() for r in range(self.world_size))
@@ -283,9 +303,19 @@ class Checkpointer:
         except (OSError, ValueError):
             return False
 
+    def saved_world_size(self, directory: Path) -> int | None:
+        """How many ranks wrote the checkpoint (rank 0's manifest says), None if unreadable."""
+        try:
+            return int(json.loads((directory / "rank0.json").read_text())["world_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def verify(self, directory: Path) -> str | None:
         """None if every rank's file matches its manifest, else the reason it is unusable."""
-        for r in range(self.world_size):
+        world = self.saved_world_size(directory)
+        if world is None:
+            return "rank0.json: missing or unreadable (an interrupted write)"
+        for r in range(world):  # the ranks that wrote it, whatever this job's size
             manifest_file = directory / f"rank{r}.json"
             try:
                 manifest = json.loads(manifest_file.read_text())
@@ -306,11 +336,36 @@ class Checkpointer:
         return None
 
     def agree_on_latest(self) -> Path | None:
-        """Rank 0 picks (it reads the shared storage once) and tells every rank."""
-        choice = [str(self.latest_valid()) if self.rank == 0 else None]
+        """Rank 0 picks (it reads the shared storage once) and tells every rank; every rank
+        raises ResumeError if the pick was written by another number of ranks."""
+        choice: list[str | None] = [None, None]
+        if self.rank == 0:
+            found = self.latest_valid()
+            choice = [str(found) if found else None, self._refusal(found) if found else None]
         if dist.is_initialized():
             dist.broadcast_object_list(choice, src=0)
-        return None if choice[0] in (None, "None") else Path(choice[0])
+        if choice[1]:
+            raise ResumeError(choice[1])
+        return None if choice[0] is None else Path(choice[0])
+
+    def _refusal(self, directory: Path) -> str | None:
+        """Why this job may not resume `directory`, or None.
+
+        Resuming on another world size is refused: the global batch (and with it the LR that
+        scales with it, the steps per epoch and so the LR schedule's position), the per-rank
+        files and DeepSpeed's ZeRO partitions all belong to the world size that wrote them.
+        The data position alone would carry over (the loader state counts global samples),
+        but the run would no longer be the one that was started.
+        """
+        saved = self.saved_world_size(directory)
+        if saved is None or saved == self.world_size:
+            return None
+        return (
+            f"checkpoint {directory} was written by {saved} ranks, this job has "
+            f"{self.world_size}: resume it with {saved} ranks (as many nodes x tasks as "
+            "before), or start over in a new run directory (--resume none, or --finetune "
+            "from it)"
+        )
 
     def load(self, directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         """(rank 0's shared training state, this rank's own state)."""

@@ -25,6 +25,7 @@ class CommState:
 
     world_size: int
     servers: tuple[int, ...] = ()
+    group: Any = None  # the parameter server's own process group (None: the default one)
     seconds: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -62,10 +63,12 @@ def ps_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[t
     start = time.perf_counter()
     buffer = _scale_like_builtin(bucket, state.world_size)
     server = state.servers[bucket.index() % len(state.servers)]
-    fut = cast(dist.Work, dist.reduce(buffer, dst=server, async_op=True)).get_future()
+    fut = cast(
+        dist.Work, dist.reduce(buffer, dst=server, group=state.group, async_op=True)
+    ).get_future()
 
     def broadcast(_: torch.futures.Future) -> torch.Tensor:
-        dist.broadcast(buffer, src=server)
+        dist.broadcast(buffer, src=server, group=state.group)
         state.record(start)
         return buffer
 
@@ -110,8 +113,24 @@ class DDPEngine:
         self.clip_grad = clip_grad
         device_ids = [precision.device.index] if precision.device.type == "cuda" else None
         wrapped = TrainForward(model) if token_label else model
-        self.ddp = DDP(wrapped, device_ids=device_ids)
+        # Exact resume needs one bucket layout for the whole run. DDP reduces a process's first
+        # iteration in one bucket of parameters in reverse order, then rebuilds its buckets in
+        # the order gradients became ready ("Reducer buckets have been rebuilt"): a resumed
+        # process would reduce its first step in the other layout. With 3+ ranks an element's
+        # place in the buffer sets the order in which the ring all-reduce adds the ranks'
+        # values, so the rounding (and every later parameter) would differ from an
+        # uninterrupted run. find_unused_parameters=True keeps DDP's initial size-capped
+        # layout for good (the reducer never rebuilds with it), at the cost of one autograd
+        # graph traversal per iteration (PyTorch DDP notes, "Internal Design").
+        self.ddp = DDP(wrapped, device_ids=device_ids, find_unused_parameters=True)
         self.comm = CommState(world, server_ranks(world, ps_servers) if topology == "ps" else ())
+        if topology == "ps":
+            # The broadcast runs in the reduce's completion callback, on a communication thread,
+            # while find_unused_parameters makes the reducer all-reduce its used-parameter map
+            # on the default group from the backward thread: on one group the two would be
+            # issued in different orders on different ranks and hang. A group of its own keeps
+            # each stream of collectives in one order.
+            self.comm.group = dist.new_group(backend=dist.get_backend())
         self.ddp.register_comm_hook(self.comm, ps_hook if topology == "ps" else ring_hook)
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:

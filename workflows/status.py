@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,8 +27,15 @@ _COMM_PATTERNS = re.compile(
     r"SignalException|Broken pipe",
     re.IGNORECASE,
 )
-# srun --label and similar prefixes ("3: ") in front of every line.
-_LABEL = re.compile(r"^\s*\d+:\s?")
+# srun --label and similar prefixes ("3: ", torch's "[rank3]: ") in front of every line.
+_LABEL = re.compile(r"^\s*(\d+:\s?|\[rank\d+\]:\s?)")
+# srun's report of a task that died of a signal: it left no traceback (kill -9, OOM killer).
+# srun says "task 1: Killed" for a signalled task, or "Exited with exit code 137" (128 + 9) when
+# a wrapper shell (bind.sh) reports its child's death by signal.
+_KILLED_TASK = re.compile(r"srun: error: (\S+): tasks? (\d+)[\d,-]*: (.+)")
+_EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
+_SIGNAL_NAMES = {"Killed": "SIGKILL", "Terminated": "SIGTERM"}
+_SIGNUMS = {int(s) for s in signal.Signals}
 _RESTART = re.compile(r"restart[_-]?(\d+)", re.IGNORECASE)
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
@@ -119,14 +127,45 @@ def root_cause(log_dir: Path) -> Traceback | None:
     """The first non-communication traceback across the rank logs (else the first one at all)."""
     if not log_dir.is_dir():
         return None
-    tracebacks = [
-        tb
-        for p in sorted(log_dir.iterdir(), key=_log_order)
-        if p.is_file()
-        for tb in find_tracebacks(p)
-    ]
+    # Only the (re)start that failed: an earlier one ended by a requeue may have left harmless
+    # tracebacks at exit (multiprocessing's resource tracker) that would mask the cause.
+    files = [p for p in sorted(log_dir.iterdir(), key=_log_order) if p.is_file()]
+    newest = min((_log_order(p)[0] for p in files), default=0)
+    files = [p for p in files if _log_order(p)[0] == newest or not _RESTART.search(p.name)]
+    tracebacks = [tb for p in files for tb in find_tracebacks(p)]
     real = [tb for tb in tracebacks if not tb.communication]
-    return next(iter(real or tracebacks), None)
+    if real:
+        return real[0]
+    return _killed_task(files) or next(iter(tracebacks), None)
+
+
+def _killed_task(files: list[Path]) -> Traceback | None:
+    """A rank that srun saw die of a signal (its peers then fail in collectives)."""
+    for path in (p for p in files if p.name.startswith("sbatch-")):
+        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            match = _KILLED_TASK.search(line)
+            name = _signal_of(match.group(3).strip()) if match else None
+            if match and name:
+                node, task = match.group(1), match.group(2)
+                exception = (
+                    f"rank {task} on {node} was killed by {name}: no Python traceback, it was "
+                    "stopped from outside (kill -9, the OOM killer, a node failure)"
+                )
+                return Traceback(
+                    str(path), lineno, f"{line.strip()}\n{exception}", exception, False
+                )
+    return None
+
+
+def _signal_of(how: str) -> str | None:
+    """The signal in srun's words for a task's end ('Killed', 'Exited with exit code 137')."""
+    code = _EXIT_CODE.match(how)
+    if code is None:
+        return _SIGNAL_NAMES.get(how, how)
+    signum = int(code.group(1)) - 128
+    if signum not in _SIGNUMS:
+        return None  # an ordinary exit status: that rank's log has the traceback
+    return signal.Signals(signum).name
 
 
 def first_error_line(log_dir: Path) -> str | None:

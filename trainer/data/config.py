@@ -41,9 +41,9 @@ class DataConfig:
     interpolation: str = "bicubic"
     """Resize filter of both loaders: 'bicubic' (VOLO's) or 'bilinear' (faster, see benchmarks)."""
     auto_augment: str | None = "rand-m9-mstd0.5-inc1"
-    """timm RandAugment string (torch loader); None or '' turns it off."""
+    """timm RandAugment string (both loaders; DALI: rand-* policies); None or '' turns it off."""
     reprob: float = 0.25
-    """Random-erasing probability, the recipe's CutOut (torch loader)."""
+    """Random-erasing probability, the recipe's CutOut (both loaders)."""
     num_classes: int | None = None
     """None: taken from the data; given: must match the data."""
     token_label: bool = False

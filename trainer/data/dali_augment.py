@@ -1,19 +1,16 @@
-"""The recipe's RandAugment and CutOut (random erasing) as DALI operators, as timm sets them."""
+"""The recipe's RandAugment and CutOut (random erasing) as DALI operators, as timm sets them;
+every random choice comes from the host (trainer.data.draws), not from DALI's RNG."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from nvidia.dali import fn as _fn
-from nvidia.dali import math as _dmath
 from nvidia.dali.auto_aug import rand_augment as dali_rand_augment
+from nvidia.dali.auto_aug.core import select, signed_bin
 
 fn: Any = _fn  # DALI generates its operators at import time; typed loosely for mypy
-dmath: Any = _dmath
 TIMM_MAX_LEVEL = 10  # timm's RandAugment magnitudes run 0..10
-ERASE_AREA = (0.02, 1 / 3)  # timm RandomErasing defaults
-ERASE_LOG_ASPECT = (math.log(0.3), math.log(1 / 0.3))
 
 
 def rand_augment_params(policy: str) -> tuple[int, int]:
@@ -33,28 +30,38 @@ def rand_augment_params(policy: str) -> tuple[int, int]:
     return layers, min(magnitude, TIMM_MAX_LEVEL)
 
 
-def rand_augment(images: Any, policy: str) -> Any:
-    """RandAugment on HWC uint8 images; DALI's 11 magnitude bins are timm's levels 0..10."""
+def rand_augment_suite() -> list:
+    """DALI's RandAugment operators (its default suite, as `rand_augment.rand_augment` uses)."""
+    return dali_rand_augment.get_rand_augment_suite()
+
+
+def rand_augment(images: Any, policy: str, ops: Any, signs: Any) -> Any:
+    """RandAugment on HWC uint8 images with operators and signs chosen on the host.
+
+    `ops` and `signs` are per-sample int32 vectors of length n (trainer.data.draws): the same
+    composition as DALI's `apply_rand_augment`, with its `fn.random` draws replaced by inputs.
+    DALI's 11 magnitude bins are timm's levels 0..10.
+    """
     layers, magnitude = rand_augment_params(policy)
-    return dali_rand_augment.rand_augment(
-        images, n=layers, m=magnitude, num_magnitude_bins=TIMM_MAX_LEVEL + 1
-    )
+    if layers == 0:
+        return images
+    suite = rand_augment_suite()
+    magnitudes = signed_bin(magnitude, random_sign=signs)
+    for level in range(layers):
+        images = select(
+            suite, ops[level], data=images, magnitude_bin=magnitudes[level],
+            num_magnitude_bins=TIMM_MAX_LEVEL + 1, fill_value=128, interp_type=None,
+        )  # fmt: skip
+    return images
 
 
-def cutout(images: Any, probability: float) -> Any:
-    """Erase one random rectangle (2%..33% of the area, aspect 0.3..3.3) per image with
-    `probability`, filled with 0 = the mean colour of the normalized CHW float images."""
-    area = fn.random.uniform(range=ERASE_AREA)
-    aspect = dmath.exp(fn.random.uniform(range=ERASE_LOG_ASPECT))
-    height = dmath.min(dmath.sqrt(area * aspect), 1.0)
-    width = dmath.min(dmath.sqrt(area / aspect), 1.0)
-    top = fn.random.uniform(range=(0.0, 1.0)) * (1.0 - height)
-    left = fn.random.uniform(range=(0.0, 1.0)) * (1.0 - width)
-    keep = fn.random.coin_flip(probability=probability)  # 0: an empty rectangle, nothing erased
+def cutout(images: Any, anchor: Any, shape: Any) -> Any:
+    """Erase the host-drawn rectangle ((top, left), (height, width) as fractions; (0, 0) for
+    none) of the normalized CHW float images, filled with 0 = the mean colour."""
     return fn.erase(
         images,
-        anchor=fn.stack(top, left),
-        shape=fn.stack(height * keep, width * keep),
+        anchor=anchor,
+        shape=shape,
         normalized_anchor=True,
         normalized_shape=True,
         axis_names="HW",

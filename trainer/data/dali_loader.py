@@ -6,6 +6,9 @@ iteration (external_source -> io.file.read), so it can start mid-epoch, end with
 batch and keep every rank at the same number of steps, which DALI's own
 `readers.file(shard_id, num_shards)` split cannot do. Up to `prefetch_queue_depth` batches
 are in flight while the trainer computes.
+Training augmentation is exact across restarts: the crop window, flip, RandAugment operators and
+signs and the CutOut box of every sample are drawn on the host from (seed, epoch, index)
+(draws.py) and fed in beside the paths; the graph holds no random operator.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from nvidia.dali.tensors import TensorListCPU, TensorListGPU
 from PIL import Image
 
 from trainer.data.config import DataConfig
-from trainer.data.dali_augment import cutout, rand_augment
+from trainer.data.dali_augment import cutout, rand_augment, rand_augment_params, rand_augment_suite
+from trainer.data.draws import SampleDraws, draw
 from trainer.data.loader import Batch, CorruptImageError, Loader
 from trainer.data.sources import Split
 
@@ -39,30 +43,60 @@ INTERP = {"bicubic": types.INTERP_CUBIC, "bilinear": types.INTERP_LINEAR}
 TORCH_DTYPES = {types.FLOAT: torch.float32, types.INT64: torch.int64}
 
 
+# external_source outputs: paths and sample ids, then (training) the host-drawn decisions
+# of draws.SampleDraws that this configuration uses: field -> (DALI dtype, ndim).
+_INPUTS = {"path": (types.UINT8, 1), "id": (types.INT64, 0)}
+_DRAWS = {"crop_anchor": (types.FLOAT, 1), "crop_shape": (types.FLOAT, 1),
+          "mirror": (types.INT32, 0), "ops": (types.INT32, 1), "signs": (types.INT32, 1),
+          "erase_anchor": (types.FLOAT, 1), "erase_shape": (types.FLOAT, 1)}  # fmt: skip
+
+
+def source_fields(cfg: DataConfig, train: bool) -> list[str]:
+    """The external_source outputs, in order (DALI warns about outputs a graph leaves unused)."""
+    if not train:
+        return list(_INPUTS)
+    fields = [*_INPUTS, "crop_anchor", "crop_shape", "mirror"]
+    fields += (
+        ["ops", "signs"] if cfg.auto_augment and rand_augment_params(cfg.auto_augment)[0] else []
+    )
+    return fields + (["erase_anchor", "erase_shape"] if cfg.reprob > 0 else [])
+
+
 @pipeline_def(enable_conditionals=True)  # RandAugment picks its operators with conditionals
 def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool):
-    """Read, decode, random-resized-crop + flip (train) or resize + center-crop (val), normalize."""
-    paths, sample_ids = fn.external_source(
-        source=source, num_outputs=2, dtype=[types.UINT8, types.INT64], ndim=[1, 0]
+    """Read, decode the crop window + resize + flip (train) or resize + center-crop (val),
+    normalize. Training takes every random decision from the host (see draws.py)."""
+    names = source_fields(cfg, train)
+    layout = [{**_INPUTS, **_DRAWS}[name] for name in names]
+    outputs = fn.external_source(
+        source=source,
+        num_outputs=len(layout),
+        dtype=[d for d, _ in layout],
+        ndim=[n for _, n in layout],
     )
+    # A plain loop: DALI's conditionals (autograph) rewrite zip() without its strict= flag.
+    inputs = {name: outputs[i] for i, name in enumerate(names)}
+    paths, sample_ids = inputs["path"], inputs["id"]
     encoded = fn.io.file.read(paths)
     decoder = "mixed" if gpu else "cpu"
     size = cfg.img_size
     interp = INTERP[cfg.interpolation]
     if train:
-        images = fn.decoders.image_random_crop(
+        # Decodes only the window (ROI decode), like decoders.image_random_crop did.
+        images = fn.decoders.image_slice(
             encoded,
+            inputs["crop_anchor"],
+            inputs["crop_shape"],
             device=decoder,
             output_type=types.RGB,
-            random_area=list(cfg.scale),
-            random_aspect_ratio=list(cfg.ratio),
-            num_attempts=10,
+            normalized_anchor=False,
+            normalized_shape=False,
+            axis_names="WH",
         )
         images = fn.resize(images, resize_x=size, resize_y=size, interp_type=interp)
-        if cfg.auto_augment:
-            images = rand_augment(images, cfg.auto_augment)
-        mirror = fn.random.coin_flip(probability=cfg.hflip)
-        crop = None
+        if "ops" in inputs:
+            images = rand_augment(images, str(cfg.auto_augment), inputs["ops"], inputs["signs"])
+        mirror, crop = inputs["mirror"], None
     else:
         images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
         shorter = math.floor(size / cfg.crop_pct)  # as timm's eval transform
@@ -77,8 +111,8 @@ def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool):
         std=[255 * s for s in cfg.std],
         mirror=mirror,
     )
-    if train and cfg.reprob > 0:
-        images = cutout(images, cfg.reprob)
+    if "erase_anchor" in inputs:
+        images = cutout(images, inputs["erase_anchor"], inputs["erase_shape"])
     return images, sample_ids
 
 
@@ -91,6 +125,7 @@ class DaliLoader(Loader):
         super().__init__(split, cfg, rank, world_size, train)
         assert split.files is not None
         self.device_id = torch.cuda.current_device() if torch.cuda.is_available() else None
+        self._files = split.files
         self._paths = [np.frombuffer(p.encode(), dtype=np.uint8) for p in split.files]
         self._labels = torch.from_numpy(split.labels)
         self._pipe: Pipeline | None = None
@@ -98,6 +133,14 @@ class DaliLoader(Loader):
         self._queue: deque[np.ndarray] = deque()  # planned batches not yet given to DALI
         self._in_flight: deque[np.ndarray] = deque()  # given to DALI, outputs not yet taken
         self._builds = 0
+        self._sizes: dict[int, tuple[int, int]] = {}  # (width, height) from the JPEG header
+        self._draw_epoch = 0  # the epoch whose augmentation the queued batches get
+        layers = rand_augment_params(cfg.auto_augment)[0] if train and cfg.auto_augment else 0
+        num_ops = len(rand_augment_suite()) if layers else 1
+        self._fields = source_fields(cfg, train)
+        self._draw_args: dict[str, Any] = dict(scale=cfg.scale, ratio=cfg.ratio, hflip=cfg.hflip,
+                                               layers=layers, num_ops=num_ops,
+                                               reprob=cfg.reprob)  # fmt: skip
 
     def _iter_batches(self, batches: list[np.ndarray]) -> Iterator[Batch]:
         self._prepare(batches)
@@ -115,13 +158,28 @@ class DaliLoader(Loader):
                 raise RuntimeError("DALI returned a batch out of order")  # a bug, not bad data
             yield _to_torch(images), self._labels[indices], indices
 
-    def _source(self) -> tuple[list[np.ndarray], list[np.int64]]:
+    def _source(self) -> tuple[list[Any], ...]:
         """Called by DALI (running ahead of the trainer) for the next batch's inputs."""
         if not self._queue:
             raise StopIteration
         batch = self._queue.popleft()
         self._in_flight.append(batch)
-        return [self._paths[i] for i in batch], [np.int64(i) for i in batch]
+        paths = [self._paths[i] for i in batch]
+        ids = [np.int64(i) for i in batch]
+        if not self.train:
+            return paths, ids
+        draws = [self._draws(int(i)) for i in batch]
+        out: list[list[Any]] = [paths, ids]
+        for name in self._fields[2:]:
+            dtype = np.int32 if _DRAWS[name][0] == types.INT32 else np.float32
+            out.append([np.array(getattr(d, name), dtype) for d in draws])
+        return tuple(out)
+
+    def _draws(self, index: int) -> SampleDraws:
+        size = self._sizes.get(index)
+        if size is None:
+            size = self._sizes[index] = _image_size(self._files[index])
+        return draw(self.cfg.seed, self._draw_epoch, index, size, **self._draw_args)
 
     def _prepare(self, batches: list[np.ndarray]) -> None:
         """Have a pipeline ready to read `batches`: built once, reset between passes."""
@@ -134,8 +192,11 @@ class DaliLoader(Loader):
                     break
             self._pipe.reset()
         self._queue, self._in_flight = deque(batches), deque()
+        self._draw_epoch = self.epoch
         if self._pipe is None:
             self._builds += 1
+            # No random operator is left in the pipeline; the seed only keeps DALI's own
+            # default from depending on anything.
             seed = np.random.default_rng([self.cfg.seed, self.rank, self._builds]).integers(2**31)
             self._pipe = image_pipeline(
                 source=_WeakSource(self),
@@ -175,7 +236,7 @@ class _WeakSource:
     def __init__(self, loader: DaliLoader):
         self._loader = weakref.ref(loader)
 
-    def __call__(self) -> tuple[list[np.ndarray], list[np.int64]]:
+    def __call__(self) -> tuple[list[Any], ...]:
         loader = self._loader()
         if loader is None:
             raise StopIteration
@@ -192,6 +253,16 @@ def _to_torch(batch: TensorListCPU | TensorListGPU) -> torch.Tensor:
     )
     stream = torch.cuda.current_stream() if out.is_cuda else None
     return feed_ndarray(tensor, out, cuda_stream=stream)
+
+
+def _image_size(path: str) -> tuple[int, int]:
+    """(width, height) from the file header (no decode); 1x1 for a file PIL cannot read (the
+    decoder then fails on it and the corrupt-file handling takes over)."""
+    try:
+        with Image.open(path) as img:
+            return img.size
+    except (OSError, ValueError, SyntaxError):
+        return (1, 1)
 
 
 def _decodes(path: str) -> bool:

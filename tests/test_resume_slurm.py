@@ -1,0 +1,193 @@
+"""Exact resume on the real local Slurm (2 nodes x 2 ranks), on both loaders.
+
+Live jobs are signalled as a cluster does it: `scancel --signal=USR2` (what `--signal=USR2@grace`
+delivers to every process of the job step) and SIGTERM (what preemption and `scontrol requeue`
+send), at the first steps of an epoch, at an epoch boundary and mid-epoch while an asynchronous
+checkpoint is being written, twice in one run. Each ends with the final parameters, the
+optimizer state and every rank's logged per-step losses of an uninterrupted job, bit for bit.
+A rank killed with SIGKILL fails its job with the cause in `make status`; resubmitting the
+same script resumes from the last complete checkpoint and still ends bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from workflows.profile import PROFILE_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# volo_tiny on digits at 32 px, 2 epochs of 23 steps (1433 images, 4 ranks x 16): every
+# random augmentation of the recipe on (random resized crop, flip, RandAugment, CutOut).
+COMMON = "--workers 1 --log-interval 1000 --epochs 2 --warmup-epochs 1 --drop-path 0.1"
+STEPS_PER_EPOCH = 23
+# loader -> (ARGS, events): (signal, at or after this step). "KILL" is SIGKILL to one rank.
+JOBS = {
+    # USR2 in the first steps of epoch 0, SIGTERM at the end of epoch 0 (lands in the last
+    # step, the evaluation, the epoch-end checkpoint or the first steps of epoch 1).
+    "dali": ("--loader dali --checkpoint-every 5", [("USR2", 2), ("TERM", STEPS_PER_EPOCH)]),
+    # A checkpoint every step, written in the background while the next step runs: USR2 lands
+    # with one in flight. Then rank 1 is SIGKILLed mid-step in epoch 1.
+    "torch": ("--loader torch --workers 0 --checkpoint-every 1", [("USR2", 12), ("KILL", 30)]),
+}
+
+
+def _profile(tmp_path: Path, data: Path) -> Path:
+    profile = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    profile["storage"] = {**profile["storage"], "data": str(data)}
+    path = tmp_path / "localslurm.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def _make_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    return {**env, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
+
+
+def _submit(tmp_path: Path, profile: Path, args: str) -> tuple[str, Path]:
+    out = subprocess.run(
+        ["make", "-s", "pretrain", f"CLUSTER={profile}", "MODEL=volo_tiny", f"ARGS={args}"],
+        cwd=REPO, env=_make_env(tmp_path), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = re.search(r"submitted batch job (\d+)", out.stdout)
+    assert job, out.stdout
+    return job[1], Path(out.stdout.strip().splitlines()[-1]).parent
+
+
+def _last_step(run: Path) -> int:
+    path = run / "metrics" / "rank0.jsonl"
+    if not path.is_file():
+        return 0
+    steps = [json.loads(x)["step"] for x in path.read_text().splitlines() if '"kind": "step"' in x]
+    return max(steps, default=0)
+
+
+def _wait_until(what: str, check, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _kill_rank(job: str, rank: int) -> int:
+    """SIGKILL the trainer process of `rank` of `job` (all nodes are this host)."""
+    want = {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={rank}".encode()}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if cmd[1:3] == [b"-m", b"trainer"] and want <= env:
+            os.kill(int(pid), signal.SIGKILL)
+            return int(pid)
+    raise AssertionError(f"no trainer process of job {job} rank {rank}")
+
+
+def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, int]]) -> str:
+    """Deliver `events` to the live job; returns the final state of the job that finished it."""
+    restart = 0
+    for sig, step in events:
+        _wait_until(f"job {job} step {step}", lambda s=step: _last_step(run) >= s)  # type: ignore[misc]
+        if sig == "KILL":
+            _kill_rank(job, 1)
+            assert slurm.wait(job, timeout=900) == "FAILED"
+            status = subprocess.run(
+                ["make", "-s", "status", f"RUN={run}"], cwd=REPO, env=_make_env(tmp_path),
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert "FAILED" in status.stdout, status.stdout + status.stderr
+            assert "rank 1" in status.stdout and "SIGKILL" in status.stdout, status.stdout
+            # Resubmitting the kept script resumes from the last complete checkpoint.
+            out = subprocess.run(["sbatch", "--parsable", str(run / "job.sbatch")],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            job, restart = out.stdout.strip().split(";")[0], -1
+            continue
+        subprocess.run(["scancel", f"--signal={sig}", job], check=True)
+        restart += 1
+        log = run / "logs" / f"train-{job}-restart{restart}-rank0.log"
+        _wait_until(f"restart {restart} of job {job}", log.is_file)
+    return slurm.wait(job, timeout=900)
+
+
+def _losses(run: Path) -> dict[tuple[int, int], float]:
+    """(rank, step) -> loss; a step redone after a resume from an older checkpoint keeps its
+    last record (the one the finished run's parameters came from)."""
+    out = {}
+    for path in sorted((run / "metrics").glob("rank*.jsonl")):
+        for record in map(json.loads, path.read_text().splitlines()):
+            if record["kind"] == "step":
+                out[record["rank"], record["step"]] = record["loss"]
+    return out
+
+
+def _last_checkpoint(run: Path) -> dict:
+    newest = sorted((run / "checkpoints").glob("step_*"))[-1]
+    return torch.load(newest / "rank0.pt", map_location="cpu", weights_only=False)
+
+
+def _differences(reference: Path, resumed: Path) -> dict[str, list]:
+    want = torch.load(reference / "final" / "model.pt", weights_only=True)
+    got = torch.load(resumed / "final" / "model.pt", weights_only=True)
+    assert want.keys() == got.keys()
+    a, b = _last_checkpoint(reference), _last_checkpoint(resumed)
+    assert a["step"] == b["step"] == 2 * STEPS_PER_EPOCH
+    moments = [
+        (i, k)
+        for i, state in a["optimizer"]["state"].items()
+        for k, value in state.items()
+        if not torch.equal(value, b["optimizer"]["state"][i][k])
+    ]
+    la, lb = _losses(reference), _losses(resumed)
+    assert len(la) == 4 * 2 * STEPS_PER_EPOCH and la.keys() == lb.keys()
+    return {
+        "parameters": [k for k in want if not torch.equal(want[k], got[k])],
+        "optimizer": moments,
+        "losses": sorted(k for k in la if la[k] != lb[k]),
+    }
+
+
+def test_preempted_jobs_end_bit_identical_to_uninterrupted_ones(
+    local_slurm, digits_dir: Path, tmp_path: Path
+) -> None:
+    profile = _profile(tmp_path, digits_dir.parent)
+    jobs = {}
+    for loader, (args, events) in JOBS.items():
+        jobs[loader] = (
+            _submit(tmp_path, profile, f"{COMMON} {args}"),  # the reference, never stopped
+            _submit(tmp_path, profile, f"{COMMON} {args}"),
+            events,
+        )
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        ends = {
+            loader: pool.submit(_drive, local_slurm, tmp_path, *stopped, events)
+            for loader, (_, stopped, events) in jobs.items()
+        }
+        states = {loader: future.result() for loader, future in ends.items()}
+    for loader, ((ref_job, reference), (_, resumed), _) in jobs.items():
+        assert states[loader] == "COMPLETED", loader
+        assert local_slurm.wait(ref_job, timeout=900) == "COMPLETED", loader
+        assert _differences(reference, resumed) == {
+            "parameters": [],
+            "optimizer": [],
+            "losses": [],
+        }, loader
+    # Each requeue kept its own logs, and the resumed ranks said where they resumed from.
+    dali_run = jobs["dali"][1][1]
+    assert len(list((dali_run / "logs").glob("train-*-restart2-rank*.log"))) == 4
+    assert (
+        "resumed from" in next((dali_run / "logs").glob("train-*-restart2-rank0.log")).read_text()
+    )
