@@ -12,8 +12,8 @@ from workflows import topology
 from workflows.pipeline import Pipeline, PipelineError
 from workflows.profile import PROFILE_DIR
 
-# Augmentation that draws no random numbers, as in the trainer's exact-resume test: a resumed
-# torch DataLoader takes one extra draw from the global RNG, so random crops would differ.
+# Augmentation that draws no random numbers (kept simple; both loaders now resume exactly with
+# random crops on too: tests/test_resume_slurm.py).
 COMMON = "--workers 0 --loader torch -b 16 --seed 3 --log-interval 10"
 COMMON += " --aa rand-n0-m0 --reprob 0 --hflip 0 --scale 1 1"
 PRETRAIN = "--epochs 3 --warmup-epochs 0 --checkpoint-every 0"
