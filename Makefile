@@ -18,8 +18,10 @@ BATCH ?=
 ACCUM ?= 1
 IMAGE ?=
 TESTS ?= tests
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS VENV
-export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE
+DATA ?=
+OUT ?=
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TESTS VENV DATA OUT
+export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE DATA OUT
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -31,10 +33,10 @@ WF := $(PY) -m workflows
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
-        container slurm-up slurm-down bench
+        container slurm-up slurm-down bench shards
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report container slurm-up slurm-down bench"
+	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report container slurm-up slurm-down bench shards"
 	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE="
 
 setup:
@@ -83,6 +85,11 @@ slurm-up:
 
 slurm-down:
 	bash workflows/localslurm/down.sh
+
+# Pack an image folder (or CIFAR/digits: ARGS="--dataset cifar10") into webdataset tar shards.
+shards:
+	@test -n "$$DATA" -a -n "$$OUT" || { echo "usage: make shards DATA=<dataset root> OUT=<folder> [ARGS='--resize 256 --samples-per-shard 1000 --dataset folder']" >&2; exit 2; }
+	$(PY) -m trainer.data.shards "$$DATA" "$$OUT" $$ARGS
 
 bench:
 	$(PY) benchmarks/checkpoint_stall.py

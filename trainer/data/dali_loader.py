@@ -40,12 +40,13 @@ TORCH_DTYPES = {types.FLOAT: torch.float32, types.INT64: torch.int64}
 
 
 @pipeline_def(enable_conditionals=True)  # RandAugment picks its operators with conditionals
-def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool):
+def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool, shards: bool = False):
     """Read, decode, random-resized-crop + flip (train) or resize + center-crop (val), normalize."""
     paths, sample_ids = fn.external_source(
         source=source, num_outputs=2, dtype=[types.UINT8, types.INT64], ndim=[1, 0]
     )
-    encoded = fn.io.file.read(paths)
+    # Shards hand over the encoded bytes themselves (read from an open tar); files their path.
+    encoded = paths if shards else fn.io.file.read(paths)
     decoder = "mixed" if gpu else "cpu"
     size = cfg.img_size
     interp = INTERP[cfg.interpolation]
@@ -89,9 +90,9 @@ class DaliLoader(Loader):
 
     def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool):
         super().__init__(split, cfg, rank, world_size, train)
-        assert split.files is not None
+        assert split.files is not None or split.shards is not None
         self.device_id = torch.cuda.current_device() if torch.cuda.is_available() else None
-        self._paths = [np.frombuffer(p.encode(), dtype=np.uint8) for p in split.files]
+        self._paths = [np.frombuffer(p.encode(), dtype=np.uint8) for p in split.files or []]
         self._labels = torch.from_numpy(split.labels)
         self._pipe: Pipeline | None = None
         self._used = False  # the pipeline ran a pass and needs reset() before the next
@@ -121,6 +122,11 @@ class DaliLoader(Loader):
             raise StopIteration
         batch = self._queue.popleft()
         self._in_flight.append(batch)
+        if self.split.shards is not None:
+            read = self.split.shards.read
+            return [np.frombuffer(read(int(i)), dtype=np.uint8) for i in batch], [
+                np.int64(i) for i in batch
+            ]
         return [self._paths[i] for i in batch], [np.int64(i) for i in batch]
 
     def _prepare(self, batches: list[np.ndarray]) -> None:
@@ -142,6 +148,7 @@ class DaliLoader(Loader):
                 cfg=self.cfg,
                 train=self.train,
                 gpu=self.device_id is not None,
+                shards=self.split.shards is not None,
                 batch_size=self.cfg.batch_size,
                 num_threads=max(1, self.cfg.workers),
                 device_id=self.device_id,
@@ -153,7 +160,8 @@ class DaliLoader(Loader):
 
     def _drop_corrupt(self, pending: list[np.ndarray], err: RuntimeError) -> list[np.ndarray]:
         """Find the undecodable files of the failed batches; fail naming them, or drop them."""
-        assert self.split.files is not None
+        if self.split.files is None:  # shards: the failing sample is named by DALI's error
+            raise err
         suspects = np.concatenate(pending[: PREFETCH + 1])
         bad = {int(i) for i in suspects if not _decodes(self.split.files[int(i)])}
         if not bad:
