@@ -49,11 +49,12 @@ def make_folders(root: Path, batch: int, ranks: int, steps: tuple[int, int]) -> 
     """One ImageNet-layout folder per step count; the shorter one's files are the longer's first."""
     from loader import write_jpegs
 
-    pool = write_jpegs(root / "pool", batch * ranks * max(steps))
+    needed = batch * ranks * max(steps)
+    pool = write_jpegs(root / f"pool{needed}", needed)  # write_jpegs reuses a complete folder
     files = sorted((pool / "train").glob("*/*.jpg"), key=lambda p: p.name)
     out = {}
     for count in steps:
-        folder = root / f"steps{count}x{batch}x{ranks}"
+        folder = root / f"steps{count}x{batch}x{ranks}-of{needed}"
         if not (folder / ".complete").is_file():
             shutil.rmtree(folder, ignore_errors=True)
             for split, chosen in (("train", files[: batch * ranks * count]), ("val", files[:4])):
@@ -85,6 +86,8 @@ def timm_command(peer: Path, data: Path, out: Path, a: argparse.Namespace, ranks
         "--train-split", "train", "--val-split", "", "--eval-metric", "loss",
         "--log-interval", str(a.log_interval), "--output", str(out), "--experiment", "run",
         *TIMM_AMP[precision],
+        # timm's train.py gives --img-size to the data only; the model gets it as a kwarg
+        "--model-kwargs", f"img_size={a.img_size}",
     ]  # fmt: skip
 
 
@@ -112,6 +115,17 @@ def timed(command: list[str], log: Path) -> float:
     if done.returncode != 0:
         raise RuntimeError(f"exit {done.returncode}: {shlex.join(command)}; see {log}")
     return seconds
+
+
+def check_steps(name: str, out: Path, count: int) -> None:
+    """Both programs really trained `count` steps (a folder too small would time nothing)."""
+    if name == "vitpod":
+        done = json.loads((out / "summary.json").read_text())["steps"]
+    else:  # timm logs "Train: 0 [ idx/updates_per_epoch" on its last batch
+        log = (out / "log.txt").read_text()
+        done = count if f"[{count - 1:>4d}/{count} " in log else -1
+    if done != count:
+        raise RuntimeError(f"{name} trained {done} steps, expected {count}; see {out}")
 
 
 def fit(short: float, long: float, steps: tuple[int, int]) -> dict[str, float]:
@@ -162,6 +176,7 @@ def main() -> None:
                         else:
                             cmd = ours_command(folders[count], out, a, ranks, precision, extra)
                         seconds.append(timed(cmd, out / "log.txt"))
+                        check_steps(name, out, count)
                         shutil.rmtree(out / "run", ignore_errors=True)  # timm's checkpoints
                         shutil.rmtree(out / "checkpoints", ignore_errors=True)
                     rounds[name].append({**fit(seconds[0], seconds[1], steps),
@@ -170,7 +185,7 @@ def main() -> None:
                           f"{rounds[name][-1]}", flush=True)  # fmt: skip
             configs.append(summarize(ranks, precision, rounds, a.batch))
             print(json.dumps(configs[-1]["summary"]), flush=True)
-    write(a, timm_model, extra, steps, configs)
+            write(a, timm_model, extra, steps, configs)  # after each: a cut run keeps its part
 
 
 def summarize(ranks: int, precision: str, rounds: dict, batch: int) -> dict:
