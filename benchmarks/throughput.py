@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -84,7 +85,7 @@ def timm_command(peer: Path, data: Path, out: Path, a: argparse.Namespace, ranks
         "--reprob", "0.25", "--remode", "pixel", "--smoothing", "0.1",
         "--drop-path", str(a.drop_path), "--train-interpolation", "bicubic",
         "--train-split", "train", "--val-split", "", "--eval-metric", "loss",
-        "--log-interval", str(a.log_interval), "--output", str(out), "--experiment", "run",
+        "--log-interval", "1", "--output", str(out), "--experiment", "run",
         *TIMM_AMP[precision],
         # timm's train.py gives --img-size to the data only; the model gets it as a kwarg
         "--model-kwargs", f"img_size={a.img_size}",
@@ -128,6 +129,16 @@ def check_steps(name: str, out: Path, count: int) -> None:
         raise RuntimeError(f"{name} trained {done} steps, expected {count}; see {out}")
 
 
+def own_step_times(name: str, out: Path) -> list[float]:
+    """Each step's seconds as the program logged it (vitpod: metrics/rank0.jsonl; timm: the
+    'Time:' of its log lines, every step with --log-interval 1). A second, load-robust view:
+    the wall-time slope mixes in whatever the machine's other users did between two runs."""
+    if name == "vitpod":
+        lines = (out / "metrics" / "rank0.jsonl").read_text().splitlines()
+        return [r["time"]["step"] for r in map(json.loads, lines) if r["kind"] == "step"]
+    return [float(m) for m in re.findall(r"Time: ([0-9.]+)s", (out / "log.txt").read_text())]
+
+
 def fit(short: float, long: float, steps: tuple[int, int]) -> dict[str, float]:
     per_step = (long - short) / (steps[1] - steps[0])
     return {"t_short_s": short, "t_long_s": long, "s_per_step": per_step,
@@ -147,7 +158,12 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1])
     parser.add_argument("--precision", nargs="+", default=["bf16", "fp32"], choices=list(TIMM_AMP))
     parser.add_argument("--ours-args", default="", help="extra trainer flags, e.g. '--compile'")
-    parser.add_argument("--log-interval", type=int, default=50, help="both programs")
+    parser.add_argument(
+        "--log-interval",
+        type=int,
+        default=50,
+        help="vitpod metrics lines (timm logs every step for its step times)",
+    )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "vitpod-tp")
     parser.add_argument("--out", type=Path, default=RESULTS)
     a = parser.parse_args()
@@ -167,7 +183,7 @@ def main() -> None:
             for round_ in range(a.rounds):
                 order = ["timm", "vitpod"] if round_ % 2 == 0 else ["vitpod", "timm"]
                 for name in order:
-                    seconds = []
+                    seconds, own = [], []
                     for count in steps:
                         out = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=logs))
                         if name == "timm":
@@ -177,10 +193,12 @@ def main() -> None:
                             cmd = ours_command(folders[count], out, a, ranks, precision, extra)
                         seconds.append(timed(cmd, out / "log.txt"))
                         check_steps(name, out, count)
+                        own.append(own_step_times(name, out))
                         shutil.rmtree(out / "run", ignore_errors=True)  # timm's checkpoints
                         shutil.rmtree(out / "checkpoints", ignore_errors=True)
                     rounds[name].append({**fit(seconds[0], seconds[1], steps),
-                                         "load_1min": os.getloadavg()[0]})  # fmt: skip
+                                         "load_1min": os.getloadavg()[0],
+                                         "logged_step_s": own})  # fmt: skip
                     print(f"ranks {ranks} {precision} round {round_} {name}: "
                           f"{rounds[name][-1]}", flush=True)  # fmt: skip
             configs.append(summarize(ranks, precision, rounds, a.batch))
@@ -192,6 +210,9 @@ def summarize(ranks: int, precision: str, rounds: dict, batch: int) -> dict:
     slope = {name: statistics.median(r["s_per_step"] for r in rs) for name, rs in rounds.items()}
     fixed = {name: statistics.median(r["fixed_s"] for r in rs) for name, rs in rounds.items()}
     images = batch * ranks
+    # Logged steps after each run's first (the warm-up step), pooled over runs and rounds.
+    logged = {name: statistics.median(s for r in rs for run in r["logged_step_s"] for s in run[1:])
+              for name, rs in rounds.items()}  # fmt: skip
     summary = {
         "ranks": ranks, "precision": precision,
         "timm_images_per_s": images / slope["timm"],
@@ -199,6 +220,8 @@ def summarize(ranks: int, precision: str, rounds: dict, batch: int) -> dict:
         "ratio_vs_timm": slope["timm"] / slope["vitpod"],
         "timm_fixed_s": fixed["timm"], "vitpod_fixed_s": fixed["vitpod"],
         "meets_goal": slope["timm"] / slope["vitpod"] >= GOAL,
+        "logged_median_step_s": logged,
+        "ratio_vs_timm_logged_steps": logged["timm"] / logged["vitpod"],
     }  # fmt: skip
     return {"summary": summary, "rounds": rounds}
 
