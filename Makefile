@@ -23,8 +23,10 @@ SHARDS ?=
 TOKEN_LABELS ?=
 TESTS ?= tests
 FOLLOW ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW VENV
-export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS
+DATA ?=
+OUT ?=
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT VENV
+export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS DATA OUT
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -38,11 +40,11 @@ FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
-        container slurm-up slurm-down bench calibrate token-labels
+        container slurm-up slurm-down bench calibrate token-labels shards
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo)"
+	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels shards container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards)"
 
 setup:
 	bash scripts/setup.sh
@@ -101,6 +103,11 @@ slurm-up:
 
 slurm-down:
 	bash workflows/localslurm/down.sh
+
+# Pack an image folder (or CIFAR/digits: ARGS="--dataset cifar10") into webdataset tar shards.
+shards:
+	@test -n "$$DATA" -a -n "$$OUT" || { echo "usage: make shards DATA=<dataset root> OUT=<folder> [ARGS='--resize 256 --samples-per-shard 1000 --dataset folder']" >&2; exit 2; }
+	$(PY) -m trainer.data.shards "$$DATA" "$$OUT" $$ARGS
 
 bench:
 	$(PY) benchmarks/checkpoint_stall.py

@@ -31,7 +31,9 @@ class TrainConfig:
     dataset: str = field(
         default="folder",
         metadata=_arg(
-            "data", "data source", choices=("folder", "cifar10", "cifar100", "digits", "synthetic")
+            "data",
+            "data source",
+            choices=("folder", "cifar10", "cifar100", "digits", "synthetic", "shards"),
         ),
     )
     loader: str = field(
@@ -437,7 +439,7 @@ def _finetune_problems(cfg: TrainConfig) -> list[str]:
 
 def _path_problems(cfg: TrainConfig) -> list[str]:
     out: list[str] = []
-    needs_dir = cfg.dataset == "folder"
+    needs_dir = cfg.dataset in ("folder", "shards")
     if needs_dir and not cfg.data_dir:
         out.append("DATA_DIR missing: pass the dataset root as the first argument")
     elif needs_dir and not os.path.isdir(str(cfg.data_dir)):

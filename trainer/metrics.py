@@ -27,26 +27,35 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+def topk_counts(
+    logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...] = (1, 5)
+) -> torch.Tensor:
+    """Number of samples whose target is among the top-k logits, for each k (on the device)."""
+    maxk = min(max(ks), logits.shape[1])
+    top = logits.topk(maxk, dim=1).indices
+    hits = top.eq(targets.view(-1, 1))
+    return torch.stack([hits[:, : min(k, maxk)].any(dim=1).sum() for k in ks])
+
+
 def topk_correct(
     logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...] = (1, 5)
 ) -> list[int]:
     """Number of samples whose target is among the top-k logits, for each k."""
-    maxk = min(max(ks), logits.shape[1])
-    top = logits.topk(maxk, dim=1).indices
-    hits = top.eq(targets.view(-1, 1))
-    return [int(hits[:, : min(k, maxk)].any(dim=1).sum()) for k in ks]
+    return [int(v) for v in topk_counts(logits, targets, ks).tolist()]
 
 
 class StepTimer:
-    """Wall-clock phases of one optimizer step (CUDA-synchronised so GPU time is not misplaced)."""
+    """Wall-clock phases of one optimizer step; with `sync`, CUDA-synchronised at each phase so
+    GPU time is not misplaced (without it the phases time the host's dispatch only)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, sync: bool = True) -> None:
         self.device = device
+        self.sync = sync and device.type == "cuda"
         self.times = dict.fromkeys(PHASES, 0.0)
         self._mark = time.perf_counter()
 
     def lap(self, phase: str) -> None:
-        if self.device.type == "cuda":
+        if self.sync:
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         self.times[phase] += now - self._mark

@@ -19,7 +19,7 @@ from trainer import dist as tdist
 from trainer.config import TrainConfig
 from trainer.exitcodes import OK, REQUEUE
 from trainer.mesh import local_param_bytes, max_over_ranks
-from trainer.metrics import MetricsLogger, StepTimer, topk_correct
+from trainer.metrics import MetricsLogger, StepTimer, topk_counts
 from trainer.models import create_model, load_finetune, model_manifest
 from trainer.optim import create_optimizer, create_schedule, current_lr
 from trainer.parallel import parallelize
@@ -133,6 +133,8 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.throughput = {"images": 0.0, "seconds": 0.0}
         self.steps_this_process = 0
+        self._pending: list[tuple[int, int, int, torch.Tensor, float, dict, bool]] = []
+        self.log_every = max(1, cfg.log_interval)
 
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
@@ -200,7 +202,7 @@ class Trainer:
     def _train_epoch(self) -> str:
         cfg, engine = self.cfg, self.engine
         self.model.train()
-        timer, micro = StepTimer(self.device), 0
+        timer, micro = self._timer(), 0
         for images, targets in self.train_loader:
             timer.lap("data")
             reseed_for_step(cfg.seed, self.data_rank, self.step, micro)
@@ -225,20 +227,29 @@ class Trainer:
             self.checkpointer.fence()  # a checkpoint's host copy must finish before params change
             engine.step()
             timer.lap("optimizer")
-            self._record_step(loss.item(), timer.finish(engine.comm_seconds()))
-            micro, timer = 0, StepTimer(self.device)
+            self._record_step(loss.detach(), timer.finish(engine.comm_seconds()))
+            micro, timer = 0, self._timer()
             if self.preemption.agreed():
+                self._flush_steps()
                 return "preempted"
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self._flush_steps()
                 self._save(epoch_end=False, overlap=True)
             if self._reached_max_steps():
+                self._flush_steps()
                 return "max_steps"
         engine.optimizer.zero_grad(set_to_none=True)  # an incomplete accumulation is dropped
         if engine.pipelined:
             engine.discard_partial()
+        self._flush_steps()
         return "epoch_end"
 
-    def _record_step(self, loss: float, times: dict[str, float]) -> None:
+    def _timer(self) -> StepTimer:
+        # A CUDA synchronize per phase would stall the host every step; only the steps that end
+        # a log interval are timed exactly (the others time the host, the GPU catches up later).
+        return StepTimer(self.device, sync=(self.step + 1) % self.log_every == 0)
+
+    def _record_step(self, loss: torch.Tensor, times: dict[str, float]) -> None:
         cfg = self.cfg
         self.step += 1
         # Counted per process, so the warm-up after a restart is left out too.
@@ -250,7 +261,25 @@ class Trainer:
             self.throughput["images"] += images * self.data_world / self.env.world_size
             self.throughput["seconds"] += times["step"]
         lr = current_lr(self.engine.optimizer)
-        self.metrics.step(self.step, self.epoch, images, loss, lr, times, warmup)
+        self._pending.append((self.step, self.epoch, images, loss, lr, times, warmup))
+        if self.step % self.log_every == 0:
+            self._flush_steps()
+
+    def _flush_steps(self) -> None:
+        """Write the buffered steps' records with one device-to-host copy of their losses.
+
+        `loss.item()` every step is a host sync per step on a GPU (the PyTorch performance
+        tuning guide: avoid unnecessary CPU-GPU synchronization); the losses stay on the
+        device until a log interval, a checkpoint or the end of the epoch, and every step
+        still gets its own exact loss in metrics/rank<R>.jsonl.
+        """
+        if not self._pending:
+            return
+        losses = torch.stack([p[3] for p in self._pending]).float().tolist()
+        for record, loss in zip(self._pending, losses, strict=True):
+            step, epoch, images, _, lr, times, warmup = record
+            self.metrics.step(step, epoch, images, loss, lr, times, warmup)
+        self._pending.clear()
 
     def _reached_max_steps(self) -> bool:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
@@ -262,7 +291,8 @@ class Trainer:
         model = self.engine.model
         model.eval()
         dtype = next(model.parameters()).dtype
-        totals = torch.zeros(4, dtype=torch.float64)  # loss sum, top1, top5, count
+        # Summed on the device: one host sync for the whole pass, not one per batch.
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, top1, top5, n
         for images, targets in self.val_loader:
             with self.precision.autocast():
                 out = self.engine.eval_forward(self.precision.prepare_input(images).to(dtype))
@@ -270,10 +300,11 @@ class Trainer:
                 continue
             logits = out.float()
             targets = targets.to(self.device)
-            top1, top5 = topk_correct(logits, targets)
             loss = nn.functional.cross_entropy(logits, targets, reduction="sum")
-            totals += torch.tensor([loss.item(), top1, top5, len(targets)], dtype=torch.float64)
-        totals = totals.to(self.device)
+            counts = topk_counts(logits, targets)
+            totals += torch.stack(
+                [loss.double(), *counts.double(), totals.new_tensor(len(targets))]
+            )
         dist.all_reduce(totals)
         loss_sum, top1, top5, count = totals.tolist()
         count = max(count, 1.0)

@@ -55,8 +55,8 @@ def choose_loader(cfg: DataConfig, data: Split, train: bool) -> str:
 
 
 def _dali_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
-    if data.kind != "files":
-        return f"dataset '{cfg.dataset}' is not image files (DALI reads JPEG files)"
+    if data.kind not in ("files", "shards"):
+        return f"dataset '{cfg.dataset}' is not encoded images (DALI decodes JPEG/PNG)"
     if train and cfg.token_label:
         return "token labeling needs the crop boxes of the torch loader"
     try:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-DATASETS = ("folder", "cifar10", "cifar100", "digits", "synthetic")
+DATASETS = ("folder", "cifar10", "cifar100", "digits", "synthetic", "shards")
 LOADERS = ("dali", "torch", "auto")
 CORRUPT_POLICIES = ("skip", "fail")
 INTERPOLATIONS = ("bicubic", "bilinear")
@@ -24,7 +24,8 @@ class DataConfig:
 
     data_dir: str = ""
     """Root of the data: ImageNet layout (train/, val/ of class folders), the CIFAR pickle
-    folder, or where the digits JPEGs are written. Unused for 'synthetic'."""
+    folder, where the digits JPEGs are written, or packed shards (shards.py). Unused for
+    'synthetic'."""
     dataset: str = "folder"
     img_size: int = 224
     batch_size: int = 32

@@ -13,6 +13,7 @@ signs and the CutOut box of every sample are drawn on the host from (seed, epoch
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import weakref
@@ -63,7 +64,7 @@ def source_fields(cfg: DataConfig, train: bool) -> list[str]:
 
 
 @pipeline_def(enable_conditionals=True)  # RandAugment picks its operators with conditionals
-def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool):
+def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool, shards: bool = False):
     """Read, decode the crop window + resize + flip (train) or resize + center-crop (val),
     normalize. Training takes every random decision from the host (see draws.py)."""
     names = source_fields(cfg, train)
@@ -77,7 +78,8 @@ def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool):
     # A plain loop: DALI's conditionals (autograph) rewrite zip() without its strict= flag.
     inputs = {name: outputs[i] for i, name in enumerate(names)}
     paths, sample_ids = inputs["path"], inputs["id"]
-    encoded = fn.io.file.read(paths)
+    # Shards hand over the encoded bytes themselves (read from an open tar); files their path.
+    encoded = paths if shards else fn.io.file.read(paths)
     decoder = "mixed" if gpu else "cpu"
     size = cfg.img_size
     interp = INTERP[cfg.interpolation]
@@ -123,10 +125,10 @@ class DaliLoader(Loader):
 
     def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool):
         super().__init__(split, cfg, rank, world_size, train)
-        assert split.files is not None
+        assert split.files is not None or split.shards is not None
         self.device_id = torch.cuda.current_device() if torch.cuda.is_available() else None
         self._files = split.files
-        self._paths = [np.frombuffer(p.encode(), dtype=np.uint8) for p in split.files]
+        self._paths = [np.frombuffer(p.encode(), dtype=np.uint8) for p in split.files or []]
         self._labels = torch.from_numpy(split.labels)
         self._pipe: Pipeline | None = None
         self._used = False  # the pipeline ran a pass and needs reset() before the next
@@ -164,7 +166,11 @@ class DaliLoader(Loader):
             raise StopIteration
         batch = self._queue.popleft()
         self._in_flight.append(batch)
-        paths = [self._paths[i] for i in batch]
+        if self.split.shards is not None:
+            read = self.split.shards.read
+            paths = [np.frombuffer(read(int(i)), dtype=np.uint8) for i in batch]
+        else:
+            paths = [self._paths[i] for i in batch]
         ids = [np.int64(i) for i in batch]
         if not self.train:
             return paths, ids
@@ -178,7 +184,12 @@ class DaliLoader(Loader):
     def _draws(self, index: int) -> SampleDraws:
         size = self._sizes.get(index)
         if size is None:
-            size = self._sizes[index] = _image_size(self._files[index])
+            if self.split.shards is not None:
+                source: Any = io.BytesIO(self.split.shards.read(index))
+            else:
+                assert self._files is not None
+                source = self._files[index]
+            size = self._sizes[index] = _image_size(source)
         return draw(self.cfg.seed, self._draw_epoch, index, size, **self._draw_args)
 
     def _prepare(self, batches: list[np.ndarray]) -> None:
@@ -203,6 +214,7 @@ class DaliLoader(Loader):
                 cfg=self.cfg,
                 train=self.train,
                 gpu=self.device_id is not None,
+                shards=self.split.shards is not None,
                 batch_size=self.cfg.batch_size,
                 num_threads=max(1, self.cfg.workers),
                 device_id=self.device_id,
@@ -214,7 +226,8 @@ class DaliLoader(Loader):
 
     def _drop_corrupt(self, pending: list[np.ndarray], err: RuntimeError) -> list[np.ndarray]:
         """Find the undecodable files of the failed batches; fail naming them, or drop them."""
-        assert self.split.files is not None
+        if self.split.files is None:  # shards: the failing sample is named by DALI's error
+            raise err
         suspects = np.concatenate(pending[: PREFETCH + 1])
         bad = {int(i) for i in suspects if not _decodes(self.split.files[int(i)])}
         if not bad:
@@ -255,7 +268,7 @@ def _to_torch(batch: TensorListCPU | TensorListGPU) -> torch.Tensor:
     return feed_ndarray(tensor, out, cuda_stream=stream)
 
 
-def _image_size(path: str) -> tuple[int, int]:
+def _image_size(path: Any) -> tuple[int, int]:
     """(width, height) from the file header (no decode); 1x1 for a file PIL cannot read (the
     decoder then fails on it and the corrupt-file handling takes over)."""
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,12 +38,15 @@ class Split:
     files: list[str] | None = None
     arrays: np.ndarray | None = None
     root: Path | None = None
+    shards: Any = None  # a shards.ShardReader: encoded images packed in tar files
 
     def __len__(self) -> int:
         return len(self.labels)
 
     @property
     def kind(self) -> str:
+        if self.shards is not None:
+            return "shards"
         return (
             "files"
             if self.files is not None
@@ -63,6 +67,8 @@ def load_split(cfg: DataConfig, split: str) -> Split:
         raise DataSourceError(f"split={split!r}: choose one of {', '.join(SPLITS)}")
     if cfg.dataset == "synthetic":
         result = _synthetic_split(cfg, split)
+    elif cfg.dataset == "shards":
+        result = shard_split(Path(cfg.data_dir), split)
     elif cfg.dataset in CIFAR_LAYOUT:
         result = _cifar_split(Path(cfg.data_dir), cfg.dataset, split)
     else:
@@ -119,6 +125,18 @@ def folder_split(root: Path, split: str) -> Split:
         files.extend(str(p) for p in images)
         labels.extend([label] * len(images))
     return Split(split, classes, np.asarray(labels, dtype=np.int64), files=files, root=root)
+
+
+def shard_split(root: Path, split: str) -> Split:
+    """`root/split/` written by `make shards` (index.json, samples.npy, shard-*.tar)."""
+    from trainer.data.shards import INDEX, ShardReader
+
+    if not (root / split / INDEX).is_file():
+        raise DataSourceError(
+            f"{root / split / INDEX} is missing: write shards with `make shards DATA=... OUT=...`"
+        )
+    reader = ShardReader(root / split)
+    return Split(split, reader.index["classes"], reader.labels, root=root, shards=reader)
 
 
 def _class_names(folder: Path) -> list[str]:

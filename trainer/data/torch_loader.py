@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import random
 from collections.abc import Callable, Iterator
@@ -66,10 +67,15 @@ class SplitDataset(Dataset):
         label = int(self.split.labels[index])
         if self.split.arrays is not None:
             return index, self.transform(Image.fromarray(self.split.arrays[index])), label
-        assert self.split.files is not None
-        path = self.split.files[index]
+        source: Any
+        if self.split.shards is not None:  # a seek in an open tar file, not an open per image
+            path = self.split.shards.path(index)
+            source = io.BytesIO(self.split.shards.read(index))
+        else:
+            assert self.split.files is not None
+            path = source = self.split.files[index]
         try:
-            with Image.open(path) as raw:
+            with Image.open(source) as raw:
                 img = raw.convert("RGB")
         except (OSError, ValueError, SyntaxError) as err:
             if self.corrupt == "fail":
