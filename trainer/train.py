@@ -96,9 +96,10 @@ class Trainer:
         seed_everything(cfg.seed)
         resolve_num_classes(cfg)
         self.model = self._build_model()
-        self.precision = make_precision(
-            self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, cfg.channels_last
-        )
+        # FSDP2 shards contiguous parameters only: fully_shard refuses channels_last conv weights
+        # (found on an H100, where channels_last is the default; CPU runs never convert).
+        nhwc = False if cfg.fsdp else cfg.channels_last
+        self.precision = make_precision(self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, nhwc)
         self.model = prepare_model(self.model, self.precision, cfg.compile)
         self.criterion = make_criterion(cfg)
         self.engine = parallelize(
