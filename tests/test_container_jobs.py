@@ -19,6 +19,7 @@ import yaml
 from tests.fixtures_container import unprivileged_user
 from tests.fixtures_slurm import FINISHED, preempted_once_python
 from workflows import cli
+from workflows.plan import plan_job
 from workflows.profile import PROFILE_DIR
 from workflows.rankinfo import PREFIX
 
@@ -139,7 +140,7 @@ def test_home_is_mounted_only_when_asked(pyxis_image, tmp_path, mount_home):
         ["--cluster", str(profile), "--model", "volo_tiny", "--entry", "rankinfo"]
         + ["--run-root", str(tmp_path / "runs")]
     )
-    flags = list(cli.prepare(ns).plan.srun_args)
+    flags = list(plan_job(cli.request(ns)).launch.srun_args)
     flags = [f for f in flags if not f.startswith(("--mpi", "--wait"))]
     marker = Path.home() / f".vitpod-home-marker-{os.getpid()}"
     marker.write_text("host home\n")

@@ -51,8 +51,9 @@ def wait_for(path: Path, timeout: float) -> None:
 
 def test_report_appears_by_itself_with_failed_points(local_slurm, tmp_path, capsys):
     study_dir = tmp_path / "failing"
-    # Every point's trainer refuses the flag and exits 2: both array tasks end FAILED.
-    assert scaling.main(study_argv(study_dir, "1 2", "--no-such-trainer-flag")) == 0
+    # Every point's trainer finds 10 classes in the data, not 3, and exits 2 (a mismatch only
+    # the data reveals; the planner refuses bad flags before submission): both tasks FAILED.
+    assert scaling.main(study_argv(study_dir, "1 2", "--num-classes 3")) == 0
     out = capsys.readouterr().out
     assert "submitted report job" in out and "afterany:" in out
     html = study_dir / "report" / "report.html"
@@ -77,7 +78,7 @@ def test_report_appears_by_itself_with_failed_points(local_slurm, tmp_path, caps
     )  # fmt: skip
     assert shown.returncode != 0, shown.stdout  # failed points: the command exits 1
     assert "failed points (shown as failed in the report): 1 GPU(s), 2 GPU(s)" in shown.stdout
-    assert "no-such-trainer-flag" in shown.stdout
+    assert "10 classes" in shown.stdout
     assert shown.stdout.strip().splitlines()[-1] == f"report: {html}"
 
 

@@ -172,12 +172,12 @@ def test_empty_model_names_the_pipeline_after_the_profile_default(tmp_path):
 
 
 def test_status_reads_the_manifest_a_submission_writes(tmp_path):
-    from workflows.status import _stages_of
+    from workflows.status import stages_of
 
     plan = plan_job(Request(cluster="localslurm", run_root=str(tmp_path / "runs")))
     plan.run_dir.mkdir(parents=True)
     (plan.run_dir / "manifest.json").write_text(json.dumps(plan.manifest(["4242"])))
-    [(stage, run_dir, ids, _)] = _stages_of(plan.run_dir)
+    [(stage, run_dir, ids, _)] = stages_of(plan.run_dir)
     assert (stage, run_dir, ids) == ("pretrain", plan.run_dir, ["4242"])
 
 

@@ -67,7 +67,7 @@ def test_failed_points_are_reported_not_dropped(local_slurm, tmp_path, capsys):
     study_dir = tmp_path / "failing"
     argv = [
         "--cluster", "localslurm", "--model", "volo_tiny", "--mode", "weak", "--gpus", "1 2",
-        "--batch", "8", "--study-dir", str(study_dir), "--args=--no-such-trainer-flag",
+        "--batch", "8", "--study-dir", str(study_dir), "--args=--num-classes 3",
         "--wait", "--timeout", "300",
     ]  # fmt: skip
     assert main(argv) == 1

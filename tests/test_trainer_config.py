@@ -82,7 +82,7 @@ def test_lr_scales_with_global_batch_unless_given() -> None:
 
 def test_global_batch_sets_per_rank_batch_or_refuses_to_split(capsys, monkeypatch) -> None:
     assert parse_args(["d", "--global-batch", "96"], world_size=3).batch_size == 32
-    with pytest.raises(ConfigError, match=r"--global-batch 100 does not divide over 3 rank"):
+    with pytest.raises(ConfigError, match=r"--global-batch 100 does not divide over 3 dp rank"):
         parse_args(["d", "--global-batch", "100"], world_size=3)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")

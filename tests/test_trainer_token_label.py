@@ -11,7 +11,7 @@ from trainer.models import create_model
 
 CONTRACT_STEP_KEYS = {
     "kind", "step", "epoch", "rank", "world_size", "batch_size", "loss", "lr", "images_per_s",
-    "time", "peak_mem_bytes", "warmup",
+    "time", "peak_mem_bytes", "warmup", "total_steps", "wall_time",
 }  # fmt: skip
 
 
