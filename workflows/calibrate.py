@@ -24,9 +24,9 @@ from workflows.cli import materialize
 from workflows.errors import ConfigError
 from workflows.plan import JobPlan, Request, plan_job
 from workflows.profile import load_profile, profile_path
-from workflows.rundir import RUN_ROOT_ENV, new_run_path, remove_run_dir, runs_root, write_json
+from workflows.rundir import RUN_ROOT_ENV, new_run_path, runs_root, write_json
 from workflows.spec import COMMBENCH_OUT
-from workflows.submission import sbatch
+from workflows.submission import sbatch_run
 
 DEFAULT_MODEL = "volo_tiny"  # the planner wants a recipe; the benchmark ignores it
 
@@ -81,11 +81,7 @@ def submit(plan: JobPlan) -> tuple[Path, str]:
     """Create the run directory (script, bind.sh, manifest) and sbatch it; (run dir, job id)."""
     checks = preflight.check(plan, render_hint="(calibration needs a Slurm login node)")
     script = materialize(plan, plan.manifest(preflight=checks))
-    try:
-        job_id = sbatch(script)
-    except ConfigError:
-        remove_run_dir(script.parent)
-        raise
+    job_id = sbatch_run(script)
     write_json(script.parent / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks))
     return script.parent, job_id
 

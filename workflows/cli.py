@@ -21,7 +21,7 @@ from workflows.rundir import (
     write_atomic,
     write_json,
 )
-from workflows.submission import sbatch
+from workflows.submission import sbatch_run
 
 # Each command's `main(argv) -> int`, imported only when used, so one area's missing module
 # breaks only its own command.
@@ -130,11 +130,7 @@ def submit_main(argv: list[str]) -> int:
     script = materialize(plan, plan.manifest(preflight=checks))
     if plan.profile.scheduler == "local":
         return _run_local(plan, script)
-    try:
-        job_id = sbatch(script)
-    except ConfigError:
-        remove_run_dir(script.parent)
-        raise
+    job_id = sbatch_run(script)
     write_json(script.parent / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks))
     _print_decisions(plan)
     print(f"submitted batch job {job_id}")

@@ -27,8 +27,8 @@ from workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
 from workflows.preflight import whole_number
 from workflows.profile import Profile, load_profile, resolve_path
 from workflows.recipe import load_recipe
-from workflows.rundir import RUN_ROOT_ENV, new_run_path, remove_run_dir, runs_root, write_json
-from workflows.submission import sbatch
+from workflows.rundir import RUN_ROOT_ENV, new_run_path, runs_root, write_json
+from workflows.submission import sbatch_run
 
 LABELER_ARGV_START = 3  # command = (python, -m, trainer.label, DATA_DIR, flags...)
 
@@ -209,11 +209,7 @@ def launch(job: LabelJob) -> str | None:
         if rc:
             raise ConfigError(f"labeling failed (status {rc}); see {script.parent / 'logs'}")
         return None
-    try:
-        job_id = sbatch(script)
-    except ConfigError:
-        remove_run_dir(script.parent)
-        raise
+    job_id = sbatch_run(script)
     write_json(script.parent / runfiles.MANIFEST, job.manifest([job_id]))
     print(f"submitted array job {job_id}", flush=True)
     return job_id

@@ -32,7 +32,7 @@ from workflows.rundir import (
     write_json,
 )
 from workflows.spec import JobSpec, launch_plan
-from workflows.submission import sbatch
+from workflows.submission import sbatch_run
 from workflows.templating import render
 from workflows.topology import TopologyDecision, calibration_for
 
@@ -401,12 +401,8 @@ def main(argv: list[str]) -> int:
     if ns.render_only:
         print(script)
         return 0
-    try:
-        job_id = sbatch(script)
-    except ConfigError:
-        remove_run_dir(sweep.study_dir)
-        raise
-    write_json(sweep.study_dir / "study.json", {**sweep.study, "job_id": job_id})
+    job_id = sbatch_run(script)  # the script lies in the study directory
+    write_json(sweep.study_dir / runfiles.STUDY, {**sweep.study, "job_id": job_id})
     print(f"submitted array job {job_id} ({len(sweep.points)} points)")
     report_job = submit_report_job(sweep, job_id)
     study_arg = shlex.quote(str(sweep.study_dir))

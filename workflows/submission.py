@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 from workflows.errors import ConfigError
+from workflows.rundir import remove_run_dir
 
 
 def sbatch(script: Path) -> str:
@@ -20,3 +21,12 @@ def sbatch(script: Path) -> str:
     if out.returncode != 0:
         raise ConfigError(f"sbatch rejected {script}: {out.stderr.strip() or out.stdout.strip()}")
     return out.stdout.strip().split(";")[0]
+
+
+def sbatch_run(script: Path) -> str:
+    """sbatch a run directory's script; if sbatch rejects it, the run directory goes too."""
+    try:
+        return sbatch(script)
+    except ConfigError:
+        remove_run_dir(script.parent)
+        raise
