@@ -81,9 +81,16 @@ class TrainConfig:
         default=None, metadata=_arg("model", "checkpoint file/dir or run dir")
     )
     channels_last: bool | None = field(
-        default=None, metadata=_arg("model", "NHWC (default: on GPU)")
+        default=None, metadata=_arg("model", "NHWC (default: on, off with --fsdp)")
     )
     compile: bool = field(default=False, metadata=_arg("model", "torch.compile the model"))
+    attn: str = field(
+        default="auto",
+        metadata=_arg(
+            "model", "attention kernel (auto: fused on GPU, the faster one timed on CPU)",
+            choices=("auto", "fused", "math"),
+        ),
+    )  # fmt: skip
     # Precision
     amp: bool = field(default=False, metadata=_arg("precision", "torch.amp autocast"))
     apex_amp: bool = field(default=False, metadata=_arg("precision", "accepted; means torch.amp"))

@@ -41,8 +41,9 @@ def make_precision(
         log.info("--apex-amp: apex.amp no longer exists upstream; using torch.amp (%s)", amp_dtype)
     dtype = DTYPES[amp_dtype] if (amp or apex_amp) else None
     scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
-    # NHWC speeds up the conv stem on GPUs (tensor cores); on CPU it only adds copies.
-    nhwc = device.type == "cuda" if channels_last is None else channels_last
+    # NHWC is oneDNN's and cuDNN's native conv layout: measured on the 2-core EPYC, a VOLO-D1
+    # step at 224 px ran 5-8% faster (bf16 and fp32) with the stem's convs in channels_last.
+    nhwc = True if channels_last is None else channels_last
     return Precision(device=device, dtype=dtype, scaler=scaler, channels_last=nhwc)
 
 

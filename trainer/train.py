@@ -16,6 +16,7 @@ from torch import nn
 from registry import runfiles
 from trainer import checkpoint as ckpt
 from trainer import dist as tdist
+from trainer.attention import choose_kernel, set_kernel
 from trainer.config import TrainConfig
 from trainer.exitcodes import OK, REQUEUE
 from trainer.mesh import local_param_bytes, max_over_ranks
@@ -97,9 +98,12 @@ class Trainer:
         resolve_num_classes(cfg)
         self.model = self._build_model()
         # FSDP2 shards contiguous parameters only: fully_shard refuses channels_last conv weights
-        # (found on an H100, where channels_last is the default; CPU runs never convert).
+        # (found on an H100; channels_last is the default).
         nhwc = False if cfg.fsdp else cfg.channels_last
         self.precision = make_precision(self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, nhwc)
+        self.attention = choose_kernel(
+            self.model.to(self.device), cfg.attn, self.precision, cfg.batch_size, cfg.img_size
+        )
         self.model = prepare_model(self.model, self.precision, cfg.compile)
         self.criterion = make_criterion(cfg)
         self.engine = parallelize(
@@ -322,7 +326,7 @@ class Trainer:
         state: dict[str, Any] = {
             "step": self.step, "epoch": self.epoch, "epoch_end": epoch_end,
             "rng": ckpt.rng_state(), "loader": self.train_loader.state_dict(),
-            "mesh": self.mesh_shape,
+            "mesh": self.mesh_shape, "attention": self.attention,
         }  # fmt: skip
         if self.env.is_main:
             state.update(self.engine.state_dict(), scheduler=self.scheduler.state_dict())
@@ -361,6 +365,9 @@ class Trainer:
             log.warning("mesh %s -> %s: the loader restarts epoch %d from its first batch",
                         own["mesh"], self.mesh_shape, self.epoch)  # fmt: skip
         ckpt.set_rng_state(own["rng"])
+        if own.get("attention", self.attention) != self.attention:  # a re-timed choice may differ
+            self.attention = own["attention"]
+            set_kernel(self.engine.model, self.attention)
         log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
 
     def _finish(self) -> None:
@@ -391,7 +398,8 @@ class Trainer:
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
                     "steps": self.step, "images_per_s": float(images[0]) / max(seconds, 1e-9),
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
-                    "topology": self.engine.name, "corrupt_images": corrupt,
+                    "topology": self.engine.name, "attention": self.attention,
+                    "corrupt_images": corrupt,
                     "mesh": self.mesh_shape, "param_bytes_per_rank": int(param_bytes),
                 },
                 self.run_dir,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import multiprocessing
 import random
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -138,6 +140,19 @@ class _PlanSampler:
         return len(self.batches)
 
 
+def worker_context() -> str:
+    """fork, as timm's and torchvision's loaders do (the worker imports nothing), unless a
+    thread whose locks a worker could need runs here: a checkpoint writer (non-daemon) or
+    DALI's threads. The daemon writers of TensorBoard and W&B hold only their own queues'
+    locks, which a worker never takes. Otherwise forkserver: a clean process, torch and timm
+    preloaded, seconds slower to start."""
+    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if all(t.daemon for t in others) and "nvidia.dali" not in sys.modules:
+        return "fork"
+    multiprocessing.set_forkserver_preload(["torch", "timm", __name__])
+    return "forkserver"
+
+
 def _worker_init(_worker_id: int) -> None:
     torch.set_num_threads(1)
 
@@ -156,8 +171,6 @@ class TorchLoader(Loader):
 
     def _build(self) -> DataLoader:
         cfg = self.cfg
-        # Workers fork from a server that has these imported already (seconds saved per loader).
-        multiprocessing.set_forkserver_preload(["torch", "timm", __name__])
         if self._token_labels is not None:
             transform: Callable = BoxedTrainTransform(cfg)
         else:
@@ -171,9 +184,7 @@ class TorchLoader(Loader):
             pin_memory=torch.cuda.is_available(),
             worker_init_fn=_worker_init if cfg.workers else None,
             persistent_workers=cfg.workers > 0,
-            # fork would copy the locks of whatever threads run here (DALI, gloo, async
-            # checkpoint writers) and can deadlock a worker; forkserver forks a clean process
-            multiprocessing_context="forkserver" if cfg.workers else None,
+            multiprocessing_context=worker_context() if cfg.workers else None,
             prefetch_factor=2 if cfg.workers else None,
         )
 
