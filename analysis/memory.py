@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.mesh import Mesh
-from registry.models import MODELS, Vit, Volo, _linear, _volo_params, param_count
+from registry.models import MODELS, Vit, Volo, linear_params, param_count, volo_params
 from registry.models import arch_of as registry_arch
 
 PRECISIONS = ("fp32", "amp", "half")
@@ -59,11 +59,11 @@ def _vit_parts(a: Vit, img_size: int, num_classes: int) -> ParamParts:
     sharded = 3 * d * d + 3 * d + d * d + _pair(d, int(d * a.mlp_ratio))  # qkv, proj, MLP
     block = (sharded, 4 * d + 2 * d)  # norms; proj and fc2 biases
     first = 3 * a.patch_size**2 * d + d + d + tokens * d
-    return ParamParts((block,) * a.depth, first, 2 * d + _linear(d, num_classes))
+    return ParamParts((block,) * a.depth, first, 2 * d + linear_params(d, num_classes))
 
 
 def _volo_parts(a: Volo, img_size: int, num_classes: int) -> ParamParts:
-    total = _volo_params(a, img_size, num_classes)
+    total = volo_params(a, img_size, num_classes)
     h, e0, k4 = a.stem_hidden_dim, a.embed_dims[0], a.kernel**4
     first = 3 * h * 49 + 2 * 9 * h * h + 3 * 2 * h + h * e0 * (a.patch_size // 2) ** 2 + e0
     grid = img_size // a.patch_size // a.pooling_scale
@@ -72,7 +72,7 @@ def _volo_parts(a: Volo, img_size: int, num_classes: int) -> ParamParts:
     for i, n_blocks in enumerate(a.layers):
         d, m = a.embed_dims[i], a.num_heads[i]
         hidden = int(d * a.mlp_ratio)
-        attn = d * d + _linear(d, k4 * m) + d * d if a.outlook[i] else 3 * d * d + d * d
+        attn = d * d + linear_params(d, k4 * m) + d * d if a.outlook[i] else 3 * d * d + d * d
         blocks += [(attn + _pair(d, hidden), 6 * d)] * n_blocks
         if a.downsamples[i] and i + 1 < len(a.layers):  # replicated, after the stage's blocks
             sharded, kept = blocks[-1]

@@ -114,7 +114,8 @@ def timed(command: list[str], log: Path) -> float:
         done = subprocess.run(command, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"exit {done.returncode}: {shlex.join(command)}; see {log}")
+        errors = [ln for ln in log.read_text().splitlines() if "Error:" in ln]
+        raise RuntimeError(f"exit {done.returncode}: {errors[-1] if errors else ''} (see {log})")
     return seconds
 
 
@@ -179,31 +180,47 @@ def main() -> None:
     for ranks in a.ranks:
         folders = make_folders(a.data, a.batch, ranks, steps)
         for precision in a.precision:
-            rounds: dict[str, list[dict[str, float]]] = {"timm": [], "vitpod": []}
-            for round_ in range(a.rounds):
-                order = ["timm", "vitpod"] if round_ % 2 == 0 else ["vitpod", "timm"]
-                for name in order:
-                    seconds, own = [], []
-                    for count in steps:
-                        out = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=logs))
-                        if name == "timm":
-                            cmd = timm_command(a.peer, folders[count], out, a, ranks, precision,
-                                               timm_model)  # fmt: skip
-                        else:
-                            cmd = ours_command(folders[count], out, a, ranks, precision, extra)
-                        seconds.append(timed(cmd, out / "log.txt"))
-                        check_steps(name, out, count)
-                        own.append(own_step_times(name, out))
-                        shutil.rmtree(out / "run", ignore_errors=True)  # timm's checkpoints
-                        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-                    rounds[name].append({**fit(seconds[0], seconds[1], steps),
-                                         "load_1min": os.getloadavg()[0],
-                                         "logged_step_s": own})  # fmt: skip
-                    print(f"ranks {ranks} {precision} round {round_} {name}: "
-                          f"{rounds[name][-1]}", flush=True)  # fmt: skip
+            try:
+                rounds = measure(a, ranks, precision, folders, logs, steps, extra, timm_model)
+            except RuntimeError as err:  # e.g. timm's train.py cannot run DDP on CPU
+                print(f"ranks {ranks} {precision}: not measured: {err}", flush=True)
+                configs.append({"summary": {"ranks": ranks, "precision": precision,
+                                            "not_measured": str(err)}})  # fmt: skip
+                write(a, timm_model, extra, steps, configs)
+                continue
             configs.append(summarize(ranks, precision, rounds, a.batch))
             print(json.dumps(configs[-1]["summary"]), flush=True)
             write(a, timm_model, extra, steps, configs)  # after each: a cut run keeps its part
+
+
+def measure(
+    a: argparse.Namespace, ranks: int, precision: str, folders: dict[int, Path], logs: Path,
+    steps: tuple[int, int], extra: list[str], timm_model: str,
+) -> dict:  # fmt: skip
+    """Both programs, interleaved over the rounds; raises RuntimeError if one of them fails."""
+    rounds: dict[str, list[dict[str, float]]] = {"timm": [], "vitpod": []}
+    for round_ in range(a.rounds):
+        order = ["timm", "vitpod"] if round_ % 2 == 0 else ["vitpod", "timm"]
+        for name in order:
+            seconds, own = [], []
+            for count in steps:
+                out = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=logs))
+                if name == "timm":
+                    cmd = timm_command(a.peer, folders[count], out, a, ranks, precision,
+                                       timm_model)  # fmt: skip
+                else:
+                    cmd = ours_command(folders[count], out, a, ranks, precision, extra)
+                seconds.append(timed(cmd, out / "log.txt"))
+                check_steps(name, out, count)
+                own.append(own_step_times(name, out))
+                shutil.rmtree(out / "run", ignore_errors=True)  # timm's checkpoints
+                shutil.rmtree(out / "checkpoints", ignore_errors=True)
+            rounds[name].append({**fit(seconds[0], seconds[1], steps),
+                                 "load_1min": os.getloadavg()[0],
+                                 "logged_step_s": own})  # fmt: skip
+            print(f"ranks {ranks} {precision} round {round_} {name}: "
+                  f"{rounds[name][-1]}", flush=True)  # fmt: skip
+    return rounds
 
 
 def summarize(ranks: int, precision: str, rounds: dict, batch: int) -> dict:

@@ -161,16 +161,18 @@ def build(name: str, img_size: int, num_classes: int, drop_path: float = 0.0) ->
 # ---------------------------------------------------------------- parameter counts
 
 
-def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
+def linear_params(n_in: int, n_out: int, bias: bool = True) -> int:
+    """Parameters of an nn.Linear(n_in, n_out)."""
     return n_in * n_out + (n_out if bias else 0)
 
 
 def _mlp(dim: int, ratio: float) -> int:
     hidden = int(dim * ratio)
-    return _linear(dim, hidden) + _linear(hidden, dim)
+    return linear_params(dim, hidden) + linear_params(hidden, dim)
 
 
-def _volo_params(a: Volo, img_size: int, num_classes: int) -> int:
+def volo_params(a: Volo, img_size: int, num_classes: int) -> int:
+    """Parameters of timm's VOLO with architecture `a` (tested against the built model)."""
     h, e0, k4 = a.stem_hidden_dim, a.embed_dims[0], a.kernel**4
     stem = 3 * h * 49 + 2 * 9 * h * h + 3 * 2 * h  # 7x7, two 3x3 convs (no bias), 3 BatchNorms
     total = stem + h * e0 * (a.patch_size // 2) ** 2 + e0  # patch projection
@@ -180,27 +182,28 @@ def _volo_params(a: Volo, img_size: int, num_classes: int) -> int:
     for i, n_blocks in enumerate(a.layers):
         d, m = a.embed_dims[i], a.num_heads[i]
         if a.outlook[i]:
-            attn = d * d + _linear(d, k4 * m) + _linear(d, d)  # v (no bias), attention, proj
+            # v (no bias), attention, proj
+            attn = d * d + linear_params(d, k4 * m) + linear_params(d, d)
         else:
-            attn = 3 * d * d + _linear(d, d)  # qkv (no bias), proj
+            attn = 3 * d * d + linear_params(d, d)  # qkv (no bias), proj
         total += n_blocks * (4 * d + attn + _mlp(d, a.mlp_ratio))
         if a.downsamples[i] and i + 1 < len(a.layers):
             total += 4 * d * a.embed_dims[i + 1] + a.embed_dims[i + 1]
-    class_block = 4 * dim + 3 * dim * dim + _linear(dim, dim) + _mlp(dim, a.mlp_ratio)
+    class_block = 4 * dim + 3 * dim * dim + linear_params(dim, dim) + _mlp(dim, a.mlp_ratio)
     total += a.post_layers * class_block + dim  # class-attention blocks, cls token
-    return total + 2 * dim + 2 * _linear(dim, num_classes)  # final norm, aux head, head
+    return total + 2 * dim + 2 * linear_params(dim, num_classes)  # final norm, aux head, head
 
 
 def _vit_params(a: Vit, img_size: int, num_classes: int) -> int:
     d, tokens = a.embed_dim, (img_size // a.patch_size) ** 2 + 1
     total = 3 * a.patch_size**2 * d + d + d + tokens * d  # patch conv, cls token, pos_embed
-    block = 4 * d + _linear(d, 3 * d) + _linear(d, d) + _mlp(d, a.mlp_ratio)
-    return total + a.depth * block + 2 * d + _linear(d, num_classes)
+    block = 4 * d + linear_params(d, 3 * d) + linear_params(d, d) + _mlp(d, a.mlp_ratio)
+    return total + a.depth * block + 2 * d + linear_params(d, num_classes)
 
 
 def param_count(name: str, img_size: int = 224, num_classes: int = 1000) -> int:
     """Trainable parameters from the architecture arithmetic (equals timm's count, tested)."""
     arch = arch_of(name)
     if isinstance(arch, Volo):
-        return _volo_params(arch, img_size, num_classes)
+        return volo_params(arch, img_size, num_classes)
     return _vit_params(arch, img_size, num_classes)
