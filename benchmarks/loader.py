@@ -8,6 +8,7 @@ pipeline to the bare decode loop compares like with like. Run: python benchmarks
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -24,10 +25,11 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainer.data import DataConfig, create_loader  # noqa: E402
-from trainer.data.shards import write_shards  # noqa: E402
+from trainer.data.shards import ShardReader, write_shards  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "loader.json"
 GOAL = 0.8
+RESIZED = 256  # shorter side of the pre-resized shard copies (224 / 0.875, the eval resize)
 
 
 def write_jpegs(root: Path, count: int, seed: int = 0) -> Path:
@@ -73,6 +75,19 @@ def pil_decode(files: list[str]) -> Callable[[], int]:
             with Image.open(path) as img:
                 img.convert("RGB").load()
         return len(files)
+
+    return run
+
+
+def pil_decode_shards(folder: Path) -> Callable[[], int]:
+    """The bare PIL decode of every sample of a shard split (the pre-resized copies)."""
+    reader = ShardReader(folder)
+
+    def run() -> int:
+        for i in range(len(reader)):
+            with Image.open(io.BytesIO(reader.read(i))) as img:
+                img.convert("RGB").load()
+        return len(reader)
 
     return run
 
@@ -215,6 +230,13 @@ def main() -> None:
     if not (packed / "val" / "index.json").is_file():
         write_shards(str(root), str(packed), samples_per_shard=args.samples_per_shard)
     shards = dict(data_dir=str(packed), dataset="shards")
+    # Resize once: shards of copies whose shorter side is RESIZED px (bicubic), so each epoch
+    # decodes and resizes smaller images (the crops are then cut from the smaller copy).
+    resized = root.parent / (root.name + f"-shards-r{RESIZED}")
+    if not (resized / "val" / "index.json").is_file():
+        write_shards(str(root), str(resized), samples_per_shard=args.samples_per_shard,
+                     resize=RESIZED)  # fmt: skip
+    small = dict(data_dir=str(resized), dataset="shards")
     common = dict(data_dir=str(root), img_size=224, batch_size=args.batch, workers=0)
     recipe = dict(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
     plain = dict(auto_augment=None, reprob=0.0)
@@ -242,6 +264,16 @@ def main() -> None:
         "dali_cpu_crop_flip_bilinear_shards": loader_pass(
             DataConfig(**{**dali, **shards}, loader="dali", **bilinear)
         ),
+        f"bare_decode_pil_shards_r{RESIZED}": pil_decode_shards(resized / "train"),
+        f"torch_pil_recipe_shards_r{RESIZED}": loader_pass(
+            DataConfig(**{**common, **small}, loader="torch", **recipe)
+        ),
+        f"dali_cpu_recipe_shards_r{RESIZED}": loader_pass(
+            DataConfig(**{**dali, **small}, loader="dali", **recipe)
+        ),
+        f"dali_cpu_crop_flip_bilinear_shards_r{RESIZED}": loader_pass(
+            DataConfig(**{**dali, **small}, loader="dali", **bilinear)
+        ),
         "stage_dali_crop_decode": dali_stage(files, args.batch, "crop"),
         "stage_dali_crop_resize_bicubic": dali_stage(files, args.batch, "crop_resize_bicubic"),
         "stage_dali_crop_resize_bilinear": dali_stage(files, args.batch, "crop_resize_bilinear"),
@@ -267,7 +299,11 @@ def report(
     args: argparse.Namespace, files: list[str], results: dict[str, float], opens: dict[str, int]
 ) -> None:
     limit_name = max(("bare_decode_pil", "bare_decode_dali"), key=results.__getitem__)
-    pipelines = {k: v for k, v in results.items() if k.startswith(("torch", "dali"))}
+    pipelines = {k: v for k, v in results.items()
+                 if k.startswith(("torch", "dali")) and f"_r{RESIZED}" not in k}  # fmt: skip
+    once = max((f"torch_pil_recipe_shards_r{RESIZED}", f"dali_cpu_recipe_shards_r{RESIZED}"),
+               key=results.__getitem__)  # fmt: skip
+    own_limit = results[f"bare_decode_pil_shards_r{RESIZED}"]
     exact = {
         name: round(results[f"dali_cpu_{name}"] / results[f"legacy_dali_cpu_{name}"], 3)
         for name in ("recipe", "crop_flip")
@@ -288,6 +324,14 @@ def report(
         "best_pipeline": {"name": best_name, "images_per_s": results[best_name]},
         "ratio_best_to_bare_decode": round(results[best_name] / results[limit_name], 3),
         "ratio_recipe_to_bare_decode": round(results[recipe_name] / results[limit_name], 3),
+        "resize_once": {
+            "what": f"the recipe on shards of copies resized once to {RESIZED} px (shorter "
+            "side), `make shards ARGS='--resize 256'`; ratios to the original files' decode "
+            "limit and to the PIL decode of the resized copies themselves",
+            "recipe_best": {"name": once, "images_per_s": results[once]},
+            "ratio_to_files_decode_limit": round(results[once] / results[limit_name], 3),
+            "ratio_to_resized_decode": round(results[once] / own_limit, 3),
+        },
         "exact_resume_cost": {
             "ratio_to_legacy": exact,
             "what": "the DALI loader with every augmentation decision drawn on the host from "

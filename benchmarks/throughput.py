@@ -114,7 +114,8 @@ def timed(command: list[str], log: Path) -> float:
         done = subprocess.run(command, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        errors = [ln for ln in log.read_text().splitlines() if "Error:" in ln]
+        lines = log.read_text().splitlines()  # a rank's own error, not torchrun's summary
+        errors = [ln for ln in lines if "Error:" in ln and "ChildFailedError" not in ln]
         raise RuntimeError(f"exit {done.returncode}: {errors[-1] if errors else ''} (see {log})")
     return seconds
 

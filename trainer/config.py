@@ -87,7 +87,7 @@ class TrainConfig:
     attn: str = field(
         default="auto",
         metadata=_arg(
-            "model", "attention kernel (auto: fused on GPU, the faster one timed on CPU)",
+            "model", "attention kernel (auto: explicit under autocast on CPU, else fused)",
             choices=("auto", "fused", "math"),
         ),
     )  # fmt: skip

@@ -16,7 +16,7 @@ from torch import nn
 from registry import runfiles
 from trainer import checkpoint as ckpt
 from trainer import dist as tdist
-from trainer.attention import choose_kernel, set_kernel
+from trainer.attention import choose_kernel
 from trainer.config import TrainConfig
 from trainer.exitcodes import OK, REQUEUE
 from trainer.mesh import local_param_bytes, max_over_ranks
@@ -101,9 +101,7 @@ class Trainer:
         # (found on an H100; channels_last is the default).
         nhwc = False if cfg.fsdp else cfg.channels_last
         self.precision = make_precision(self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, nhwc)
-        self.attention = choose_kernel(
-            self.model.to(self.device), cfg.attn, self.precision, cfg.batch_size, cfg.img_size
-        )
+        self.attention = choose_kernel(self.model, cfg.attn, self.device, self.precision.dtype)
         self.model = prepare_model(self.model, self.precision, cfg.compile)
         self.criterion = make_criterion(cfg)
         self.engine = parallelize(
@@ -326,7 +324,7 @@ class Trainer:
         state: dict[str, Any] = {
             "step": self.step, "epoch": self.epoch, "epoch_end": epoch_end,
             "rng": ckpt.rng_state(), "loader": self.train_loader.state_dict(),
-            "mesh": self.mesh_shape, "attention": self.attention,
+            "mesh": self.mesh_shape,
         }  # fmt: skip
         if self.env.is_main:
             state.update(self.engine.state_dict(), scheduler=self.scheduler.state_dict())
@@ -365,9 +363,6 @@ class Trainer:
             log.warning("mesh %s -> %s: the loader restarts epoch %d from its first batch",
                         own["mesh"], self.mesh_shape, self.epoch)  # fmt: skip
         ckpt.set_rng_state(own["rng"])
-        if own.get("attention", self.attention) != self.attention:  # a re-timed choice may differ
-            self.attention = own["attention"]
-            set_kernel(self.engine.model, self.attention)
         log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
 
     def _finish(self) -> None:
