@@ -2,8 +2,10 @@
 
 For each precision: one attention block's forward + backward at the model's token shape, and
 a whole training step (AdamW, label smoothing, the trainer's channels_last), both kernels
-interleaved round by round, the best of the rounds kept. The trainer's `--attn auto` rule
-(trainer/attention.py) comes from these figures. Writes benchmarks/results/attention_<device>.json.
+interleaved round by round, the best of the rounds kept; and the floor of any implementation:
+the step's FLOPs (torch's flop counter) over the rate of a 2048^3 matrix product. The
+trainer's `--attn auto` rule (trainer/attention.py) comes from these figures.
+Writes benchmarks/results/attention_cpu.json.
 Run: python benchmarks/attention.py [--model volo_d1] [--batch 8] [--img-size 224]
 """
 
@@ -14,6 +16,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -62,15 +66,43 @@ def time_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.
     return time.perf_counter() - start
 
 
-def best_of(rounds: int, runs: dict[str, object]) -> dict[str, float]:
+def on_kernel(model: nn.Module, kernel: str, run: Callable[[], float]) -> Callable[[], float]:
+    def timed() -> float:
+        set_kernel(model, kernel)
+        return run()
+
+    return timed
+
+
+def best_of(rounds: int, runs: dict[str, Callable[[], float]]) -> dict[str, float]:
     """Each callable once per round, interleaved; the first round warms up; best kept (ms)."""
     best = dict.fromkeys(runs, float("inf"))
     for round_ in range(rounds + 1):
         for name, run in runs.items():
-            took = run()  # type: ignore[operator]
+            took = run()
             if round_:
                 best[name] = min(best[name], took)
     return {name: round(1e3 * s, 1) for name, s in best.items()}
+
+
+def step_flops(model: nn.Module, images: torch.Tensor) -> float:
+    """FLOPs of one forward + backward (torch.utils.flop_counter: matmuls, convs, attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model(images).float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def gemm_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of an n x n x n matrix product: the most this CPU's GEMMs deliver."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -90,21 +122,20 @@ def main() -> None:
         memory_format=torch.channels_last
     )
     targets = torch.randint(0, 10, (a.batch,))
-    results = {}
+    flops = step_flops(model, images)
+    results: dict = {"step_gflop": round(flops / 1e9, 1)}
     for name, dtype in DTYPES.items():
-
-        def with_kernel(kernel: str, run):  # type: ignore[no-untyped-def]
-            return lambda: (set_kernel(model, kernel), run())[1]
-
-        blocks = {k: with_kernel(k, lambda d=dtype: time_block(block, x, d)) for k in KERNELS}
-        steps = {
-            k: with_kernel(k, lambda d=dtype: time_step(model, optimizer, images, targets, d))
-            for k in KERNELS
-        }
+        block_pass = partial(time_block, block, x, dtype)
+        step = partial(time_step, model, optimizer, images, targets, dtype)
+        blocks = {k: on_kernel(model, k, block_pass) for k in KERNELS}
+        steps = {k: on_kernel(model, k, step) for k in KERNELS}
         results[name] = {
             "block_ms": best_of(a.rounds * 2, blocks),
             "step_ms": best_of(a.rounds, steps),
+            "gemm_tflops": round(gemm_rate(dtype or torch.float32) / 1e12, 3),
         }
+        # The step's FLOPs at the GEMM rate: no implementation of the step runs faster.
+        results[name]["floor_ms"] = round(flops / (results[name]["gemm_tflops"] * 1e9), 1)
         print(name, results[name], flush=True)
     write(a, tuple(x.shape), results)
 
@@ -115,8 +146,8 @@ def write(a: argparse.Namespace, shape: tuple[int, ...], results: dict) -> None:
         "model": a.model, "batch": a.batch, "img_size": a.img_size, "block_input": list(shape),
         "rounds": a.rounds, "statistic": "best of the rounds, kernels interleaved",
         "results": results,
-        "faster": {name: {part: min(r, key=r.__getitem__) for part, r in v.items()}
-                   for name, v in results.items()},
+        "faster": {name: {part: min(results[name][part], key=results[name][part].get)
+                          for part in ("block_ms", "step_ms")} for name in DTYPES},
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

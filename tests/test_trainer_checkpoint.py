@@ -132,3 +132,37 @@ def test_vit_finetune_resamples_its_token_grid(tmp_path: Path) -> None:
     assert load_finetune(vit64, str(tmp_path / "vit.pt"), "vit_tiny_patch16_224") == []
     assert vit64.pos_embed.shape == (1, 1 + 16, 192)
     assert torch.equal(vit64.pos_embed[:, 0], vit32.pos_embed[:, 0])  # class token kept
+
+
+def _adamw_two_steps(relayout) -> torch.Tensor:
+    """Two fused AdamW steps on a channels_last weight; `relayout` edits its state each step."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(
+        torch.randn(4, 3, 2, 2).contiguous(memory_format=torch.channels_last)
+    )
+    optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+    grad = torch.randn(4, 3, 2, 2)
+    for scale in (1.0, 2.0):
+        weight.grad = (scale * grad).contiguous(memory_format=torch.channels_last)
+        optimizer.step()
+        relayout(optimizer)
+    return weight.detach().clone()
+
+
+def test_checkpointed_moments_keep_the_weights_layout_and_fused_adamw_stays_exact():
+    from trainer.checkpoint import HostStager
+    from trainer.optim import match_state_layout
+
+    weight = torch.randn(4, 3, 2, 2).contiguous(memory_format=torch.channels_last)
+    staged = HostStager().stage({"m": weight})["m"]
+    assert staged.stride() == weight.stride() and torch.equal(staged, weight)
+
+    def contiguous_moments(optimizer):  # what a stride-dropping checkpoint round trip did
+        for state in optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = state[key].contiguous()
+
+    straight = _adamw_two_steps(lambda _: None)
+    assert not torch.equal(_adamw_two_steps(contiguous_moments), straight)  # the bug, shown
+    mended = _adamw_two_steps(lambda o: (contiguous_moments(o), match_state_layout(o)))
+    assert torch.equal(mended, straight)

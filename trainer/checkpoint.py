@@ -119,8 +119,15 @@ class HostStager:
         buf = self.buffers.get(path)
         if buf is tensor:  # staged already (by an earlier `only` pass)
             return buf
-        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
-            buf = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+        if (
+            buf is None
+            or buf.shape != tensor.shape
+            or buf.dtype != tensor.dtype
+            or (buf.stride() != tensor.stride())
+        ):
+            # The tensor's own layout (channels_last weights and their Adam moments): a resumed
+            # run must see the state exactly as it was, strides included.
+            buf = torch.empty_like(tensor, device="cpu", pin_memory=tensor.is_cuda)
             self.buffers[path] = buf
         return buf.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
 

@@ -81,7 +81,7 @@ class TrainConfig:
         default=None, metadata=_arg("model", "checkpoint file/dir or run dir")
     )
     channels_last: bool | None = field(
-        default=None, metadata=_arg("model", "NHWC (default: on, off with --fsdp)")
+        default=None, metadata=_arg("model", "NHWC (default: on; NCHW with --fsdp, --deepspeed)")
     )
     compile: bool = field(default=False, metadata=_arg("model", "torch.compile the model"))
     attn: str = field(

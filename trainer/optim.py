@@ -77,3 +77,21 @@ def create_schedule(
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
     return float(optimizer.param_groups[0]["lr"])
+
+
+def match_state_layout(optimizer: torch.optim.Optimizer) -> None:
+    """Give each per-parameter state tensor its parameter's memory layout, after a load.
+
+    torch's fused AdamW pairs a parameter's elements with its moments' by memory offset: a
+    contiguous moment beside a channels_last conv weight (as checkpoints written before the
+    stager kept strides hold them) updated the wrong elements (measured: 0.16 off after one
+    step at lr 0.1, where the single-tensor AdamW was exact).
+    """
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if (
+                isinstance(value, torch.Tensor)
+                and value.shape == param.shape
+                and (value.stride() != param.stride())
+            ):
+                state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)

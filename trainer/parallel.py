@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from trainer.optim import match_state_layout
 from trainer.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,7 @@ class DDPEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        match_state_layout(self.optimizer)
         if self.precision.scaler and "scaler" in state:
             self.precision.scaler.load_state_dict(state["scaler"])
 
