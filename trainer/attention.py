@@ -22,8 +22,8 @@ def auto_kernel(device: torch.device, autocast_dtype: torch.dtype | None) -> str
     """fused on GPUs (flash / memory-efficient SDPA) and for fp32 on CPUs; the explicit form
     under bf16/fp16 autocast on CPUs, where PyTorch's flash-attention backward takes several
     times its forward. Measured on the 2-core EPYC (benchmarks/attention.py, VOLO-D1, batch 8,
-    224 px): bf16 block forward + backward 31 ms explicit vs 42 ms fused, training step 1.36 s
-    vs 1.52 s; fp32 steps 2.42 s fused vs 2.56 s explicit. A rule, not a timing taken per run:
+    224 px): bf16 block forward + backward 26 ms explicit vs 41 ms fused, training step 1.52 s
+    vs 1.80 s; fp32 steps 2.67 s fused vs 2.90 s explicit. A rule, not a timing taken per run:
     the same flags give the same kernel, so two runs (or a run and its resumption) compute the
     same numbers."""
     if device.type == "cpu" and autocast_dtype is not None:
