@@ -12,7 +12,6 @@ Run: python benchmarks/attention.py [--model volo_d1] [--batch 8] [--img-size 22
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from registry import models  # noqa: E402
 from trainer.attention import KERNELS, attention_modules, set_kernel  # noqa: E402
+from trainer.checkpoint import atomic_write_json  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": None}
 
@@ -153,9 +153,7 @@ def write(a: argparse.Namespace, shape: tuple[int, ...], results: dict) -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, a.out)
+    atomic_write_json(data, a.out)
     print(f"-> {a.out}")
 
 

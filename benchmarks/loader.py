@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
 import sys
@@ -24,6 +23,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from trainer.checkpoint import atomic_write_json  # noqa: E402
 from trainer.data import DataConfig, create_loader  # noqa: E402
 from trainer.data.shards import ShardReader, write_shards  # noqa: E402
 
@@ -370,9 +370,7 @@ def report(
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(data, args.out)
     print(f"ratio best/bare = {data['ratio_best_to_bare_decode']} (goal {GOAL}) -> {args.out}")
 
 

@@ -250,6 +250,8 @@ def write(a: argparse.Namespace, timm_model: str, extra: list[str], steps: tuple
 
     import torch
 
+    from trainer.checkpoint import atomic_write_json
+
     result = {
         "benchmark": "training throughput vs timm's train.py (the real script), end to end",
         "peer": str(a.peer), "model": a.model, "timm_model": timm_model, "batch_per_rank": a.batch,
@@ -269,9 +271,7 @@ def write(a: argparse.Namespace, timm_model: str, extra: list[str], steps: tuple
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, a.out)
+    atomic_write_json(result, a.out)
     print(f"-> {a.out}")
 
 
