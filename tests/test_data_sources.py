@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -192,3 +193,29 @@ def test_auto_takes_dali_for_jpeg_folders_and_explains_otherwise(digits_dir):
 
 def _asdict(cfg: DataConfig) -> dict:
     return {name: getattr(cfg, name) for name in cfg.__slots__}
+
+
+def test_auto_takes_torch_for_randaugment_without_a_gpu_and_workers_fork_when_safe(
+    digits_dir, monkeypatch
+):
+    import threading
+
+    from trainer.data.torch_loader import worker_context
+
+    split = load_split(_cfg(digits_dir), "train")
+    recipe = _cfg(digits_dir, loader="auto", auto_augment="rand-m9-mstd0.5-inc1")
+    expected = "dali" if torch.cuda.is_available() else "torch"
+    assert choose_loader(recipe, split, True) == expected
+    assert choose_loader(recipe, load_split(_cfg(digits_dir), "val"), False) == expected
+    monkeypatch.setitem(sys.modules, "nvidia.dali", object())  # DALI loaded: its threads may run
+    assert worker_context() == "forkserver"
+    monkeypatch.delitem(sys.modules, "nvidia.dali")
+    assert worker_context() == "fork"
+    release = threading.Event()
+    writer = threading.Thread(target=release.wait)  # non-daemon, like a checkpoint writer
+    writer.start()
+    try:
+        assert worker_context() == "forkserver"
+    finally:
+        release.set()
+        writer.join()

@@ -146,3 +146,17 @@ def test_apex_amp_means_torch_amp_and_says_so_once(caplog) -> None:
     assert fp16.dtype is torch.float16 and fp16.scaler is not None
     assert fp16.channels_last  # NHWC by default: it paid off on the CPU too (oneDNN)
     assert not make_precision(torch.device("cpu"), True, False, "bf16", False).channels_last
+
+
+def test_attention_kernel_rule_and_override():
+    from registry import models
+    from trainer.attention import attention_modules, auto_kernel, choose_kernel
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert auto_kernel(cpu, torch.bfloat16) == "math" and auto_kernel(cpu, None) == "fused"
+    assert auto_kernel(gpu, torch.bfloat16) == "fused"
+    model = models.build("vit_micro", 32, 10, 0.0)
+    assert choose_kernel(model, "auto", cpu, torch.bfloat16) == "math"
+    assert not any(m.fused_attn for m in attention_modules(model))
+    assert choose_kernel(model, "fused", cpu, torch.bfloat16) == "fused"
+    assert all(m.fused_attn for m in attention_modules(model)) and attention_modules(model)
