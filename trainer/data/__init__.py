@@ -58,8 +58,8 @@ def choose_loader(cfg: DataConfig, data: Split, train: bool) -> str:
 
 
 def _torch_faster(cfg: DataConfig) -> str:
-    """Without a GPU, RandAugment runs faster in PIL than in DALI's CPU operators (221 vs 164
-    images/s per core on the 2-core EPYC, benchmarks/loader.py) and DALI spends ~2 s building
+    """Without a GPU, RandAugment runs faster in PIL than in DALI's CPU operators (232 vs 196
+    images/s per core on the 2-core EPYC, benchmarks/results/loader.json); DALI spends ~2 s building
     its RandAugment graph; both splits then use torch, so DALI is not even imported. With a
     GPU, DALI decodes on it."""
     import torch
