@@ -42,18 +42,15 @@ def create_loader(cfg: DataConfig, split: str, rank: int, world_size: int) -> Lo
 
 def choose_loader(cfg: DataConfig, data: Split, train: bool) -> str:
     """'dali' or 'torch': an explicit choice is checked; 'auto' takes DALI when it can."""
-    if cfg.loader == "auto" and _torch_faster(cfg):  # decided without importing DALI
-        log.info("loader auto -> torch (%s)", _torch_faster(cfg))
-        return "torch"
-    reason = _dali_unsuitable(cfg, data, train)
-    if cfg.loader == "dali" and reason:
-        raise DataConfigError(
-            f"DataConfig.loader='dali' cannot be used: {reason}; use 'torch' or 'auto'"
-        )
-    if cfg.loader == "auto":
+    if cfg.loader == "auto":  # _torch_faster first: it decides without importing DALI
+        reason = _torch_faster(cfg) or _dali_unsuitable(cfg, data, train)
         kind = "torch" if reason else "dali"
         log.info("loader auto -> %s%s", kind, f" ({reason})" if reason else "")
         return kind
+    if cfg.loader == "dali" and (reason := _dali_unsuitable(cfg, data, train)):
+        raise DataConfigError(
+            f"DataConfig.loader='dali' cannot be used: {reason}; use 'torch' or 'auto'"
+        )
     return cfg.loader
 
 
