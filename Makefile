@@ -34,7 +34,7 @@ ifneq ($(unknown),)
 $(error unknown variable(s) $(unknown); valid variables: $(VALID_VARS))
 endif
 
-WF := $(PY) -m workflows
+WF := $(PY) -m vitpod.workflows
 # FOLLOW=1 (any value but empty or 0): live view until the run ends (workflows/follow.py).
 FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
@@ -53,8 +53,8 @@ test:
 	$(PY) -m pytest -q $(TESTS)
 
 lint:
-	$(PY) -m ruff check workflows trainer analysis registry tests benchmarks
-	$(PY) -m ruff format --check workflows trainer analysis registry tests benchmarks
+	$(PY) -m ruff check vitpod workflows trainer analysis registry tests benchmarks
+	$(PY) -m ruff format --check vitpod workflows trainer analysis registry tests benchmarks
 	$(PY) -m mypy
 
 render:
@@ -88,7 +88,7 @@ scaling:
 	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(FOLLOW_FLAG)
 
 report:
-	$(PY) -m analysis report "$$STUDY"
+	$(PY) -m vitpod.analysis report "$$STUDY"
 
 # Time collectives on the partition's nodes, fit latency/bandwidth, store <profile>.calibration.json
 # (ARGS: trainer.commbench flags, e.g. ARGS="--sizes '4K 1M 16M' --iters 20").
@@ -107,7 +107,7 @@ slurm-down:
 # Pack an image folder (or CIFAR/digits: ARGS="--dataset cifar10") into webdataset tar shards.
 shards:
 	@test -n "$$DATA" -a -n "$$OUT" || { echo "usage: make shards DATA=<dataset root> OUT=<folder> [ARGS='--resize 256 --samples-per-shard 1000 --dataset folder']" >&2; exit 2; }
-	$(PY) -m trainer.data.shards "$$DATA" "$$OUT" $$ARGS
+	$(PY) -m vitpod.trainer.data.shards "$$DATA" "$$OUT" $$ARGS
 
 bench:
 	$(PY) benchmarks/checkpoint_stall.py

@@ -1,4 +1,4 @@
-"""Command line: `python -m analysis report STUDY_DIR` and `python -m analysis memory ...`."""
+"""Command line: `python -m vitpod.analysis report STUDY_DIR` and `python -m vitpod.analysis memory ...`."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from analysis.scaling import MODES, STUDY_FILE, load_study, study_from_runs
+from vitpod.analysis.scaling import MODES, STUDY_FILE, load_study, study_from_runs
 
 
 def report_main(args: argparse.Namespace) -> int:
-    from analysis.report import write_report
+    from vitpod.analysis.report import write_report
 
     paths = [Path(p) for p in args.paths if p]
     if not paths:
@@ -30,17 +30,17 @@ def report_main(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m vitpod.analysis", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser("report", help="scaling table, plots and HTML report of a study")
     report.add_argument("paths", nargs="*", help="a study directory, or several run directories")
     report.add_argument("--mode", choices=MODES, default="strong", help="for loose run dirs")
     report.add_argument("--out", type=Path, default=None, help="output dir (default STUDY/report)")
     report.set_defaults(func=report_main)
-    from analysis.memory import add_memory_parser
+    from vitpod.analysis.memory import add_memory_parser
 
     add_memory_parser(sub)
-    from analysis.layout import add_layout_parser
+    from vitpod.analysis.layout import add_layout_parser
 
     add_layout_parser(sub)
     return parser

@@ -1,6 +1,6 @@
 """Fit the cost model's latency and bandwidth to a measured collective sweep (pure arithmetic).
 
-`trainer.commbench` times all-reduce, reduce and broadcast over message sizes at four levels
+`vitpod.trainer.commbench` times all-reduce, reduce and broadcast over message sizes at four levels
 (one rank, the ranks of one node, one rank per node, the whole job). Each all-reduce level is
 fitted with the formula analysis/commcost.py prices it with, the ring of Thakur, Rabenseifner &
 Gropp (2005, "Optimization of collective communication operations in MPICH"), in Hockney's
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.commcost import Fabric
+from vitpod.analysis.commcost import Fabric
 
 FORMAT = "vitpod-calibration/1"
 BENCH_FORMAT = "vitpod-commbench/1"
@@ -161,7 +161,7 @@ def check_bench(bench: Mapping[str, Any]) -> None:
     if bench.get("format") != BENCH_FORMAT:
         raise CalibrationError(
             f"benchmark format is {bench.get('format')!r}, expected {BENCH_FORMAT!r}: write it "
-            "with `python -m trainer.commbench` (make calibrate)"
+            "with `python -m vitpod.trainer.commbench` (make calibrate)"
         )
     for key in ("sizes", "levels", "world_size", "nodes", "backend"):
         if key not in bench:
@@ -176,7 +176,7 @@ def fit(
     date: str | None = None,
     partition: str = "",
 ) -> Calibration:
-    """A Calibration from `trainer.commbench`'s JSON (see the module docstring for the map)."""
+    """A Calibration from `vitpod.trainer.commbench`'s JSON (see the module docstring for the map)."""
     check_bench(bench)
     sizes = [float(s) for s in bench["sizes"]]
     own = _level(bench, "self", "all_reduce")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.commcost import Fabric, LayoutComm, layout_comm
-from analysis.memory import GIB, Plan, Vit, arch_of, param_parts, plan, stage_bounds
-from analysis.mesh import Mesh
+from vitpod.analysis.commcost import Fabric, LayoutComm, layout_comm
+from vitpod.analysis.memory import GIB, Plan, Vit, arch_of, param_parts, plan, stage_bounds
+from vitpod.analysis.mesh import Mesh
 
 
 def _heads(model: str) -> list[int]:
@@ -186,7 +186,7 @@ def profile_fabric(profile: str, stage: str = "pretrain") -> Fabric:
     analysis does not import workflows."""
     import yaml
 
-    from analysis.memory import _profile_path, profile_node
+    from vitpod.analysis.memory import _profile_path, profile_node
 
     path = _profile_path(profile)
     fabric = profile_node(yaml.safe_load(path.read_text()) or {}, stage).get("fabric")
@@ -208,7 +208,7 @@ def add_layout_parser(sub: Any) -> None:
 
 
 def layouts_main(args: Any) -> int:
-    from analysis.memory import profile_gpu_memory
+    from vitpod.analysis.memory import profile_gpu_memory
 
     fabric, memory = profile_fabric(args.profile), profile_gpu_memory(args.profile)
     ranked = compare_layouts(args.model, args.gpus, fabric, memory, args.global_batch,

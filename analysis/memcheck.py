@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.memory import plan
-from registry import models
+from vitpod.analysis.memory import plan
+from vitpod.registry import models
 
 
 def _rss_bytes(field: str = "VmRSS") -> int:
@@ -79,7 +79,7 @@ def measure(model: str, img_size: int, batch: int, num_classes: int) -> dict[str
     memory goes back to the OS and RSS follows live tensors."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
     code = (
-        "import json, sys; from analysis.memcheck import measure_here; "
+        "import json, sys; from vitpod.analysis.memcheck import measure_here; "
         f"print(json.dumps(measure_here({model!r}, {img_size}, {batch}, {num_classes})))"
     )
     root = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.mesh import Mesh
-from registry.models import MODELS, Vit, Volo, linear_params, param_count, volo_params
-from registry.models import arch_of as registry_arch
+from vitpod.analysis.mesh import Mesh
+from vitpod.registry.models import MODELS, Vit, Volo, linear_params, param_count, volo_params
+from vitpod.registry.models import arch_of as registry_arch
 
 PRECISIONS = ("fp32", "amp", "half")
 """fp32: everything fp32. amp: torch.amp autocast (fp32 weights, half activations). half:
@@ -115,7 +115,7 @@ def timm_param_count(model: str, img_size: int = 224, num_classes: int = 1000) -
     """Trainable parameters counted by building the timm model on the meta device."""
     import torch
 
-    from analysis.memcheck import build_model
+    from vitpod.analysis.memcheck import build_model
 
     with torch.device("meta"):
         net = build_model(model, img_size, num_classes)
@@ -461,7 +461,7 @@ def memory_main(args: argparse.Namespace) -> int:
             args.gpu_mem_gib * GIB, args.reserve_gib * GIB, **_settings(args)
         )
     if args.measure:
-        from analysis.memcheck import compare
+        from vitpod.analysis.memcheck import compare
 
         out["measured"] = compare(args.model, args.img_size, args.batch, args.num_classes)
     if args.json:

@@ -10,8 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.runlogs import TIME_PARTS  # noqa: E402
-from analysis.scaling import Row  # noqa: E402
+from vitpod.analysis.runlogs import TIME_PARTS  # noqa: E402
+from vitpod.analysis.scaling import Row  # noqa: E402
 
 COLORS = {"data": "#4c72b0", "compute": "#55a868", "comm": "#c44e52", "optimizer": "#8172b2"}
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import jinja2
 
-from analysis import plots
-from analysis.scaling import DEFINITIONS, Row, Study, baseline, rows_as_json, scaling_table
+from vitpod.analysis import plots
+from vitpod.analysis.scaling import DEFINITIONS, Row, Study, baseline, rows_as_json, scaling_table
 
 # Published figures shown beside ours; efficiency computed with the same arithmetic as our table.
 REFERENCES: list[dict[str, Any]] = [

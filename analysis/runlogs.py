@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry import runfiles
+from vitpod.registry import runfiles
 
 TIME_PARTS = ("data", "compute", "comm", "optimizer")
 

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis import commcost
-from analysis.runlogs import TIME_PARTS, RunLog, read_run
+from vitpod.analysis import commcost
+from vitpod.analysis.runlogs import TIME_PARTS, RunLog, read_run
 
 MODES = ("strong", "weak")
 STUDY_FILE = "study.json"

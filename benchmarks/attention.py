@@ -25,9 +25,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from registry import models  # noqa: E402
-from trainer.attention import KERNELS, attention_modules, set_kernel  # noqa: E402
-from trainer.checkpoint import atomic_write_json  # noqa: E402
+from vitpod.registry import models  # noqa: E402
+from vitpod.trainer.attention import KERNELS, attention_modules, set_kernel  # noqa: E402
+from vitpod.trainer.checkpoint import atomic_write_json  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": None}
 

@@ -1,7 +1,7 @@
 """One GPU: step time, peak memory and MFU of timm ViT-B/L with and without FSDP2 (bf16 autocast).
 
 Standalone (torch + timm only) so it runs on a lent GPU machine whose checkout lacks the
-trainer's mesh engine; MFU = analysis.layout.step_flops / step time / the GPU's bf16 peak,
+trainer's mesh engine; MFU = vitpod.analysis.layout.step_flops / step time / the GPU's bf16 peak,
 computed afterwards (benchmarks/results/fsdp_gpu_mfu.json).
 """
 

@@ -8,7 +8,7 @@ Sections (each JSON under DIR, copied into benchmarks/results/ by hand with the 
   pieces (its model factory, fused AdamW, torch.amp bf16, channels_last, optionally
   torch.compile) against timm train.py's inner loop (timm's AdamW, autocast, eager); MFU =
   model FLOPs per second (counted with torch.utils.flop_counter) / the GPU's dense bf16 peak.
-- e2e: timm's real train.py beside `python -m trainer`, same JPEG folder, same augmentation,
+- e2e: timm's real train.py beside `python -m vitpod.trainer`, same JPEG folder, same augmentation,
   same model, batch and workers; steady-state images/s from each one's own per-step log.
 """
 
@@ -58,7 +58,7 @@ def measured_matmul_peak(n: int = 8192, reps: int = 10) -> float:
 
 def measured_peak(model_name: str, img: int, batch: int) -> int:
     """Peak bytes allocated over a steady-state AdamW step (bf16 autocast), beyond the batch."""
-    from trainer.models import create_model
+    from vitpod.trainer.models import create_model
 
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -79,7 +79,7 @@ def measured_peak(model_name: str, img: int, batch: int) -> int:
 
 
 def memory_section(cases: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
-    from analysis.memory import plan
+    from vitpod.analysis.memory import plan
 
     out = []
     for model_name, img, batch in cases:
@@ -127,7 +127,7 @@ def timm_step(name: str, img: int, batch: int) -> tuple[Any, torch.nn.Module]:
     from timm.loss import LabelSmoothingCrossEntropy
     from timm.optim import create_optimizer_v2
 
-    from registry import models
+    from vitpod.registry import models
 
     info = models.get(name)
     model = timm.create_model(info.timm_name or name, img_size=img, num_classes=1000).cuda()
@@ -150,9 +150,9 @@ def timm_step(name: str, img: int, batch: int) -> tuple[Any, torch.nn.Module]:
 def vitpod_step(name: str, img: int, batch: int, compile_model: bool) -> tuple[Any, Any]:
     """The trainer's pieces: model factory, make_precision (bf16, channels_last on GPU), fused
     AdamW with its parameter groups, and no host sync per step (it logs every N steps)."""
-    from trainer.models import create_model
-    from trainer.optim import create_optimizer
-    from trainer.precision import make_precision, prepare_model
+    from vitpod.trainer.models import create_model
+    from vitpod.trainer.optim import create_optimizer
+    from vitpod.trainer.precision import make_precision, prepare_model
 
     device = torch.device("cuda")
     precision = make_precision(device, True, False, "bf16", None)
@@ -247,7 +247,7 @@ def e2e_section(
         "--warmup-epochs", "0", *common_aug,
     ]  # fmt: skip
     ours_cmd = [
-        sys.executable, "-m", "trainer", str(data), "--model", name, "-b", str(batch),
+        sys.executable, "-m", "vitpod.trainer", str(data), "--model", name, "-b", str(batch),
         "--epochs", "2", "--img-size", "224", "--workers", str(workers), "--num-classes", "10",
         "--lr", "1e-4", "--amp", "--loader", "torch", "--log-interval", "1",
         "--output", str(scratch / f"vitpod-{name}"), "--warmup-epochs", "0", "--no-eval",

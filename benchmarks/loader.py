@@ -23,9 +23,9 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.checkpoint import atomic_write_json  # noqa: E402
-from trainer.data import DataConfig, create_loader  # noqa: E402
-from trainer.data.shards import ShardReader, write_shards  # noqa: E402
+from vitpod.trainer.checkpoint import atomic_write_json  # noqa: E402
+from vitpod.trainer.data import DataConfig, create_loader  # noqa: E402
+from vitpod.trainer.data.shards import ShardReader, write_shards  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "loader.json"
 GOAL = 0.8
@@ -131,7 +131,7 @@ def legacy_dali_train(files: list[str], batch: int, recipe: bool) -> Callable[[]
     from nvidia.dali import math as dmath
     from nvidia.dali.auto_aug import rand_augment
 
-    from trainer.data.config import IMAGENET_MEAN, IMAGENET_STD
+    from vitpod.trainer.data.config import IMAGENET_MEAN, IMAGENET_STD
 
     paths = [np.frombuffer(p.encode(), dtype=np.uint8) for p in files]
     batches = [paths[i : i + batch] for i in range(0, len(paths), batch)]
@@ -350,7 +350,7 @@ def report(
         ),
         "files_opened_per_epoch": opens,
         "shards_note": (
-            f"*_shards read the same images packed by trainer.data.shards into tar files of "
+            f"*_shards read the same images packed by vitpod.trainer.data.shards into tar files of "
             f"{args.samples_per_shard} samples: one open per shard and reading process instead "
             "of one per image (the metadata load that hurts Lustre/GPFS/DDN at millions of "
             "files); torch_* counts are Python open() audit events, DALI's folder reads happen "

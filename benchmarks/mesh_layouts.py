@@ -2,7 +2,7 @@
 
 Every layout trains the same model on the same synthetic batches with torchrun, in the same
 run, so each ratio is against a DDP run measured beside it. On a GPU machine it also reports
-model FLOPs utilisation (MFU): analysis.layout.step_flops / step time / the GPU's peak.
+model FLOPs utilisation (MFU): vitpod.analysis.layout.step_flops / step time / the GPU's peak.
 Results go to benchmarks/results/mesh_layouts_<cpu|gpu>.json.
 """
 
@@ -66,7 +66,7 @@ def add_ratios(results: dict) -> None:
 def add_mfu(results: dict, model: str, img_size: int, batch: int) -> None:
     import torch
 
-    from analysis.layout import step_flops
+    from vitpod.analysis.layout import step_flops
 
     name = torch.cuda.get_device_name(0)
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)

@@ -95,7 +95,7 @@ def timm_command(peer: Path, data: Path, out: Path, a: argparse.Namespace, ranks
 def ours_command(data: Path, out: Path, a: argparse.Namespace, ranks: int, precision: str,
                  extra: list[str]) -> list[str]:  # fmt: skip
     return [
-        *launcher(ranks), "-m", "trainer", str(data), "--model", a.model, "-b", str(a.batch),
+        *launcher(ranks), "-m", "vitpod.trainer", str(data), "--model", a.model, "-b", str(a.batch),
         "--img-size", str(a.img_size), "--epochs", "1", "--warmup-epochs", "0",
         "--workers", str(a.workers), "--num-classes", "2", "--opt", "adamw",
         "--weight-decay", "0.05", "--lr", "1e-4", "--aa", RANDAUG, "--reprob", "0.25",
@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "vitpod-tp")
     parser.add_argument("--out", type=Path, default=RESULTS)
     a = parser.parse_args()
-    from registry import models
+    from vitpod.registry import models
 
     if not a.peer.is_file():
         parser.error(f"--peer {a.peer}: no such file (timm's train.py)")
@@ -250,7 +250,7 @@ def write(a: argparse.Namespace, timm_model: str, extra: list[str], steps: tuple
 
     import torch
 
-    from trainer.checkpoint import atomic_write_json
+    from vitpod.trainer.checkpoint import atomic_write_json
 
     result = {
         "benchmark": "training throughput vs timm's train.py (the real script), end to end",

@@ -36,8 +36,8 @@ sha() { sha256sum | cut -d' ' -f1; }
 read -r IMAGE_DEFAULT STACK VENV_PY < <("$PY" - "${CLUSTER:-local}" <<'PYEOF'
 import sys
 from pathlib import Path
-from workflows.profile import load_profile
-from workflows.container import host_path, sqsh_path
+from vitpod.workflows.profile import load_profile
+from vitpod.workflows.container import host_path, sqsh_path
 profile = load_profile(sys.argv[1])
 if profile.container is None:
     profile = load_profile("localpyxis")
@@ -111,7 +111,7 @@ else
   case "$BASE_REF" in *@sha256:*) ;; *) die "BASE_IMAGE=$BASE_REF: pin the base by digest (IMAGE@sha256:...)" ;; esac
   BASE_ID=${BASE_REF#*@}
   for f in pyproject.toml README.md constraints.txt; do cp "$f" "$CTX/code/"; done
-  git ls-files -z workflows trainer analysis templates | tar --null -T - -cf - | tar -C "$CTX/code" -xf -
+  git ls-files -z vitpod workflows trainer analysis registry templates | tar --null -T - -cf - | tar -C "$CTX/code" -xf -
 fi
 tree_sha() { (cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum | sha); }
 "$PY" - "$WORK/inputs.json" "$BASE_REF" "$BASE_ID" "$(sha <"$HERE/Dockerfile")" "$STACK" \

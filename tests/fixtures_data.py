@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.data.digits import write_digits_jpeg
+from vitpod.trainer.data.digits import write_digits_jpeg
 
 
 @pytest.fixture(scope="session")

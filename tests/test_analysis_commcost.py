@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from analysis import commcost
-from analysis.commcost import DGX_A100, Choice, Fabric, choose_topology, costs
+from vitpod.analysis import commcost
+from vitpod.analysis.commcost import DGX_A100, Choice, Fabric, choose_topology, costs
 
 NO_LATENCY = dataclasses.replace(DGX_A100, intra_latency=0.0, inter_latency=0.0)
 
@@ -158,6 +158,6 @@ def test_choice_is_a_plain_record_with_trainer_flags():
 
 
 def test_cost_model_imports_without_torch():
-    code = "import sys; sys.modules['torch'] = None; import analysis.commcost; print('ok')"
+    code = "import sys; sys.modules['torch'] = None; import vitpod.analysis.commcost; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"

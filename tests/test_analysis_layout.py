@@ -2,9 +2,9 @@
 
 import pytest
 
-from analysis import layout, memory
-from analysis.commcost import DGX_A100, layout_comm
-from analysis.mesh import Mesh
+from vitpod.analysis import layout, memory
+from vitpod.analysis.commcost import DGX_A100, layout_comm
+from vitpod.analysis.mesh import Mesh
 
 GIB = memory.GIB
 
@@ -86,11 +86,11 @@ BLOCK_TORCH = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'timm', 'numpy', 'workflows', 'trainer'):
+        if name.split('.')[0] in ('torch', 'timm', 'numpy') or name.startswith(('vitpod.workflows', 'vitpod.trainer')):
             raise ImportError('blocked on a login node: ' + name)
 sys.meta_path.insert(0, Block())
-from analysis.layout import suggest_layouts, check_layout
-from analysis.commcost import DGX_A100
+from vitpod.analysis.layout import suggest_layouts, check_layout
+from vitpod.analysis.commcost import DGX_A100
 print(suggest_layouts('vit_huge_patch14_224', 8, DGX_A100, 80 * 2**30, 512).flags())
 """
 

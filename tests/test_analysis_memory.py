@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from analysis import memory
-from analysis.__main__ import main
-from analysis.memcheck import compare, saved_tensor_bytes
+from vitpod.analysis import memory
+from vitpod.analysis.__main__ import main
+from vitpod.analysis.memcheck import compare, saved_tensor_bytes
 
 MODELS = [(name, 32 if name == "volo_tiny" else 224) for name in memory.ARCHS]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis import commcost, report, scaling
-from analysis.__main__ import main
-from analysis.runlogs import read_jsonl, read_run
+from vitpod.analysis import commcost, report, scaling
+from vitpod.analysis.__main__ import main
+from vitpod.analysis.runlogs import read_jsonl, read_run
 
 FABRIC = {
     "gpus_per_node": 2,
@@ -241,7 +241,7 @@ def test_report_entry_point_runs_as_module(strong_study):
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "analysis", "report", str(strong_study)],
+        [sys.executable, "-m", "vitpod.analysis", "report", str(strong_study)],
         capture_output=True,
         text=True,
         cwd=Path(__file__).parent.parent,
@@ -257,7 +257,7 @@ def test_analysis_imports_neither_workflows_nor_trainer_nor_torch():
     code = (
         "import sys\n"
         "for name in ('torch', 'workflows', 'trainer'): sys.modules[name] = None\n"
-        "import analysis.__main__, analysis.commcost, analysis.memory, analysis.report\n"
+        "import vitpod.analysis.__main__, vitpod.analysis.commcost, vitpod.analysis.memory, vitpod.analysis.report\n"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

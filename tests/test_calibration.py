@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from analysis import calibrate, commcost
-from analysis.commcost import Fabric
-from workflows import topology
+from vitpod.analysis import calibrate, commcost
+from vitpod.analysis.commcost import Fabric
+from vitpod.workflows import topology
 
 MiB = 1024**2
 SIZES = [4096 * 4**i for i in range(7)]
@@ -101,7 +101,7 @@ def test_times_that_do_not_grow_with_size_are_refused_with_the_fix():
 
 
 def test_bench_file_of_another_kind_is_refused():
-    with pytest.raises(calibrate.CalibrationError, match="trainer.commbench"):
+    with pytest.raises(calibrate.CalibrationError, match="vitpod.trainer.commbench"):
         calibrate.fit({"format": "something-else"})
     one_rank = synthetic_bench()
     one_rank["levels"] = {"self": one_rank["levels"]["self"]}
@@ -182,7 +182,7 @@ def test_decide_uses_the_calibration_and_says_so():
 
 
 def test_commbench_sizes_and_levels():
-    commbench = pytest.importorskip("trainer.commbench")
+    commbench = pytest.importorskip("vitpod.trainer.commbench")
     assert commbench.parse_sizes("4K, 1M 16MiB 4096") == [4096, MiB, 16 * MiB]
     with pytest.raises(ValueError, match="'3'"):
         commbench.parse_sizes("3")
@@ -204,8 +204,8 @@ def _mapping(fab: Fabric) -> dict:
 
 
 def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profile(tmp_path):
-    from workflows import calibrate as wcal
-    from workflows.errors import ConfigError
+    from vitpod.workflows import calibrate as wcal
+    from vitpod.workflows.errors import ConfigError
 
     profile = tmp_path / "mine.yaml"
     profile.write_text(
@@ -218,7 +218,7 @@ def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profil
     plan, out = wcal.prepare(ns)
     spec = plan.spec
     assert out == tmp_path / "mine.calibration.json"
-    assert spec.command[1:3] == ("-m", "trainer.commbench")
+    assert spec.command[1:3] == ("-m", "vitpod.trainer.commbench")
     assert spec.command[3:] == (
         "--out", f"{spec.run_dir}/commbench.json", "--sizes", "4K 1M", "--busy-ms", "0"
     )  # fmt: skip
@@ -238,10 +238,10 @@ def test_calibration_side_of_the_login_node_imports_no_torch():
         "import importlib.abc, sys\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'numpy') or name == 'trainer.commbench':\n"
+        "        if name.split('.')[0] in ('torch', 'numpy') or name == 'vitpod.trainer.commbench':\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import analysis.calibrate, workflows.calibrate, workflows.topology\n"
+        "import vitpod.analysis.calibrate, vitpod.workflows.calibrate, vitpod.workflows.topology\n"
     )
     # The benchmark (torch) is blocked too: workflows reaches it only as the job's command line.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from analysis import calibrate
+from vitpod.analysis import calibrate
 from tests.fixtures_slurm import REPO, local_slurm  # noqa: F401  (pytest fixture)
-from workflows import scaling, topology
+from vitpod.workflows import scaling, topology
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.commcost import Fabric
-from workflows.errors import ConfigError
-from workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
-from workflows.recipe import RECIPE_DIR, bundled_recipes, load_recipe
+from vitpod.analysis.commcost import Fabric
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
+from vitpod.workflows.recipe import RECIPE_DIR, bundled_recipes, load_recipe
 
 MODELS = ["volo_d1", "volo_d2", "volo_d3", "volo_d4", "volo_d5"]
 

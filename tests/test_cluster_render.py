@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows import cli
-from workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
-from workflows.recipe import load_recipe
-from workflows.spec import build_spec, launch_plan
-from workflows.templating import render as render_template
+from vitpod.workflows import cli
+from vitpod.workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
+from vitpod.workflows.recipe import load_recipe
+from vitpod.workflows.spec import build_spec, launch_plan
+from vitpod.workflows.templating import render as render_template
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def render(tmp_path: Path, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Path, str]:
-    """Run `python -m workflows render` in-process; returns (status, script path, stderr)."""
+    """Run `python -m vitpod.workflows render` in-process; returns (status, script path, stderr)."""
     status = cli.main(["render", "--run-root", str(tmp_path / "runs"), *argv])
     out, err = capsys.readouterr()
     last = out.strip().splitlines()[-1] if out.strip() else ""
@@ -72,7 +72,10 @@ def test_make_render_dgxpod_volo_d5(tmp_path):
     assert env_flag and {"NCCL_SOCKET_IFNAME", "MASTER_ADDR", "WANDB_API_KEY"} <= set(
         env_flag[1].split(",")
     )
-    assert f"bash {script.parent}/bind.sh python -m trainer /lustre/fsw/datasets/imagenet" in text
+    assert (
+        f"bash {script.parent}/bind.sh python -m vitpod.trainer /lustre/fsw/datasets/imagenet"
+        in text
+    )
     assert "--token-label-size 14" in text and "-b 44" in text
     assert 'scontrol requeue "$SLURM_JOB_ID"' in text and "-eq 75 ]" in text
     bind = (script.parent / "bind.sh").read_text()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows import cli
-from workflows.profile import PROFILE_DIR
+from vitpod.workflows import cli
+from vitpod.workflows.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -288,11 +288,11 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split('.')[0] in ('torch', 'torchvision', 'timm', 'deepspeed', 'numpy'):
             raise ImportError('blocked on a login node: ' + name)
 sys.meta_path.insert(0, Block())
-import workflows.cli, workflows.errors, workflows.profile, workflows.recipe, workflows.rundir
-import workflows.spec, workflows.templating, workflows.rankinfo, workflows.submission
-import workflows.pipeline, workflows.jobstate, workflows.status, workflows.topology
-import workflows.scaling, workflows.demo, workflows.follow, workflows.reportjob, analysis.commcost
-assert workflows.cli.main(['render', '--cluster', 'dgxpod', '--model', 'volo_d5',
+import vitpod.workflows.cli, vitpod.workflows.errors, vitpod.workflows.profile, vitpod.workflows.recipe, vitpod.workflows.rundir
+import vitpod.workflows.spec, vitpod.workflows.templating, vitpod.workflows.rankinfo, vitpod.workflows.submission
+import vitpod.workflows.pipeline, vitpod.workflows.jobstate, vitpod.workflows.status, vitpod.workflows.topology
+import vitpod.workflows.scaling, vitpod.workflows.demo, vitpod.workflows.follow, vitpod.workflows.reportjob, vitpod.analysis.commcost
+assert vitpod.workflows.cli.main(['render', '--cluster', 'dgxpod', '--model', 'volo_d5',
                            '--run-root', sys.argv[1]]) == 0
 assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]
 """

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows.container import check_container_paths, check_container_static
-from workflows.errors import ConfigError
-from workflows.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.container import check_container_paths, check_container_static
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.profile import PROFILE_DIR, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 SQSH = "./.cache/images/vitpod-local.sqsh"
@@ -149,7 +149,7 @@ def test_make_pretrain_exits_2_before_sbatch_and_leaves_no_run_dir(tmp_path, cha
     runs = tmp_path / "runs"
     profile = localpyxis_copy(tmp_path, changes)
     out = subprocess.run(
-        [sys.executable, "-m", "workflows", "submit", "--cluster", str(profile)]
+        [sys.executable, "-m", "vitpod.workflows", "submit", "--cluster", str(profile)]
         + ["--model", "volo_tiny", "--run-root", str(runs)],
         cwd=REPO,
         capture_output=True,

@@ -18,10 +18,10 @@ import yaml
 
 from tests.fixtures_container import unprivileged_user
 from tests.fixtures_slurm import FINISHED, preempted_once_python
-from workflows import cli
-from workflows.plan import plan_job
-from workflows.profile import PROFILE_DIR
-from workflows.rankinfo import PREFIX
+from vitpod.workflows import cli
+from vitpod.workflows.plan import plan_job
+from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.rankinfo import PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
@@ -40,7 +40,7 @@ def localpyxis_copy(tmp_path: Path, **container: object) -> tuple[Path, dict]:
 def submit(tmp_path: Path, profile: Path, entry: str = "rankinfo") -> tuple[str, Path]:
     env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
     out = subprocess.run(
-        [sys.executable, "-m", "workflows", "submit", "--cluster", str(profile)]
+        [sys.executable, "-m", "vitpod.workflows", "submit", "--cluster", str(profile)]
         + ["--model", "volo_tiny", "--entry", entry],
         cwd=REPO,
         env=env,
@@ -205,7 +205,7 @@ def test_an_unprivileged_user_runs_a_container(pyxis_image):
 
 
 def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
-    from workflows.pipeline import Pipeline
+    from vitpod.workflows.pipeline import Pipeline
 
     profile, _ = localpyxis_copy(tmp_path)
     run = Pipeline(

@@ -8,9 +8,9 @@ import torch
 from PIL import Image
 from timm.data import auto_augment
 
-from trainer.data import DataConfig, create_loader
-from trainer.data.dali_augment import rand_augment_params
-from trainer.data.transforms import posterize, train_transform
+from vitpod.trainer.data import DataConfig, create_loader
+from vitpod.trainer.data.dali_augment import rand_augment_params
+from vitpod.trainer.data.transforms import posterize, train_transform
 
 
 def _cfg(digits_dir, **kw) -> DataConfig:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_trainer_launch import logs, run_ranks
-from trainer.data import CorruptImageError, DataConfig, create_loader
+from vitpod.trainer.data import CorruptImageError, DataConfig, create_loader
 
 
 def _folder_with_corrupt_train_images(digits_dir: Path, root: Path) -> tuple[Path, list[str]]:
@@ -32,7 +32,7 @@ def test_each_corrupt_file_is_warned_about_once_over_epochs(digits_dir, tmp_path
     cfg = DataConfig(data_dir=str(root), img_size=32, batch_size=4, workers=0, loader=kind,
                      auto_augment=None, reprob=0.0, corrupt="skip")  # fmt: skip
     loader = create_loader(cfg, "train", 0, 1)
-    with caplog.at_level(logging.WARNING, logger="trainer.data"):
+    with caplog.at_level(logging.WARNING, logger="vitpod.trainer.data"):
         for epoch in range(3):
             loader.set_epoch(epoch)
             assert sum(len(t) for _, t in loader) == 9 - len(bad)

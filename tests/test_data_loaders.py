@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.data import DataConfig, create_loader
+from vitpod.trainer.data import DataConfig, create_loader
 
 LOADERS = ["torch", "dali"]
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.data import DataConfig, create_loader
-from trainer.data.draws import crop_window, draw, sample_rng
+from vitpod.trainer.data import DataConfig, create_loader
+from vitpod.trainer.data.draws import crop_window, draw, sample_rng
 
 DRAW_ARGS = dict(scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, layers=2, num_ops=14,
                  reprob=0.25)  # fmt: skip

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from trainer.data.sharding import epoch_order, rank_batches, samples_after
+from vitpod.trainer.data.sharding import epoch_order, rank_batches, samples_after
 
 CASES = list(itertools.product([1, 2, 3, 4, 7, 8, 50, 97, 100, 101], [1, 2, 3, 4], [1, 3, 8]))
 

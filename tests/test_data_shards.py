@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.data import DataConfig, create_loader
-from trainer.data.shards import INDEX, ShardReader, write_shards, write_split
-from trainer.data.sources import Split, folder_split
+from vitpod.trainer.data import DataConfig, create_loader
+from vitpod.trainer.data.shards import INDEX, ShardReader, write_shards, write_split
+from vitpod.trainer.data.sources import Split, folder_split
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from trainer.data import (
+from vitpod.trainer.data import (
     CorruptImageError,
     DataConfig,
     DataConfigError,
@@ -22,8 +22,8 @@ from trainer.data import (
     choose_loader,
     create_loader,
 )
-from trainer.data.digits import write_digits_jpeg
-from trainer.data.sources import load_split
+from vitpod.trainer.data.digits import write_digits_jpeg
+from vitpod.trainer.data.sources import load_split
 
 
 def _small_folder(digits_dir: Path, root: Path, per_class: int = 6) -> Path:
@@ -200,7 +200,7 @@ def test_auto_takes_torch_for_randaugment_without_a_gpu_and_workers_fork_when_sa
 ):
     import threading
 
-    from trainer.data.torch_loader import worker_context
+    from vitpod.trainer.data.torch_loader import worker_context
 
     split = load_split(_cfg(digits_dir), "train")
     recipe = _cfg(digits_dir, loader="auto", auto_augment="rand-m9-mstd0.5-inc1")

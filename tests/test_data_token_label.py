@@ -9,8 +9,8 @@ import pytest
 import torch
 from timm.models.volo import VOLO
 
-from trainer.data import DataConfig, create_loader
-from trainer.data.token_label import (
+from vitpod.trainer.data import DataConfig, create_loader
+from vitpod.trainer.data.token_label import (
     TokenLabelCriterion,
     TokenLabelError,
     crop_scores,

@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 from tests.test_pipeline_local import TINY, _profile
-from workflows import follow
-from workflows.errors import ConfigError
-from workflows.pipeline import Pipeline
+from vitpod.workflows import follow
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.pipeline import Pipeline
 
 
 def step(rank: int, n: int, wall: float, total: int = 100, loss: float = 1.0) -> str:
@@ -57,7 +57,7 @@ def test_eta_falls_back_to_step_time_without_wall_clock(tmp_path):
 
 
 def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
-    from workflows.status import main
+    from vitpod.workflows.status import main
 
     assert main(["--run", str(tmp_path), "--follow"]) == 2
     assert "is not a run directory" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from workflows import follow, scaling
+from vitpod.workflows import follow, scaling
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module", autouse=True)
 def localslurm_data():
     """The digits folder localslurm's storage.data points at: a sweep refuses a missing one."""
-    from trainer.data.digits import write_digits_jpeg
+    from vitpod.trainer.data.digits import write_digits_jpeg
 
     return write_digits_jpeg(REPO / "data" / "digits", size=32)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows import jobstate
+from vitpod.workflows import jobstate
 
 REPO = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("VITPOD_SLURM_STATE", REPO / ".slurm"))

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows import status
-from workflows.errors import ConfigError
-from workflows.pipeline import Pipeline
-from workflows.profile import PROFILE_DIR
+from vitpod.workflows import status
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.pipeline import Pipeline
+from vitpod.workflows.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = "--max-steps 6 --epochs 1 --workers 0 --loader torch --log-interval 1 -b 8"
@@ -89,8 +89,8 @@ def test_missing_shared_data_path_fails_before_submission(tmp_path):
 
 
 def test_slurm_pipeline_shares_the_sbatch_requeue_rule_and_submit_check(tmp_path, monkeypatch):
-    from workflows.pipeline import make_executor
-    from workflows.plan import Request, plan_job
+    from vitpod.workflows.pipeline import make_executor
+    from vitpod.workflows.plan import Request, plan_job
 
     data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
     profile = tmp_path / "localslurm.yaml"
@@ -130,7 +130,7 @@ def test_finetune_without_pretrain_checkpoint(tmp_path):
 
 
 def test_make_status_and_pipeline_cli_errors(tmp_path, capsys):
-    from workflows.cli import main
+    from vitpod.workflows.cli import main
 
     assert main(["status", "--run", ""]) == 2
     assert main(["pipeline", "--cluster", "nosuch", "--model", "volo_tiny"]) == 2
@@ -144,8 +144,8 @@ def test_orchestrator_imports_without_torch():
         "    def find_spec(self, name, path, target=None):\n"
         "        if name.split('.')[0] in ('torch', 'timm', 'numpy'): raise ImportError(name)\n"
         "sys.meta_path.insert(0, B())\n"
-        "import workflows.pipeline, workflows.demo, workflows.status, workflows.jobstate\n"
-        "import workflows.topology\n"
+        "import vitpod.workflows.pipeline, vitpod.workflows.demo, vitpod.workflows.status, vitpod.workflows.jobstate\n"
+        "import vitpod.workflows.topology\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))\n"
     )
     out = subprocess.run(

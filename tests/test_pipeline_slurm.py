@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows import topology
-from workflows.pipeline import Pipeline, PipelineError
-from workflows.profile import PROFILE_DIR
+from vitpod.workflows import topology
+from vitpod.workflows.pipeline import Pipeline, PipelineError
+from vitpod.workflows.profile import PROFILE_DIR
 
 # Augmentation that draws no random numbers (kept simple; both loaders now resume exactly with
 # random crops on too: tests/test_resume_slurm.py).

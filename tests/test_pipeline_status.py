@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from workflows import jobstate, status
+from vitpod.workflows import jobstate, status
 
 REAL = """\
 Traceback (most recent call last):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows.errors import ConfigError
-from workflows.pipeline import Pipeline
-from workflows.plan import Request, plan_job
-from workflows.profile import PROFILE_DIR
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.pipeline import Pipeline
+from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_gpus_the_partition_lacks_are_refused(local_slurm, tmp_path):
 
 
 def test_preflight_checks_the_paths_the_ranks_will_read(tmp_path, capsys):
-    from workflows import cli
+    from vitpod.workflows import cli
 
     argv = ["--cluster", "local", "--stage", "finetune", "--finetune-from", "/no/such/run"]
     assert cli.main(["preflight", *argv, "--run-root", str(tmp_path / "runs")]) == 2
@@ -172,7 +172,7 @@ def test_empty_model_names_the_pipeline_after_the_profile_default(tmp_path):
 
 
 def test_status_reads_the_manifest_a_submission_writes(tmp_path):
-    from workflows.status import stages_of
+    from vitpod.workflows.status import stages_of
 
     plan = plan_job(Request(cluster="localslurm", run_root=str(tmp_path / "runs")))
     plan.run_dir.mkdir(parents=True)
@@ -184,7 +184,7 @@ def test_status_reads_the_manifest_a_submission_writes(tmp_path):
 def test_planner_imports_no_torch():
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['timm'] = None\n"
-        "from workflows.plan import Request, plan_job\n"
+        "from vitpod.workflows.plan import Request, plan_job\n"
         "p = plan_job(Request(cluster='dgxpod', model='volo_d5', run_root='/tmp/x'))\n"
         "print(p.topology.topology, p.memory['checked'])"
     )
@@ -209,7 +209,7 @@ def test_a_login_node_install_renders_from_anywhere(tmp_path):
     assert subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    argv = ["-m", "workflows", "render", "--cluster", "dgxpod", "--model", "volo_d5"]
+    argv = ["-m", "vitpod.workflows", "render", "--cluster", "dgxpod", "--model", "volo_d5"]
     done = subprocess.run(
         [python, *argv, "--run-root", str(tmp_path / "runs")],
         capture_output=True, text=True, cwd=elsewhere,

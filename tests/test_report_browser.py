@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from analysis import report, scaling
+from vitpod.analysis import report, scaling
 from tests.test_analysis_report import FABRIC, write_run, write_study
 
 WIDTH = 1300  # the browser width users reported the cut-off column at

@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from workflows.profile import PROFILE_DIR
+from vitpod.workflows.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -91,7 +91,7 @@ def _kill_rank(job: str, rank: int) -> int:
             env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
         except OSError:
             continue
-        if cmd[1:3] == [b"-m", b"trainer"] and want <= env:
+        if cmd[1:3] == [b"-m", b"vitpod.trainer"] and want <= env:
             os.kill(int(pid), signal.SIGKILL)
             return int(pid)
     raise AssertionError(f"no trainer process of job {job} rank {rank}")

@@ -6,10 +6,10 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import preempted_once_python
-from workflows import jobstate
-from workflows.profile import PROFILE_DIR
-from workflows.scaling import build_parser, materialize, prepare, task_ids, wait_array
-from workflows.submission import sbatch
+from vitpod.workflows import jobstate
+from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.scaling import build_parser, materialize, prepare, task_ids, wait_array
+from vitpod.workflows.submission import sbatch
 
 
 def test_array_task_ids_are_expanded():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.scaling import main
+from vitpod.workflows.scaling import main
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module", autouse=True)
 def localslurm_data():
     """The digits folder localslurm's storage.data points at: a sweep refuses a missing one."""
-    from trainer.data.digits import write_digits_jpeg
+    from vitpod.trainer.data.digits import write_digits_jpeg
 
     return write_digits_jpeg(REPO / "data" / "digits", size=32)
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from workflows.errors import ConfigError
-from workflows.scaling import main, parse_gpus, per_rank_batches, placement
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.scaling import main, parse_gpus, per_rank_batches, placement
 
 BASE = ["--cluster", "localslurm", "--model", "volo_tiny", "--render-only"]
 
@@ -95,7 +95,7 @@ def test_rendered_array_script(tmp_path, capsys):
 
 
 def test_study_json_is_readable_by_analysis(tmp_path):
-    from analysis.scaling import load_study, scaling_table
+    from vitpod.analysis.scaling import load_study, scaling_table
 
     assert run(tmp_path, "--mode", "weak", "--gpus", "1 2", "--batch", "8") == 0
     study = load_study(tmp_path / "study")
@@ -105,7 +105,7 @@ def test_study_json_is_readable_by_analysis(tmp_path):
 
 
 def test_scaling_imports_without_torch():
-    code = "import sys; sys.modules['torch'] = None; import workflows.scaling; print('ok')"
+    code = "import sys; sys.modules['torch'] = None; import vitpod.workflows.scaling; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
 
@@ -122,8 +122,8 @@ def test_hostile_paths_and_args_are_quoted(tmp_path):
 
 
 def test_sweep_shares_the_requeue_rule_and_marker(tmp_path):
-    from workflows.scaling import build_parser, prepare
-    from workflows.spec import launch_plan
+    from vitpod.workflows.scaling import build_parser, prepare
+    from vitpod.workflows.spec import launch_plan
 
     ns = build_parser().parse_args([*BASE, "--study-dir", str(tmp_path / "study"), "--gpus", "2"])
     sweep = prepare(ns)
@@ -148,7 +148,7 @@ def test_forced_parameter_server_gets_a_server_on_every_rank(tmp_path):
 def _localslurm_copy(tmp_path, data):
     import yaml
 
-    from workflows.profile import PROFILE_DIR
+    from vitpod.workflows.profile import PROFILE_DIR
 
     profile = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
     profile["storage"] = {**profile["storage"], "data": str(data)}

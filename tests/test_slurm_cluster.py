@@ -13,20 +13,20 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import preempted_once_python
-from workflows.profile import PROFILE_DIR
-from workflows.rankinfo import PREFIX
+from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.rankinfo import PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
 
 
 def submit(tmp_path: Path, *argv: str, make: bool = False) -> tuple[str, Path]:
-    """Submit with `make pretrain` or `python -m workflows submit`; returns (job id, run dir)."""
+    """Submit with `make pretrain` or `python -m vitpod.workflows submit`; returns (job id, run dir)."""
     env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
     cmd = (
         ["make", "-s", "pretrain", *argv]
         if make
-        else [sys.executable, "-m", "workflows", "submit", *argv]
+        else [sys.executable, "-m", "vitpod.workflows", "submit", *argv]
     )
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -73,7 +73,7 @@ def test_two_nodes_by_two_tasks_report_ranks_and_binding(local_slurm, tmp_path):
 
 @pytest.mark.slow
 def test_make_pretrain_runs_the_trainer_on_two_nodes(local_slurm, tmp_path):
-    from trainer.data.digits import write_digits_jpeg
+    from vitpod.trainer.data.digits import write_digits_jpeg
 
     write_digits_jpeg(REPO / "data" / "digits", size=32)  # where localslurm's storage.data points
     args = "ARGS=--max-steps 2 --epochs 1 --workers 0 --loader torch"
@@ -124,7 +124,7 @@ def test_partition_missing_on_the_cluster_fails_before_sbatch(local_slurm, tmp_p
         [
             sys.executable,
             "-m",
-            "workflows",
+            "vitpod.workflows",
             "submit",
             "--cluster",
             str(profile),
@@ -164,7 +164,7 @@ def test_hostile_run_path_survives_real_sbatch_and_srun(local_slurm, tmp_path):
         [
             sys.executable,
             "-m",
-            "workflows",
+            "vitpod.workflows",
             "submit",
             "--cluster",
             "localslurm",

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import label, labelset
-from trainer.checkpoint import save_final
-from trainer.data import DataConfig, create_loader
-from trainer.data.sources import folder_split
-from trainer.data.token_label import TokenLabelError
-from trainer.models import create_model, model_manifest
-from workflows.errors import ConfigError
-from workflows.plan import Request, plan_job
-from workflows.preflight import token_label_problems
+from vitpod.trainer import label, labelset
+from vitpod.trainer.checkpoint import save_final
+from vitpod.trainer.data import DataConfig, create_loader
+from vitpod.trainer.data.sources import folder_split
+from vitpod.trainer.data.token_label import TokenLabelError
+from vitpod.trainer.models import create_model, model_manifest
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.preflight import token_label_problems
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +97,8 @@ def test_the_trainer_reads_the_shards_with_the_teachers_scores(labels, digits_di
     teacher.load_state_dict(torch.load(teacher_run / "final" / "model.pt", weights_only=True))
     from PIL import Image
 
-    from trainer.data.token_label import dense_logits
-    from trainer.data.transforms import eval_transform
+    from vitpod.trainer.data.token_label import dense_logits
+    from vitpod.trainer.data.transforms import eval_transform
 
     with Image.open(digits_dir / name) as img:
         cfg32 = DataConfig(data_dir=str(digits_dir), img_size=32, crop_pct=1.0)
@@ -143,7 +143,7 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
     assert good.trainer and good.trainer["data_dir"]
     data = Path(good.trainer["data_dir"])
     if not (data / "train").is_dir():  # the local profile's digits (the trainer writes them)
-        from trainer.data.digits import write_digits_jpeg
+        from vitpod.trainer.data.digits import write_digits_jpeg
 
         write_digits_jpeg(data, size=32)
     assert token_label_problems(good) == []
@@ -165,7 +165,7 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
     )
     assert "has no manifest.json" in unfinished
     with pytest.raises(ConfigError, match="grid 2"):
-        from workflows import preflight
+        from vitpod.workflows import preflight
 
         preflight.check(
             plan(f"--img-size 64 --token-label --token-label-size 4 --token-label-data {labels}")
@@ -174,9 +174,9 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
 
 
 def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teacher_run, tmp_path):
-    from trainer.data.digits import write_digits_jpeg
-    from workflows.pipeline import Pipeline
-    from workflows.profile import load_profile, resolve_path
+    from vitpod.trainer.data.digits import write_digits_jpeg
+    from vitpod.workflows.pipeline import Pipeline
+    from vitpod.workflows.profile import load_profile, resolve_path
 
     write_digits_jpeg(resolve_path(load_profile("local").storage.data) / "digits", size=32)
     new = tmp_path / "grid4"
@@ -190,7 +190,7 @@ def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teac
     assert list(run.label_jobs) == ["finetune"], "the pretrain's labels pass the checks: reused"
     job = run.label_jobs["finetune"]
     assert (job.img_size, job.label_dir) == (64, new)
-    assert job.plan.spec.command[1:3] == ("-m", "trainer.label")
+    assert job.plan.spec.command[1:3] == ("-m", "vitpod.trainer.label")
     with pytest.raises(ConfigError, match=r"does not exist; make it with `make token-labels"):
         Pipeline("local", "volo_tiny", **stages).plan()
     shared = {**stages, "finetune_args": stages["finetune_args"].replace(str(new), str(labels))}

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import labelset
-from trainer.checkpoint import save_final
-from trainer.models import create_model, model_manifest
+from vitpod.trainer import labelset
+from vitpod.trainer.checkpoint import save_final
+from vitpod.trainer.models import create_model, model_manifest
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def setup(local_slurm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """localslurm's digits folder, a teacher run directory and a private run root."""
-    from trainer.data.digits import write_digits_jpeg
+    from vitpod.trainer.data.digits import write_digits_jpeg
 
     write_digits_jpeg(REPO / "data" / "digits", size=32)
     base = tmp_path_factory.mktemp("labels")
@@ -61,7 +61,9 @@ def label(setup: dict[str, Path]) -> tuple[str, str]:
 def test_label_array_resume_use_and_refusal(setup):
     _, run_dir = label(setup)
     script = (Path(run_dir) / "job.sbatch").read_text()
-    assert "#SBATCH --array=0-1" in script and "bind.sh" in script and "trainer.label" in script
+    assert (
+        "#SBATCH --array=0-1" in script and "bind.sh" in script and "vitpod.trainer.label" in script
+    )
     manifest = labelset.read_manifest(setup["labels"])
     assert manifest is not None
     names = labelset.folder_names(REPO / "data" / "digits")

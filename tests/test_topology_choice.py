@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from analysis.commcost import DGX_A100, Fabric
-from workflows import topology
+from vitpod.analysis.commcost import DGX_A100, Fabric
+from vitpod.workflows import topology
 
 VIT_S = 22_050_664 * 4  # gradient bytes of vit_small_patch16_224
 VOLO_D5 = 295_455_584 * 4

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import Checkpointer, save_final
-from trainer.models import ModelLoadError, create_model, load_finetune, model_manifest
+from vitpod.trainer.checkpoint import Checkpointer, save_final
+from vitpod.trainer.models import ModelLoadError, create_model, load_finetune, model_manifest
 
 
 def state(value: float) -> dict:
@@ -150,8 +150,8 @@ def _adamw_two_steps(relayout) -> torch.Tensor:
 
 
 def test_checkpointed_moments_keep_the_weights_layout_and_fused_adamw_stays_exact():
-    from trainer.checkpoint import HostStager
-    from trainer.optim import match_state_layout
+    from vitpod.trainer.checkpoint import HostStager
+    from vitpod.trainer.optim import match_state_layout
 
     weight = torch.randn(4, 3, 2, 2).contiguous(memory_format=torch.channels_last)
     staged = HostStager().stage({"m": weight})["m"]

@@ -7,9 +7,9 @@ import shlex
 import pytest
 import torch
 
-from trainer.__main__ import main
-from trainer.config import ConfigError, parse_args, problems
-from trainer.exitcodes import OK, REQUEUE, USAGE
+from vitpod.trainer.__main__ import main
+from vitpod.trainer.config import ConfigError, parse_args, problems
+from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
 
 PRETRAIN = """/path/to/imagenet --model volo_d5 --img-size 224 -b 44 --lr 1.0e-4
   --drop-path 0.75 --apex-amp --token-label --token-label-size 14
@@ -136,7 +136,7 @@ def test_print_config_does_not_need_the_data(capsys) -> None:
 
 
 def test_apex_amp_means_torch_amp_and_says_so_once(caplog) -> None:
-    from trainer.precision import make_precision
+    from vitpod.trainer.precision import make_precision
 
     with caplog.at_level(logging.INFO):
         precision = make_precision(torch.device("cpu"), False, True, "bf16", None)
@@ -149,8 +149,8 @@ def test_apex_amp_means_torch_amp_and_says_so_once(caplog) -> None:
 
 
 def test_attention_kernel_rule_and_override():
-    from registry import models
-    from trainer.attention import attention_modules, auto_kernel, choose_kernel
+    from vitpod.registry import models
+    from vitpod.trainer.attention import attention_modules, auto_kernel, choose_kernel
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert auto_kernel(cpu, torch.bfloat16) == "math" and auto_kernel(cpu, None) == "fused"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import dist as tdist
+from vitpod.trainer import dist as tdist
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def free_port() -> int:
 
 
 def start_ranks(nproc: int, args: list[str], log_dir: Path) -> list[subprocess.Popen]:
-    """`python -m trainer ARGS` once per rank with torchrun-style variables (gloo on CPU)."""
+    """`python -m vitpod.trainer ARGS` once per rank with torchrun-style variables (gloo on CPU)."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -33,7 +33,7 @@ def start_ranks(nproc: int, args: list[str], log_dir: Path) -> list[subprocess.P
         log = open(log_dir / f"rank{rank}.log", "a")
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "trainer", *args],
+                [sys.executable, "-m", "vitpod.trainer", *args],
                 cwd=ROOT,
                 env=env,
                 stdout=log,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.test_trainer_checkpoint import state
 from tests.test_trainer_launch import logs, run_ranks
-from trainer.checkpoint import Checkpointer
+from vitpod.trainer.checkpoint import Checkpointer
 
 
 def test_checkpointer_marks_completed_epoch_multiples(tmp_path: Path) -> None:

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from tests.test_trainer_launch import logs, run_ranks
-from trainer.__main__ import main
-from trainer.config import parse_args, problems
-from trainer.data import DataConfig
-from trainer.data.sources import SYNTHETIC_CLASSES, count_classes
-from trainer.exitcodes import OK
-from workflows.plan import Request, plan_job
-from workflows.recipe import load_recipe
-from workflows.topology import grad_bytes
+from vitpod.trainer.__main__ import main
+from vitpod.trainer.config import parse_args, problems
+from vitpod.trainer.data import DataConfig
+from vitpod.trainer.data.sources import SYNTHETIC_CLASSES, count_classes
+from vitpod.trainer.exitcodes import OK
+from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.recipe import load_recipe
+from vitpod.workflows.topology import grad_bytes
 
 # One optimizer step of the tiny VOLO on digits: the command, made cheap.
 QUICK = [

@@ -18,7 +18,7 @@ def _free_port() -> int:
 
 def _worker(rank: int, world: int, port: int, servers: int, out: dict) -> None:
     torch.set_num_threads(1)
-    from trainer import dist as tdist
+    from vitpod.trainer import dist as tdist
 
     tdist.init(tdist.DistEnv(rank, rank, world, "127.0.0.1", port, "torchrun"))
     for topology in ("builtin", "ring", "ps"):
@@ -29,10 +29,10 @@ def _worker(rank: int, world: int, port: int, servers: int, out: dict) -> None:
 def _train(rank: int, world: int, topology: str, servers: int, out: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from trainer.models import create_model
-    from trainer.optim import create_optimizer
-    from trainer.parallel import DDPEngine
-    from trainer.precision import make_precision
+    from vitpod.trainer.models import create_model
+    from vitpod.trainer.optim import create_optimizer
+    from vitpod.trainer.parallel import DDPEngine
+    from vitpod.trainer.precision import make_precision
 
     device = torch.device("cpu")
     torch.manual_seed(0)
@@ -72,7 +72,7 @@ def test_ring_ps_and_builtin_are_bit_identical(world: int, servers: int) -> None
     # The hooks really ran (their clocks moved), and training changed the weights.
     assert all(results[f"ps-comm-{r}"] > 0 for r in range(world))
     torch.manual_seed(0)
-    from trainer.models import create_model
+    from vitpod.trainer.models import create_model
 
     initial = torch.cat([p.flatten() for p in create_model("volo_tiny", 32, 10, 0.0).parameters()])
     assert not torch.equal(initial, results["ring"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.test_trainer_launch import logs, run_ranks, start_ranks, wait_ranks
-from trainer.exitcodes import OK, REQUEUE
+from vitpod.trainer.exitcodes import OK, REQUEUE
 
 ARGS = [
     "--model", "volo_tiny", "--num-classes", "10", "--img-size", "32", "-b", "16",

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.test_trainer_launch import logs, run_ranks
-from trainer.checkpoint import Checkpointer, ResumeError
-from trainer.exitcodes import OK, USAGE
+from vitpod.trainer.checkpoint import Checkpointer, ResumeError
+from vitpod.trainer.exitcodes import OK, USAGE
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_status_names_a_killed_rank_not_an_earlier_restarts_noise(
     """The logs of a job requeued once, then failed because rank 1 got SIGKILL (as srun and
     torch write them): the cause is srun's line, not the peers' gloo errors nor a traceback
     an earlier restart printed at exit."""
-    from workflows.status import root_cause
+    from vitpod.workflows.status import root_cause
 
     logs_dir = tmp_path / "logs"
     logs_dir.mkdir()

@@ -110,7 +110,7 @@ def test_log_wandb_without_wandb_is_one_clear_error(tmp_path):
     """With wandb unimportable, the trainer refuses before any rank trains (exit 2)."""
     code = (
         "import sys; sys.modules['wandb'] = None\n"  # makes `import wandb` fail, as if absent
-        "from trainer.__main__ import main\n"
+        "from vitpod.trainer.__main__ import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     argv = ["--dataset", "synthetic", "--model", "volo_tiny", "--img-size", "32",
@@ -126,8 +126,8 @@ def test_log_wandb_without_wandb_is_one_clear_error(tmp_path):
 def test_metrics_logger_raises_the_same_error_when_import_fails(tmp_path, monkeypatch):
     import torch
 
-    from trainer.config import ConfigError
-    from trainer.metrics import MetricsLogger
+    from vitpod.trainer.config import ConfigError
+    from vitpod.trainer.metrics import MetricsLogger
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match="--log-wandb: the wandb package is not installed"):
@@ -144,7 +144,7 @@ def test_online_without_an_api_key_is_one_clear_error(tmp_path):
     argv = ["--dataset", "synthetic", "--model", "volo_tiny", "--img-size", "32", "--workers",
             "0", "--output", str(tmp_path / "run"), "--log-wandb"]  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "trainer", *argv], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "vitpod.trainer", *argv], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]

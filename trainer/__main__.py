@@ -1,4 +1,4 @@
-"""`python -m trainer DATA_DIR [flags]`: validate, train this rank, exit with a launcher status."""
+"""`python -m vitpod.trainer DATA_DIR [flags]`: validate, train this rank, exit with a launcher status."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 import os
 import sys
 
-from trainer.exitcodes import OK, USAGE
-from trainer.preempt import Preemption
+from vitpod.trainer.exitcodes import OK, USAGE
+from vitpod.trainer.preempt import Preemption
 
 
 def setup_logging(rank: int) -> None:
@@ -27,8 +27,8 @@ def usage_error(messages: list[str]) -> int:
 def _count_classes_if_readable(cfg) -> None:
     """--print-config shows the class count training would use; null when the data is absent
     (printing must work away from the data, e.g. for the published commands' /path/to/...)."""
-    from trainer.data import DataConfigError, DataSourceError
-    from trainer.train import resolve_num_classes
+    from vitpod.trainer.data import DataConfigError, DataSourceError
+    from vitpod.trainer.train import resolve_num_classes
 
     try:
         resolve_num_classes(cfg)
@@ -39,8 +39,8 @@ def _count_classes_if_readable(cfg) -> None:
 def main(argv: list[str] | None = None) -> int:
     preemption = Preemption()
     preemption.install()  # first: a SIGUSR2/SIGTERM from here on sets a flag instead of killing
-    from trainer import dist as tdist
-    from trainer.config import ConfigError, parse_args, problems
+    from vitpod.trainer import dist as tdist
+    from vitpod.trainer.config import ConfigError, parse_args, problems
 
     env = tdist.detect()
     try:
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         return usage_error(found)
     setup_logging(env.rank)
-    from trainer.checkpoint import ResumeError
-    from trainer.train import Trainer, startup_errors
+    from vitpod.trainer.checkpoint import ResumeError
+    from vitpod.trainer.train import Trainer, startup_errors
 
     try:
         trainer = Trainer(cfg, env, preemption)
@@ -87,5 +87,10 @@ def exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `vitpod-train` console script."""
     exit_without_teardown(main())
+
+
+if __name__ == "__main__":
+    cli()

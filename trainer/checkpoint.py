@@ -16,7 +16,7 @@ from typing import IO, Any, cast
 import torch
 import torch.distributed as dist
 
-from registry import runfiles
+from vitpod.registry import runfiles
 
 log = logging.getLogger(__name__)
 STEP_PREFIX = "step_"

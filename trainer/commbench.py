@@ -1,16 +1,16 @@
-"""`python -m trainer.commbench --out FILE`: time all-reduce, reduce and broadcast over a size
+"""`python -m vitpod.trainer.commbench --out FILE`: time all-reduce, reduce and broadcast over a size
 sweep on every rank of a job, per level (inside a node, across nodes, whole world, one rank).
 
 Runs on every rank under srun (ranks and the rendezvous come from trainer/dist.py, so the
 backend is NCCL on GPUs and gloo on CPUs, exactly as for training). Rank 0 writes one JSON file
-that `analysis.calibrate.fit` turns into latency and bandwidth per level.
+that `vitpod.analysis.calibrate.fit` turns into latency and bandwidth per level.
 
 How an operation is timed is how the trainer's DDP comm hook times a gradient bucket
 (trainer/parallel.py `ring_hook`): the clock starts before the asynchronous call and stops in
 the callback of its future, so the per-call software cost (enqueue, worker-thread hand-off,
 callback) is in both. Before each timed call the group meets at a barrier; the call of the rank
 that leaves the barrier last has no peer to wait for, so each iteration's time is the minimum
-over the group's ranks (the same per-step statistic `workflows.topology` reads from the
+over the group's ranks (the same per-step statistic `vitpod.workflows.topology` reads from the
 trainer's metrics). Levels, after Thakur, Rabenseifner & Gropp (2005), "Optimization of
 collective communication operations in MPICH", whose cost formulas analysis/commcost.py uses:
 
@@ -36,7 +36,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from trainer import dist as tdist
+from vitpod.trainer import dist as tdist
 
 FORMAT = "vitpod-commbench/1"
 OPS = ("all_reduce", "reduce", "broadcast")
@@ -222,7 +222,7 @@ def write_atomic(data: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.commbench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m vitpod.trainer.commbench", description=__doc__)
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     p.add_argument("--sizes", default="", help="message sizes in bytes (default 4K..16M, x4)")
     p.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="timed calls per point")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry import models, runfiles
+from vitpod.registry import models, runfiles
 
 
 class ConfigError(ValueError):
@@ -237,12 +237,12 @@ class _Parser(argparse.ArgumentParser):
     login node's planner refuses a bad flag before anything is written or submitted."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        raise ConfigError(f"{message}; see `python -m trainer --help` for the valid flags")
+        raise ConfigError(f"{message}; see `python -m vitpod.trainer --help` for the valid flags")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m trainer",
+        prog="python -m vitpod.trainer",
         description="Train a timm VOLO/ViT model on every rank.",
         allow_abbrev=False,  # a misspelt flag is an error, never silently another flag
     )
@@ -399,7 +399,7 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
 
 def _mesh_problems(cfg: TrainConfig) -> list[str]:
     """A layout the mesh cannot hold, named by its flag (the GPUs-per-node check is the planner's:
-    analysis.layout.check_layout; here only what one job's world size decides)."""
+    vitpod.analysis.layout.check_layout; here only what one job's world size decides)."""
     out: list[str] = []
     for name in ("tp", "pp"):
         if getattr(cfg, name) < 1:

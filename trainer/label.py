@@ -1,10 +1,10 @@
-"""`python -m trainer.label DATA_DIR --teacher T --label-dir OUT`: label one shard per rank.
+"""`python -m vitpod.trainer.label DATA_DIR --teacher T --label-dir OUT`: label one shard per rank.
 
 One rank of a labeling job array: shard = array task x world size + rank, of
 (array tasks x world size) shards, each a contiguous slice of the sorted training-sample names.
 A rank runs the teacher over its slice (the whole image resized to --img-size, as the token
 labeling paper scores every patch once: "All Tokens Matter", arXiv:2104.10858) and writes the
-per-token top-k scores (float16) and class indices in the format `trainer.data.token_label`
+per-token top-k scores (float16) and class indices in the format `vitpod.trainer.data.token_label`
 reads, under a temporary name then renamed, with a sidecar JSON written last. A requeued or
 resubmitted job finds the sidecar and skips the shard. Whichever rank finds every shard done
 writes manifest.json (same content from any rank; atomic rename), which is what the login node
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import labelset
-from trainer.exitcodes import OK, REQUEUE, USAGE
+from vitpod.trainer import labelset
+from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
 
 
 class LabelError(ValueError):
@@ -34,7 +34,7 @@ class LabelError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.label", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m vitpod.trainer.label", description=__doc__)
     p.add_argument("data_dir", help="ImageNet-layout folder; its train/ split is labeled")
     p.add_argument("--teacher", required=True, help="vitpod run dir, weights file, or timm name")
     p.add_argument("--teacher-checkpoint", default="", help="weights for a timm-name teacher")
@@ -62,7 +62,7 @@ def shard_of_this_rank(environ: dict[str, str] | None = None) -> tuple[int, int]
 def teacher_record(ns: argparse.Namespace) -> dict[str, Any]:
     """What identifies the teacher in the manifest: its name and its weights file (path, size,
     modification time; hashing a multi-GB checkpoint on every rank would cost minutes)."""
-    from trainer.models import resolve_finetune_file
+    from vitpod.trainer.models import resolve_finetune_file
 
     weights = ns.teacher_checkpoint or ns.teacher
     if not weights or not (Path(weights).exists()):
@@ -94,7 +94,7 @@ def _teacher_name(ns: argparse.Namespace, file: Path) -> str:
 
 def load_teacher(record: dict[str, Any], img_size: int, num_classes: int) -> Any:
     """The teacher at the labeling resolution (its pos-embed resampled like a fine-tune)."""
-    from trainer.models import create_model, load_finetune
+    from vitpod.trainer.models import create_model, load_finetune
 
     model = create_model(record["model"], img_size, num_classes, 0.0)
     skipped = load_finetune(model, record["weights"], record["model"])
@@ -110,10 +110,10 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
     """Label this rank's slice; returns the sidecar record (written only after the shard)."""
     import torch
 
-    from trainer.data.config import DataConfig
-    from trainer.data.sources import folder_split
-    from trainer.data.token_label import FORMAT, _atomic_save, _batches, dense_logits
-    from trainer.data.transforms import eval_transform
+    from vitpod.trainer.data.config import DataConfig
+    from vitpod.trainer.data.sources import folder_split
+    from vitpod.trainer.data.token_label import FORMAT, _atomic_save, _batches, dense_logits
+    from vitpod.trainer.data.transforms import eval_transform
 
     data_dir = Path(ns.data_dir)
     split = folder_split(data_dir, "train")
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --img-size {ns.img_size} must be a multiple of 16", file=sys.stderr)
         return USAGE
     if ns.dataset == "digits":
-        from trainer.data.digits import write_digits_jpeg
+        from vitpod.trainer.data.digits import write_digits_jpeg
 
         write_digits_jpeg(ns.data_dir, size=32)
     shard, shards = shard_of_this_rank()

@@ -1,7 +1,7 @@
 """Token-label data sets on disk: shard names, the manifest and its checks (no torch, no numpy).
 
 A token-label directory holds `manifest.json` and `shards/shard-<i>-of-<n>.pt`. Each shard is
-the torch file `trainer.data.token_label` reads (top-k teacher scores per token of a contiguous
+the torch file `vitpod.trainer.data.token_label` reads (top-k teacher scores per token of a contiguous
 slice of the sorted training-sample names). The manifest is written when the last shard lands;
 it records what the labels are valid for: the teacher, the labeling resolution, the grid (one
 label per 16x16 pixels: 14 at 224, 32 at 512), k, and the data set (path, sample count and a
@@ -28,7 +28,7 @@ FORMAT = "vitpod-token-labels/2"
 MANIFEST = "manifest.json"
 SHARDS = "shards"
 STRIDE = 16  # one token label per 16x16 pixels (VOLO: --token-label-size = img_size/16)
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")  # = trainer.data.sources'
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")  # = vitpod.trainer.data.sources'
 
 
 def folder_names(root: str | os.PathLike[str], split: str = "train") -> list[str]:

@@ -20,11 +20,11 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from trainer import dcp
-from trainer.mesh import Mesh, build_mesh
-from trainer.pipeline_parallel import build_schedule, forward_only, split_vit
-from trainer.precision import Precision
-from trainer.tensor_parallel import (
+from vitpod.trainer import dcp
+from vitpod.trainer.mesh import Mesh, build_mesh
+from vitpod.trainer.pipeline_parallel import build_schedule, forward_only, split_vit
+from vitpod.trainer.precision import Precision
+from vitpod.trainer.tensor_parallel import (
     attention_heads,
     parallelize_vit_tp,
     parallelize_volo_tp,
@@ -102,7 +102,7 @@ class MeshEngine:
 
     def forward(self, images: torch.Tensor) -> Any:
         if self.cfg.token_label and self.model.training:
-            from trainer.parallel import token_label_forward
+            from vitpod.trainer.parallel import token_label_forward
 
             return token_label_forward(self.model, images)
         return self.model(images)
@@ -235,7 +235,7 @@ def _optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
     """
     from timm.optim import create_optimizer_v2
 
-    from trainer.optim import param_groups
+    from vitpod.trainer.optim import param_groups
 
     groups = param_groups(model, cfg.weight_decay)
     log.info("optimizer %s: single-tensor implementation (sharded parameters)", cfg.opt)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from registry import runfiles
+from vitpod.registry import runfiles
 
 log = logging.getLogger(__name__)
 PHASES = ("data", "compute", "comm", "optimizer", "step")
@@ -84,7 +84,7 @@ def _wandb_run(run_dir: Path, config: dict[str, Any]) -> Any:
     try:
         import wandb  # lazily: only runs given --log-wandb need it
     except ImportError:
-        from trainer.config import ConfigError
+        from vitpod.trainer.config import ConfigError
 
         raise ConfigError(
             "--log-wandb: the wandb package is not installed; pip install wandb or drop the flag"
@@ -103,7 +103,7 @@ def _wandb_run(run_dir: Path, config: dict[str, Any]) -> Any:
             config=config,
         )
     except Exception as exc:  # wandb raises its own types (UsageError, CommError, ...)
-        from trainer.config import ConfigError
+        from vitpod.trainer.config import ConfigError
 
         raise ConfigError(
             f"--log-wandb: W&B did not start ({exc}). Online runs need WANDB_API_KEY (list it "
@@ -197,7 +197,7 @@ class MetricsLogger:
 
     def summary(self, record: dict[str, Any], run_dir: Path) -> None:
         """Rank 0: the summary line and RUN_DIR/summary.json."""
-        from trainer.checkpoint import atomic_write_json
+        from vitpod.trainer.checkpoint import atomic_write_json
 
         record = {"kind": "summary", **record}
         self.write(record)

@@ -12,8 +12,8 @@ from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc
 from timm.models.volo import VOLO
 from torch import nn
 
-from registry import models
-from trainer.config import known_model
+from vitpod.registry import models
+from vitpod.trainer.config import known_model
 
 HEAD_PREFIXES = ("head.", "aux_head.")
 
@@ -47,7 +47,7 @@ def resolve_finetune_file(path: str) -> Path:
 
 def _sharded_dir(path: str) -> Path | None:
     """A sharded (DCP) checkpoint: a step directory, or a run's newest one if it has no final."""
-    from trainer import dcp
+    from vitpod.trainer import dcp
 
     p = Path(path)
     if dcp.is_sharded_checkpoint(p):
@@ -62,7 +62,7 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
     """State dict and its manifest (empty if none) from a finetune path."""
     sharded = _sharded_dir(path)
     if sharded is not None:
-        from trainer import dcp
+        from vitpod.trainer import dcp
 
         # The mesh engine stores qkv head-major; load_finetune converts it with the model's heads.
         return dcp.read_model_state(sharded), {"qkv_layout": "head_major"}
@@ -87,7 +87,7 @@ def load_finetune(model: nn.Module, path: str, model_name: str) -> list[str]:
         )
     own = model.state_dict()
     if manifest.get("qkv_layout") == "head_major":
-        from trainer.tensor_parallel import attention_heads, to_timm_layout
+        from vitpod.trainer.tensor_parallel import attention_heads, to_timm_layout
 
         state = to_timm_layout(state, attention_heads(model))
     _check_architecture(own, state, path, model_name)

@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.optim import match_state_layout
-from trainer.precision import Precision
+from vitpod.trainer.optim import match_state_layout
+from vitpod.trainer.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def server_ranks(world_size: int, servers: int) -> tuple[int, ...]:
 
 def token_label_forward(model: nn.Module, images: torch.Tensor) -> Any:
     """VOLO with MixToken: (class logits, token logits, bbox) for TokenLabelCriterion."""
-    from trainer.data.token_label import forward_train
+    from vitpod.trainer.data.token_label import forward_train
 
     return forward_train(model, images)
 
@@ -280,7 +280,7 @@ def parallelize(
 ) -> Any:
     """Apply the engine chosen by cfg (ring | ps | deepspeed | mesh) to a model on its device."""
     if cfg.uses_mesh:
-        from trainer.mesh_engine import make_mesh_engine
+        from vitpod.trainer.mesh_engine import make_mesh_engine
 
         return make_mesh_engine(model, optimizer_factory, precision, cfg, loss_fn)
     if cfg.deepspeed:
@@ -294,7 +294,7 @@ def parallelize(
                 cfg.zero_stage, dtype, cfg.clip_grad,
             )  # fmt: skip
         log.info("gradient engine: deepspeed ZeRO-%s", ds_cfg.get("zero_optimization", {}))
-        from trainer.optim import param_groups
+        from vitpod.trainer.optim import param_groups
 
         return DeepSpeedEngine(
             model, param_groups(model, cfg.weight_decay), ds_cfg, cfg.token_label

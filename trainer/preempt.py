@@ -6,7 +6,7 @@ import logging
 import signal
 import types
 
-from trainer.exitcodes import PREEMPT_SIGNALS
+from vitpod.trainer.exitcodes import PREEMPT_SIGNALS
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from trainer.config import ConfigError
+from vitpod.trainer.config import ConfigError
 
 QKV_SUFFIXES = (".qkv.weight", ".qkv.bias")
 

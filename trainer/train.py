@@ -13,19 +13,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from registry import runfiles
-from trainer import checkpoint as ckpt
-from trainer import dist as tdist
-from trainer.attention import choose_kernel
-from trainer.config import TrainConfig
-from trainer.exitcodes import OK, REQUEUE
-from trainer.mesh import local_param_bytes, max_over_ranks
-from trainer.metrics import MetricsLogger, StepTimer, topk_counts
-from trainer.models import create_model, load_finetune, model_manifest
-from trainer.optim import create_optimizer, create_schedule, current_lr
-from trainer.parallel import parallelize
-from trainer.precision import make_precision, prepare_model
-from trainer.preempt import Preemption
+from vitpod.registry import runfiles
+from vitpod.trainer import checkpoint as ckpt
+from vitpod.trainer import dist as tdist
+from vitpod.trainer.attention import choose_kernel
+from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.exitcodes import OK, REQUEUE
+from vitpod.trainer.mesh import local_param_bytes, max_over_ranks
+from vitpod.trainer.metrics import MetricsLogger, StepTimer, topk_counts
+from vitpod.trainer.models import create_model, load_finetune, model_manifest
+from vitpod.trainer.optim import create_optimizer, create_schedule, current_lr
+from vitpod.trainer.parallel import parallelize
+from vitpod.trainer.precision import make_precision, prepare_model
+from vitpod.trainer.preempt import Preemption
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def reseed_for_step(seed: int, rank: int, step: int, micro: int) -> None:
 
 
 def data_config(cfg: TrainConfig):
-    from trainer.data import DataConfig
+    from vitpod.trainer.data import DataConfig
 
     return DataConfig(
         data_dir=cfg.data_dir or "", dataset=cfg.dataset, img_size=cfg.img_size,
@@ -72,21 +72,21 @@ def resolve_num_classes(cfg: TrainConfig) -> None:
     refuses a mismatch naming the flag. cfg is updated, so config.json records the count.
     """
     if cfg.num_classes is None:
-        from trainer.data.sources import count_classes
+        from vitpod.trainer.data.sources import count_classes
 
         cfg.num_classes = count_classes(data_config(cfg))
 
 
 def make_criterion(cfg: TrainConfig) -> nn.Module:
     if cfg.token_label:
-        from trainer.data.token_label import TokenLabelCriterion
+        from vitpod.trainer.data.token_label import TokenLabelCriterion
 
         return TokenLabelCriterion(ground_truth=cfg.ground_truth)
     return nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
 
 
 class Trainer:
-    """One rank of a training run; `run()` returns an exit status from trainer.exitcodes."""
+    """One rank of a training run; `run()` returns an exit status from vitpod.trainer.exitcodes."""
 
     def __init__(
         self, cfg: TrainConfig, env: tdist.DistEnv, preemption: Preemption | None = None
@@ -156,7 +156,7 @@ class Trainer:
         return optimizer
 
     def _build_data(self):
-        from trainer.data import create_loader
+        from vitpod.trainer.data import create_loader
 
         data_cfg = data_config(self.cfg)
         rank, world = self.data_rank, self.data_world
@@ -437,8 +437,8 @@ def _mkdir(path: Path) -> Path:
 
 def startup_errors() -> tuple[type[Exception], ...]:
     """Errors that mean bad input (exit USAGE), raised while the Trainer is built."""
-    from trainer.config import ConfigError
-    from trainer.data import DataConfigError, DataSourceError
-    from trainer.models import ModelLoadError
+    from vitpod.trainer.config import ConfigError
+    from vitpod.trainer.data import DataConfigError, DataSourceError
+    from vitpod.trainer.models import ModelLoadError
 
     return (ConfigError, DataConfigError, DataSourceError, ModelLoadError)

@@ -1,7 +1,7 @@
-"""Entry point: `python -m workflows <command> ...` (see workflows/cli.py for the commands)."""
+"""Entry point: `python -m vitpod.workflows <command> ...` (see workflows/cli.py for the commands)."""
 
 import sys
 
-from workflows.cli import main
+from vitpod.workflows.cli import main
 
 sys.exit(main())

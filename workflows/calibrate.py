@@ -2,10 +2,10 @@
 store the fit beside the profile.
 
 One Slurm job (the usual rendered script and bind.sh, entry `commbench`) runs
-`python -m trainer.commbench` on every rank; this command waits for it, fits latency and
-bandwidth per level with `analysis.calibrate.fit`, and writes `<profile>.calibration.json`
+`python -m vitpod.trainer.commbench` on every rank; this command waits for it, fits latency and
+bandwidth per level with `vitpod.analysis.calibrate.fit`, and writes `<profile>.calibration.json`
 beside the profile file (bundled profiles: workflows/profiles/<name>.calibration.json) with the
-date, the job id and the raw points. Topology decisions (`workflows.topology.decide`) and
+date, the job id and the raw points. Topology decisions (`vitpod.workflows.topology.decide`) and
 scaling studies use it from then on and say so. The fit's path is the last line printed.
 """
 
@@ -17,29 +17,31 @@ import shlex
 import sys
 from pathlib import Path
 
-from analysis import calibrate as fitting
-from registry import runfiles
-from workflows import jobstate, preflight
-from workflows.cli import materialize
-from workflows.errors import ConfigError
-from workflows.plan import JobPlan, Request, plan_job
-from workflows.profile import load_profile, profile_path
-from workflows.rundir import RUN_ROOT_ENV, new_run_path, runs_root, write_json
-from workflows.spec import COMMBENCH_OUT
-from workflows.submission import sbatch_run
+from vitpod.analysis import calibrate as fitting
+from vitpod.registry import runfiles
+from vitpod.workflows import jobstate, preflight
+from vitpod.workflows.cli import materialize
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.plan import JobPlan, Request, plan_job
+from vitpod.workflows.profile import load_profile, profile_path
+from vitpod.workflows.rundir import RUN_ROOT_ENV, new_run_path, runs_root, write_json
+from vitpod.workflows.spec import COMMBENCH_OUT
+from vitpod.workflows.submission import sbatch_run
 
 DEFAULT_MODEL = "volo_tiny"  # the planner wants a recipe; the benchmark ignores it
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workflows calibrate", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m vitpod.workflows calibrate", description=__doc__)
     p.add_argument("--cluster", default="localslurm", help="a Slurm profile name or YAML path")
     p.add_argument("--nodes", default="", help="nodes to measure (default: the profile's)")
     p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"),
                    help="whose partition to measure")  # fmt: skip
     p.add_argument("--sizes", default="", help="message sizes, e.g. '4K 64K 1M 16M'")
     p.add_argument("--iters", default="", help="timed calls per size (default 10)")
-    p.add_argument("--args", default="", help="more trainer.commbench flags, e.g. '--busy-ms 0'")
+    p.add_argument(
+        "--args", default="", help="more vitpod.trainer.commbench flags, e.g. '--busy-ms 0'"
+    )
     p.add_argument("--out", default="", help="where to store the fit (default: beside the profile)")
     p.add_argument("--run-root", default="", help=f"parent of calibrations/ (or ${RUN_ROOT_ENV})")
     p.add_argument("--timeout", default="900", help="seconds to wait for the job")

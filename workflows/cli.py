@@ -1,4 +1,4 @@
-"""`python -m workflows <cmd>`: a lazy dispatch table; render, preflight, submit: one planner."""
+"""`python -m vitpod.workflows <cmd>`: a lazy dispatch table; render, preflight, submit: one planner."""
 
 from __future__ import annotations
 
@@ -9,38 +9,38 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from registry import runfiles
-from trainer.exitcodes import USAGE
-from workflows import preflight
-from workflows.errors import ConfigError
-from workflows.plan import JobPlan, Request, plan_job
-from workflows.rundir import (
+from vitpod.registry import runfiles
+from vitpod.trainer.exitcodes import USAGE
+from vitpod.workflows import preflight
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.plan import JobPlan, Request, plan_job
+from vitpod.workflows.rundir import (
     RUN_ROOT_ENV,
     create_run_dir,
     remove_run_dir,
     write_atomic,
     write_json,
 )
-from workflows.submission import sbatch_run
+from vitpod.workflows.submission import sbatch_run
 
 # Each command's `main(argv) -> int`, imported only when used, so one area's missing module
 # breaks only its own command.
 COMMANDS = {
-    "render": "workflows.cli:render_main",
-    "preflight": "workflows.cli:preflight_main",
-    "submit": "workflows.cli:submit_main",
-    "pipeline": "workflows.pipeline:main",
-    "demo": "workflows.demo:main",
-    "status": "workflows.status:main",
-    "scaling": "workflows.scaling:main",
-    "calibrate": "workflows.calibrate:main",
-    "token-labels": "workflows.labels:main",
+    "render": "vitpod.workflows.cli:render_main",
+    "preflight": "vitpod.workflows.cli:preflight_main",
+    "submit": "vitpod.workflows.cli:submit_main",
+    "pipeline": "vitpod.workflows.pipeline:main",
+    "demo": "vitpod.workflows.demo:main",
+    "status": "vitpod.workflows.status:main",
+    "scaling": "vitpod.workflows.scaling:main",
+    "calibrate": "vitpod.workflows.calibrate:main",
+    "token-labels": "vitpod.workflows.labels:main",
 }
 
 
 def stage_parser(prog: str) -> argparse.ArgumentParser:
     """Arguments of render/preflight/submit; an empty string (from make) means 'not given'."""
-    p = argparse.ArgumentParser(prog=f"python -m workflows {prog}")
+    p = argparse.ArgumentParser(prog=f"python -m vitpod.workflows {prog}")
     p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"))
     p.add_argument("--cluster", default="local", help="bundled profile name or a YAML path")
     p.add_argument(
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"error: unknown command {argv[0]!r}; commands: {known}", file=sys.stderr)
             return USAGE
-        print(f"usage: python -m workflows {{{known}}} [options]")
+        print(f"usage: python -m vitpod.workflows {{{known}}} [options]")
         return 0 if argv else USAGE
     try:
         return int(_load(argv[0])(argv[1:]) or 0)

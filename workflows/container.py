@@ -23,10 +23,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workflows.errors import ConfigError
+from vitpod.workflows.errors import ConfigError
 
 if TYPE_CHECKING:
-    from workflows.profile import Container, Profile
+    from vitpod.workflows.profile import Container, Profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVENANCE = "/etc/vitpod-image.json"

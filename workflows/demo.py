@@ -9,11 +9,11 @@ import sys
 import time
 from typing import Any
 
-from workflows.errors import ConfigError
-from workflows.pipeline import Pipeline, PipelineError
-from workflows.profile import load_profile, resolve_path
-from workflows.recipe import load_recipe
-from workflows.rundir import write_json
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.pipeline import Pipeline, PipelineError
+from vitpod.workflows.profile import load_profile, resolve_path
+from vitpod.workflows.recipe import load_recipe
+from vitpod.workflows.rundir import write_json
 
 MODEL = "volo_tiny"
 TARGET_TOP1 = 90.0
@@ -28,7 +28,7 @@ FINETUNE = ["--epochs", "5", "--warmup-epochs", "0", "--lr", "1e-3"]
 
 def write_digits(cluster: str) -> str:
     """The digits JPEG folder the volo_tiny recipe reads, under the profile's storage.data."""
-    from trainer.data.digits import write_digits_jpeg  # numpy/PIL/sklearn: only for the demo
+    from vitpod.trainer.data.digits import write_digits_jpeg  # numpy/PIL/sklearn: only for the demo
 
     profile, recipe = load_profile(cluster), load_recipe(MODEL)
     root = resolve_path(profile.storage.data) / (recipe.stage("pretrain").data or "digits")
@@ -87,7 +87,7 @@ def token_label_chain(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workflows demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m vitpod.workflows demo", description=__doc__)
     parser.add_argument("--cluster", default="local", help="local (no Slurm) or localslurm")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds to wait at most")
     parser.add_argument("--run-root", default="", help="where the run goes (profile's default)")

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workflows import jobstate, status
-from workflows.errors import ConfigError
-from workflows.rundir import write_json
+from vitpod.workflows import jobstate, status
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.rundir import write_json
 
 STUDY_FILE = "study.json"
 REPORT_HTML = Path("report") / "report.html"

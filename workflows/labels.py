@@ -2,7 +2,7 @@
 
 The labeling job is planned like training (plan_job with entry "labels"): the same partition,
 binding (bind.sh), container flags and environment, one rank per GPU. Every array task holds
-NODES node(s) (default 1) and each of its ranks runs `python -m trainer.label` on one shard,
+NODES node(s) (default 1) and each of its ranks runs `python -m vitpod.trainer.label` on one shard,
 so SHARDS = array tasks x ranks per task. Shards are written atomically and a requeued or
 resubmitted array skips the finished ones; the rank that completes the last shard writes the
 manifest that preflight checks before a training job may read the labels.
@@ -18,19 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry import runfiles
-from trainer import labelset
-from workflows import preflight
-from workflows.cli import materialize
-from workflows.errors import ConfigError
-from workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
-from workflows.preflight import whole_number
-from workflows.profile import Profile, load_profile, resolve_path
-from workflows.recipe import load_recipe
-from workflows.rundir import RUN_ROOT_ENV, new_run_path, runs_root, write_json
-from workflows.submission import sbatch_run
+from vitpod.registry import runfiles
+from vitpod.trainer import labelset
+from vitpod.workflows import preflight
+from vitpod.workflows.cli import materialize
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
+from vitpod.workflows.preflight import whole_number
+from vitpod.workflows.profile import Profile, load_profile, resolve_path
+from vitpod.workflows.recipe import load_recipe
+from vitpod.workflows.rundir import RUN_ROOT_ENV, new_run_path, runs_root, write_json
+from vitpod.workflows.submission import sbatch_run
 
-LABELER_ARGV_START = 3  # command = (python, -m, trainer.label, DATA_DIR, flags...)
+LABELER_ARGV_START = 3  # command = (python, -m, vitpod.trainer.label, DATA_DIR, flags...)
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def prepare(
 
 def _parse_labeler(plan: JobPlan) -> argparse.Namespace:
     """The labeler's own parser on the exact argv every rank will run."""
-    from trainer.label import build_parser
+    from vitpod.trainer.label import build_parser
 
     parser = build_parser()
     argv = list(plan.spec.command[LABELER_ARGV_START:])
@@ -191,7 +191,9 @@ def submit(job: LabelJob, force: bool = False) -> str | None:
             "; ".join(found) + f'; choose another directory (ARGS="--label-dir DIR") or '
             f"remove {job.label_dir}"
         )
-    preflight.check(job.plan, render_hint="python -m workflows token-labels ... --render-only")
+    preflight.check(
+        job.plan, render_hint="python -m vitpod.workflows token-labels ... --render-only"
+    )
     return launch(job)
 
 
@@ -216,7 +218,7 @@ def launch(job: LabelJob) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workflows token-labels", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m vitpod.workflows token-labels", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--model", default="", help="recipe (default: the profile's default_model)")
     p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"),
@@ -242,7 +244,7 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
     job_id = submit(job, force=ns.force)
     if job_id is not None and ns.wait:
-        from workflows.scaling import wait_array
+        from vitpod.workflows.scaling import wait_array
 
         states = wait_array(job_id, job.tasks, ns.timeout)
         bad = {i: s for i, s in states.items() if s != "COMPLETED"}

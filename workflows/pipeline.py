@@ -17,15 +17,15 @@ from typing import Any
 
 import submitit
 
-from registry import runfiles
-from trainer import labelset
-from trainer.exitcodes import REQUEUE
-from workflows import jobstate, preflight, status, topology
-from workflows.cli import materialize
-from workflows.errors import ConfigError
-from workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
-from workflows.profile import load_profile
-from workflows.rundir import (
+from vitpod.registry import runfiles
+from vitpod.trainer import labelset
+from vitpod.trainer.exitcodes import REQUEUE
+from vitpod.workflows import jobstate, preflight, status, topology
+from vitpod.workflows.cli import materialize
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
+from vitpod.workflows.profile import load_profile
+from vitpod.workflows.rundir import (
     DIR_MODE,
     new_run_path,
     remove_run_dir,
@@ -33,7 +33,7 @@ from workflows.rundir import (
     write_atomic,
     write_json,
 )
-from workflows.spec import REQUEUE_MARKER_ENV, master_port
+from vitpod.workflows.spec import REQUEUE_MARKER_ENV, master_port
 
 STAGES = ("pretrain", "finetune")
 MAX_LOCAL_RESTARTS = 5  # without Slurm, an exit 75 restarts the trainer in place this often
@@ -279,7 +279,7 @@ class Pipeline:
         """Token labels for a stage: reuse them when they pass the checks against the data set
         and the stage's grid; plan a labeling job when none exist and a teacher is given.
         Returns whether labels are pending (made by a job queued before the pretrain)."""
-        from workflows import labels
+        from vitpod.workflows import labels
 
         found = preflight.token_label_problems(plan)
         label_dir = (plan.trainer or {}).get("token_label_data")
@@ -337,7 +337,7 @@ class Pipeline:
     def _submit_labels(self) -> None:
         """Queue each labeling array (Slurm: the first stage waits for them, afterok); without
         Slurm, label here before the first stage starts."""
-        from workflows import labels
+        from vitpod.workflows import labels
 
         for stage, job in self.label_jobs.items():
             job_id = labels.launch(job)
@@ -490,7 +490,7 @@ class Pipeline:
         completed (report.json's path printed), 1 when one failed (root cause printed)."""
         if not self.stages or self.directory is None:
             raise RuntimeError("submit() first")
-        from workflows import follow
+        from vitpod.workflows import follow
 
         advance = None if self._uses_slurm else self._advance_local
         return follow.follow(self.directory, interval, console, before_poll=advance)
@@ -537,7 +537,9 @@ class Pipeline:
 
 def main(argv: list[str] | None = None) -> int:
     """`make pipeline`: submit pretrain -> finetune; wait when asked (always without Slurm)."""
-    parser = argparse.ArgumentParser(prog="python -m workflows pipeline", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m vitpod.workflows pipeline", description=__doc__
+    )
     parser.add_argument("--cluster", default="local")
     parser.add_argument("--model", default="", help="recipe (default: the profile's default_model)")
     parser.add_argument("--nodes", default="")

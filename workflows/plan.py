@@ -9,22 +9,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry import runfiles
-from trainer.config import ConfigError as TrainerConfigError
-from trainer.config import TrainConfig, parse_args, problems
-from workflows import preflight, topology
-from workflows.errors import ConfigError
-from workflows.profile import Profile, load_profile, profile_path
-from workflows.recipe import Recipe, load_recipe
-from workflows.rundir import (
+from vitpod.registry import runfiles
+from vitpod.trainer.config import ConfigError as TrainerConfigError
+from vitpod.trainer.config import TrainConfig, parse_args, problems
+from vitpod.workflows import preflight, topology
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.profile import Profile, load_profile, profile_path
+from vitpod.workflows.recipe import Recipe, load_recipe
+from vitpod.workflows.rundir import (
     check_path_safe,
     git_info,
     image_info,
     new_run_path,
     runs_root,
 )
-from workflows.spec import Entry, JobSpec, LaunchPlan, build_spec, launch_plan
-from workflows.templating import render
+from vitpod.workflows.spec import Entry, JobSpec, LaunchPlan, build_spec, launch_plan
+from vitpod.workflows.templating import render
 
 DEFAULT_MODEL = "volo_d1"  # when neither MODEL nor the profile's default_model is given
 TRAINER_ARGV_START = 3  # command = (python, -m, trainer, DATA_DIR, flags...)

@@ -9,17 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis import layout, memory
-from analysis.mesh import Mesh
-from registry import models, runfiles
-from trainer import labelset
-from workflows.container import check_container_paths
-from workflows.errors import ConfigError
-from workflows.profile import NodeType, Profile
+from vitpod.analysis import layout, memory
+from vitpod.analysis.mesh import Mesh
+from vitpod.registry import models, runfiles
+from vitpod.trainer import labelset
+from vitpod.workflows.container import check_container_paths
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.profile import NodeType, Profile
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
-    from workflows.plan import JobPlan
+    from vitpod.trainer.config import TrainConfig
+    from vitpod.workflows.plan import JobPlan
 
 RESERVE_BYTES = 1.0 * memory.GIB
 """GPU memory the plan leaves free: CUDA context, cuDNN/cuBLAS workspaces, fragmentation."""
@@ -288,7 +288,7 @@ def _custom_label_dir(plan: JobPlan, labels: str) -> bool:
 
 
 def _recipe_label_dir(plan: JobPlan) -> Path | None:
-    from workflows.profile import resolve_path
+    from vitpod.workflows.profile import resolve_path
 
     stage = plan.recipe.stage(plan.spec.stage)
     if not stage.token_label_data:

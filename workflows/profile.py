@@ -9,7 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from workflows.errors import ConfigError, Strict, describe
+from vitpod.workflows.errors import ConfigError, Strict, describe
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -119,7 +119,7 @@ class NodeType(Strict):
     @field_validator("fabric")
     @classmethod
     def _fabric(cls, block: dict[str, Any]) -> dict[str, Any]:
-        from analysis.commcost import Fabric  # pure arithmetic, no torch
+        from vitpod.analysis.commcost import Fabric  # pure arithmetic, no torch
 
         Fabric.from_mapping(block)
         return block
@@ -141,8 +141,8 @@ class NodeType(Strict):
         return self
 
     def fabric_model(self) -> Any:
-        """The `analysis.commcost.Fabric` of this node type (the topology choice uses it)."""
-        from analysis.commcost import Fabric
+        """The `vitpod.analysis.commcost.Fabric` of this node type (the topology choice uses it)."""
+        from vitpod.analysis.commcost import Fabric
 
         return Fabric.from_mapping(self.fabric)
 
@@ -152,7 +152,7 @@ class NodeType(Strict):
 
 class Mount(Strict):
     """One pyxis mount, `{src, dst, readonly}` or pyxis's own `SRC[:DST[:ro|rw]]`; paths start
-    with '/' or '.' (relative to the repository, on shared storage): workflows.container checks
+    with '/' or '.' (relative to the repository, on shared storage): vitpod.workflows.container checks
     pyxis's rules and names the field."""
 
     src: str
@@ -178,7 +178,7 @@ class Mount(Strict):
 
 
 class Container(Strict):
-    """The enroot image each rank runs in (through pyxis); workflows.container checks it."""
+    """The enroot image each rank runs in (through pyxis); vitpod.workflows.container checks it."""
 
     image: str = Field(
         description="squashfs path (/abs or ./rel) or a registry ref (nvcr.io#nvidia/pytorch:TAG)"
@@ -358,7 +358,7 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
 
 def load_profile(name_or_path: str) -> Profile:
     """Read and validate a profile; any problem raises ConfigError naming the field and the fix."""
-    from workflows.container import check_container_static
+    from vitpod.workflows.container import check_container_static
 
     path = profile_path(name_or_path)
     try:

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from workflows.errors import ConfigError, Strict, describe
-from workflows.profile import read_yaml
+from vitpod.workflows.errors import ConfigError, Strict, describe
+from vitpod.workflows.profile import read_yaml
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 Stage = Literal["pretrain", "finetune"]
@@ -86,7 +86,7 @@ class StageRecipe(Strict):
         return self
 
     def trainer_flags(self) -> list[str]:
-        """The stage as `python -m trainer` flags, in a stable order."""
+        """The stage as `python -m vitpod.trainer` flags, in a stable order."""
         flags: list[str] = []
         for field, flag in _FLAGS.items():
             value = getattr(self, field)

@@ -15,11 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from workflows import jobstate
-from workflows.errors import ConfigError
-from workflows.spec import JobSpec, launch_plan
-from workflows.submission import sbatch
-from workflows.templating import render
+from vitpod.workflows import jobstate
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.spec import JobSpec, launch_plan
+from vitpod.workflows.submission import sbatch
+from vitpod.workflows.templating import render
 
 SCRIPT_NAME = "report.sbatch"
 TIME_LIMIT = "00:15:00"  # matplotlib plots of a handful of points take seconds
@@ -54,7 +54,7 @@ def render_script(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
 
 def submit(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
     """Write STUDY/report.sbatch and submit it after the array; returns the report job's id."""
-    from workflows.rundir import write_atomic
+    from vitpod.workflows.rundir import write_atomic
 
     script = study_dir / SCRIPT_NAME
     write_atomic(script, render_script(spec, study_dir, array_job_id), mode=0o750)
@@ -63,9 +63,11 @@ def submit(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Inside the report job: record the array tasks' final states, then write the report."""
-    from workflows.scaling import record_states, report, task_ids
+    from vitpod.workflows.scaling import record_states, report, task_ids
 
-    parser = argparse.ArgumentParser(prog="python -m workflows.reportjob", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m vitpod.workflows.reportjob", description=__doc__
+    )
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--array-job", required=True, help="the sweep's array job id")
     ns = parser.parse_args(argv)

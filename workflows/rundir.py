@@ -12,9 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from registry import runfiles
-from workflows.errors import ConfigError
-from workflows.profile import REPO_ROOT, UNSAFE_PATH, Profile, resolve_path
+from vitpod.registry import runfiles
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.profile import REPO_ROOT, UNSAFE_PATH, Profile, resolve_path
 
 DIR_MODE = 0o750  # group may read a run; nobody else, and never world-writable
 RUN_ROOT_ENV = "VITPOD_RUN_ROOT"  # overrides every profile's storage.runs (tests, scratch runs)
@@ -97,7 +97,7 @@ def image_info(profile: Profile) -> dict[str, Any] | None:
     same as `container: <digest>`) and the .sqsh's sha256 recorded by `make container`."""
     if profile.container is None:
         return None
-    from workflows.container import image_digest, image_record, sqsh_path
+    from vitpod.workflows.container import image_digest, image_record, sqsh_path
 
     record = image_record(profile) or {}
     return {

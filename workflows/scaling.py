@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry import runfiles
-from workflows import follow, jobstate, preflight, reportjob
-from workflows.errors import ConfigError
-from workflows.plan import JobPlan, Request, plan_job
-from workflows.preflight import whole_number
-from workflows.profile import Profile, load_profile
-from workflows.recipe import Recipe, load_recipe
-from workflows.rundir import (
+from vitpod.registry import runfiles
+from vitpod.workflows import follow, jobstate, preflight, reportjob
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.plan import JobPlan, Request, plan_job
+from vitpod.workflows.preflight import whole_number
+from vitpod.workflows.profile import Profile, load_profile
+from vitpod.workflows.recipe import Recipe, load_recipe
+from vitpod.workflows.rundir import (
     RUN_ROOT_ENV,
     check_path_safe,
     create_run_dir,
@@ -31,10 +31,10 @@ from workflows.rundir import (
     write_atomic,
     write_json,
 )
-from workflows.spec import JobSpec, launch_plan
-from workflows.submission import sbatch_run
-from workflows.templating import render
-from workflows.topology import TopologyDecision, calibration_for
+from vitpod.workflows.spec import JobSpec, launch_plan
+from vitpod.workflows.submission import sbatch_run
+from vitpod.workflows.templating import render
+from vitpod.workflows.topology import TopologyDecision, calibration_for
 
 MODES = ("strong", "weak")
 STAGE = "pretrain"
@@ -54,7 +54,7 @@ class SweepPoint:
     global_batch: int
     run_dir: str
     argv: tuple[str, ...]
-    """srun's command for every rank: bash RUN_DIR/bind.sh python -m trainer ..."""
+    """srun's command for every rank: bash RUN_DIR/bind.sh python -m vitpod.trainer ..."""
     bind_script: str
     decision: TopologyDecision | None
     """None when DeepSpeed reduces gradients itself."""
@@ -143,7 +143,7 @@ def _count(value: str, name: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workflows scaling", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m vitpod.workflows scaling", description=__doc__)
     p.add_argument("--cluster", default="localslurm", help="a Slurm profile name or YAML path")
     p.add_argument("--model", default="volo_tiny", help="recipe name")
     p.add_argument("--mode", default="strong", help="strong | weak")
@@ -306,8 +306,8 @@ def _calibration_record(cluster: str, points: list[SweepPoint]) -> dict[str, Any
     """Which stored fit priced the points (None: the profile's fabric numbers)."""
     if _fabric_source(points) == "profile fabric":
         return None
-    from analysis.calibrate import calibration_path
-    from workflows.profile import profile_path
+    from vitpod.analysis.calibrate import calibration_path
+    from vitpod.workflows.profile import profile_path
 
     path = calibration_path(profile_path(cluster))
     cal = calibration_for(profile_path(cluster))
@@ -384,8 +384,10 @@ def submit_report_job(sweep: Sweep, array_job_id: str) -> str | None:
 
 
 def report(study_dir: Path) -> int:
-    """`python -m analysis report STUDY_DIR` (a separate process: no matplotlib here)."""
-    done = subprocess.run([sys.executable, "-m", "analysis", "report", str(study_dir)], check=False)
+    """`python -m vitpod.analysis report STUDY_DIR` (a separate process: no matplotlib here)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "vitpod.analysis", "report", str(study_dir)], check=False
+    )
     return done.returncode
 
 
@@ -393,7 +395,7 @@ def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     sweep = prepare(ns)
     if not ns.render_only:
-        hint = f"python -m workflows scaling --cluster {ns.cluster} ... --render-only"
+        hint = f"python -m vitpod.workflows scaling --cluster {ns.cluster} ... --render-only"
         for plan in sweep.plans:
             preflight.check(plan, render_hint=hint)
     script = materialize(sweep)

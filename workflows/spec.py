@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from registry import runfiles
-from trainer.exitcodes import REQUEUE
-from workflows import container
-from workflows.errors import ConfigError
-from workflows.profile import NodeType, Profile, resolve_path
-from workflows.recipe import Recipe, StageRecipe, check_token_label_size
-from workflows.templating import render
+from vitpod.registry import runfiles
+from vitpod.trainer.exitcodes import REQUEUE
+from vitpod.workflows import container
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.profile import NodeType, Profile, resolve_path
+from vitpod.workflows.recipe import Recipe, StageRecipe, check_token_label_size
+from vitpod.workflows.templating import render
 
 Entry = Literal["trainer", "rankinfo", "commbench", "labels"]
 COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
@@ -73,7 +73,7 @@ class JobSpec:
     finetune_from: str | None
     """The model the finetune starts from (absolute path; may not exist yet in a pipeline)."""
     command: tuple[str, ...]
-    """The per-rank command after the binding step (python -m trainer DATA_DIR flags...)."""
+    """The per-rank command after the binding step (python -m vitpod.trainer DATA_DIR flags...)."""
     extra_args: tuple[str, ...]
     requeue_exit: int = REQUEUE
 
@@ -140,7 +140,7 @@ class LaunchPlan:
 
     def write_bind_script(self) -> Path:
         """Write bind.sh atomically (mode 0750), creating its run directory if needed."""
-        from workflows.rundir import DIR_MODE, write_atomic
+        from vitpod.workflows.rundir import DIR_MODE, write_atomic
 
         path = Path(self.bind_path)
         path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
@@ -175,19 +175,26 @@ def build_spec(
     python = _python(profile)
     data_dir: str | None = None
     if entry == "rankinfo":
-        command: tuple[str, ...] = (python, "-m", "workflows.rankinfo")
+        command: tuple[str, ...] = (python, "-m", "vitpod.workflows.rankinfo")
     elif entry == "commbench":  # collective timings for `make calibrate`; ARGS go to it
-        command = (python, "-m", "trainer.commbench", "--out", str(run_dir / COMMBENCH_OUT), *extra)
+        command = (
+            python,
+            "-m",
+            "vitpod.trainer.commbench",
+            "--out",
+            str(run_dir / COMMBENCH_OUT),
+            *extra,
+        )
     elif entry == "labels":  # token labels for this stage's data (workflows/labels.py)
         data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
         generated = stage_recipe.dataset in GENERATED_DATASETS
         dataset = ["--dataset", stage_recipe.dataset] if generated else []
-        command = (python, "-m", "trainer.label", data_path, *dataset, *extra)
+        command = (python, "-m", "vitpod.trainer.label", data_path, *dataset, *extra)
         data_dir = None if generated else data_path
     else:
         flags = _trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
         data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
-        command = (python, "-m", "trainer", data_path, "--model", recipe.model, *flags)
+        command = (python, "-m", "vitpod.trainer", data_path, "--model", recipe.model, *flags)
         if stage_recipe.dataset not in GENERATED_DATASETS:
             data_dir = data_path
     return JobSpec(

@@ -10,9 +10,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from registry import runfiles
-from trainer.exitcodes import USAGE
-from workflows import jobstate
+from vitpod.registry import runfiles
+from vitpod.trainer.exitcodes import USAGE
+from vitpod.workflows import jobstate
 
 PIPELINE_FILE = runfiles.PIPELINE
 _TRACEBACK_START = "Traceback (most recent call last):"
@@ -279,7 +279,7 @@ def format_status(statuses: list[StageStatus]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workflows status", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m vitpod.workflows status", description=__doc__)
     parser.add_argument("--run", required=True, help="pipeline directory or stage run directory")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return USAGE
     if args.follow or (run / "study.json").is_file():
-        from workflows import follow
+        from vitpod.workflows import follow
 
         if not args.follow:  # a study's snapshot: one poll, plain lines
             target = follow.Target(run)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from workflows.errors import ConfigError
-from workflows.rundir import remove_run_dir
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.rundir import remove_run_dir
 
 
 def sbatch(script: Path) -> str:

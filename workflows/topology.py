@@ -10,15 +10,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.calibrate import Calibration, apply, load_for_profile
-from analysis.commcost import (
+from vitpod.analysis.calibrate import Calibration, apply, load_for_profile
+from vitpod.analysis.commcost import (
     TRAINER_TOPOLOGY,
     Choice,
     Fabric,
     choose_step_topology,
     choose_topology,
 )
-from registry import models, runfiles
+from vitpod.registry import models, runfiles
 
 # Gradients are fp32 in DDP buckets: 4 bytes a parameter.
 GRAD_BYTES_PER_PARAM = 4
@@ -101,7 +101,7 @@ def decide(
 ) -> TopologyDecision:
     """Choose ring or parameter server for `gpus` ranks on `nodes` nodes; --topology wins.
 
-    With a `calibration` (analysis.calibrate, from `make calibrate`) the fitted latencies and
+    With a `calibration` (vitpod.analysis.calibrate, from `make calibrate`) the fitted latencies and
     bandwidths replace the profile's, and each algorithm is priced per optimizer step as the
     trainer measures it (`commcost.step_costs`: DDP buckets, per-call overhead, only what the
     calibrated backend runs); without one, the profile's numbers price one exchange.
@@ -138,7 +138,7 @@ def calibration_for(profile_file: str | Path, partition: str | None = None) -> C
     """The fit `make calibrate` stored beside this profile file, or None (also when it measured
     another partition than `partition`).
 
-    A stored fit that cannot be read raises analysis.calibrate.CalibrationError (a ValueError)
+    A stored fit that cannot be read raises vitpod.analysis.calibrate.CalibrationError (a ValueError)
     naming the file: a broken fit is not silently replaced by the profile's numbers."""
     return load_for_profile(profile_file, partition)
 

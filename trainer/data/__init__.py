@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from trainer.data.config import DataConfig, DataConfigError
-from trainer.data.loader import CorruptImageError, Loader
-from trainer.data.sources import DataSourceError, Split, load_split
+from vitpod.trainer.data.config import DataConfig, DataConfigError
+from vitpod.trainer.data.loader import CorruptImageError, Loader
+from vitpod.trainer.data.sources import DataSourceError, Split, load_split
 
 __all__ = [
     "CorruptImageError",
@@ -27,14 +27,14 @@ def create_loader(cfg: DataConfig, split: str, rank: int, world_size: int) -> Lo
     train = split == "train"
     kind = choose_loader(cfg, data, train)
     if kind == "dali":
-        from trainer.data.dali_loader import DaliLoader
+        from vitpod.trainer.data.dali_loader import DaliLoader
 
         return DaliLoader(data, cfg, rank, world_size, train)
-    from trainer.data.torch_loader import TorchLoader
+    from vitpod.trainer.data.torch_loader import TorchLoader
 
     token_labels = None
     if train and cfg.token_label:
-        from trainer.data.token_label import TokenLabelStore
+        from vitpod.trainer.data.token_label import TokenLabelStore
 
         token_labels = TokenLabelStore.open(cfg, num_classes=len(data.classes), split=data)
     return TorchLoader(data, cfg, rank, world_size, train, token_labels=token_labels)
@@ -72,7 +72,7 @@ def _dali_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
     if train and cfg.token_label:
         return "token labeling needs the crop boxes of the torch loader"
     try:
-        from trainer.data.dali_augment import rand_augment_params
+        from vitpod.trainer.data.dali_augment import rand_augment_params
     except ImportError as err:
         return f"nvidia.dali does not import ({err})"
     if train and cfg.auto_augment:

@@ -1,5 +1,5 @@
 """The recipe's RandAugment and CutOut (random erasing) as DALI operators, as timm sets them;
-every random choice comes from the host (trainer.data.draws), not from DALI's RNG."""
+every random choice comes from the host (vitpod.trainer.data.draws), not from DALI's RNG."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def rand_augment_suite() -> list:
 def rand_augment(images: Any, policy: str, ops: Any, signs: Any) -> Any:
     """RandAugment on HWC uint8 images with operators and signs chosen on the host.
 
-    `ops` and `signs` are per-sample int32 vectors of length n (trainer.data.draws): the same
+    `ops` and `signs` are per-sample int32 vectors of length n (vitpod.trainer.data.draws): the same
     composition as DALI's `apply_rand_augment`, with its `fn.random` draws replaced by inputs.
     DALI's 11 magnitude bins are timm's levels 0..10.
     """

@@ -30,11 +30,16 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 from nvidia.dali.tensors import TensorListCPU, TensorListGPU
 from PIL import Image
 
-from trainer.data.config import DataConfig
-from trainer.data.dali_augment import cutout, rand_augment, rand_augment_params, rand_augment_suite
-from trainer.data.draws import SampleDraws, draw
-from trainer.data.loader import Batch, CorruptImageError, Loader
-from trainer.data.sources import Split
+from vitpod.trainer.data.config import DataConfig
+from vitpod.trainer.data.dali_augment import (
+    cutout,
+    rand_augment,
+    rand_augment_params,
+    rand_augment_suite,
+)
+from vitpod.trainer.data.draws import SampleDraws, draw
+from vitpod.trainer.data.loader import Batch, CorruptImageError, Loader
+from vitpod.trainer.data.sources import Split
 
 fn: Any = _fn  # DALI generates its operators at import time; typed loosely for mypy
 types: Any = _types

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data.config import DataConfig
-from trainer.data.sharding import epoch_order, rank_batches, samples_after
-from trainer.data.sources import Split
+from vitpod.trainer.data.config import DataConfig
+from vitpod.trainer.data.sharding import epoch_order, rank_batches, samples_after
+from vitpod.trainer.data.sources import Split
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # images, targets, sample indices
 log = logging.getLogger(__name__)

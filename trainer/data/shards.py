@@ -14,7 +14,7 @@ Keys are the sample's index in the source split, so sample i of the shards is sa
 folder: the trainer's sharding plan (sharding.py) applies unchanged and gives exactly-once
 epochs and mid-epoch resume. Readers seek to a sample's offset in an already open shard, so an
 epoch opens each shard at most once per reading process instead of every image.
-Run: `python -m trainer.data.shards DATA OUT [--dataset folder|cifar10|cifar100|digits]`.
+Run: `python -m vitpod.trainer.data.shards DATA OUT [--dataset folder|cifar10|cifar100|digits]`.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def write_shards(data_dir: str, out: str, dataset: str = "folder", samples_per_s
                  resize: int | None = None,
                  splits: tuple[str, ...] = ("train", "val")) -> Path:  # fmt: skip
     """Pack DATA (ImageNet layout, CIFAR pickles or digits) into OUT/<split>/ shards."""
-    from trainer.data.config import DataConfig
-    from trainer.data.sources import load_split
+    from vitpod.trainer.data.config import DataConfig
+    from vitpod.trainer.data.sources import load_split
 
     cfg = DataConfig(data_dir=data_dir, dataset=dataset, loader="torch")
     for name in splits:

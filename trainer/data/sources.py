@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from trainer.data.config import DataConfig
-from trainer.data.digits import DIGITS_CLASSES, write_digits_jpeg
+from vitpod.trainer.data.config import DataConfig
+from vitpod.trainer.data.digits import DIGITS_CLASSES, write_digits_jpeg
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 SPLITS = ("train", "val")
@@ -129,7 +129,7 @@ def folder_split(root: Path, split: str) -> Split:
 
 def shard_split(root: Path, split: str) -> Split:
     """`root/split/` written by `make shards` (index.json, samples.npy, shard-*.tar)."""
-    from trainer.data.shards import INDEX, ShardReader
+    from vitpod.trainer.data.shards import INDEX, ShardReader
 
     if not (root / split / INDEX).is_file():
         raise DataSourceError(

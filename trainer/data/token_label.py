@@ -24,10 +24,10 @@ from PIL import Image
 from torch import nn
 from torchvision.ops import roi_align
 
-from trainer import labelset
-from trainer.data.config import DataConfig
-from trainer.data.sources import DataSourceError, Split, folder_split
-from trainer.data.transforms import eval_transform
+from vitpod.trainer import labelset
+from vitpod.trainer.data.config import DataConfig
+from vitpod.trainer.data.sources import DataSourceError, Split, folder_split
+from vitpod.trainer.data.transforms import eval_transform
 
 FORMAT = "vitpod-token-labels/1"
 
@@ -195,7 +195,7 @@ class TokenLabelStore:
     @classmethod
     def open(cls, cfg: DataConfig, num_classes: int, split: Split | None = None) -> TokenLabelStore:
         """Open and check cfg.token_label_data (one file, or a sharded directory with a manifest
-        from `python -m trainer.label`); with `split`, every image must have an entry."""
+        from `python -m vitpod.trainer.label`); with `split`, every image must have an entry."""
         path = Path(cfg.token_label_data)
         store = cls(path, num_classes, cfg.token_label_size)
         if path.is_dir():
@@ -238,7 +238,7 @@ class TokenLabelStore:
             elif not self.path.is_file():
                 raise TokenLabelError(
                     f"--token-label-data {self.path} does not exist: make it with "
-                    "`make token-labels` (python -m trainer.label)"
+                    "`make token-labels` (python -m vitpod.trainer.label)"
                 )
             else:
                 self._data = torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)
@@ -372,7 +372,7 @@ def _unpack(output: Any) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, 
         raise TokenLabelError(
             f"class output has {cls_logits.shape[-1]} features but token logits have "
             f"{token_logits.shape[-1]} classes: timm's VOLO.forward_train skips the head; "
-            "use trainer.data.token_label.forward_train(model, images)"
+            "use vitpod.trainer.data.token_label.forward_train(model, images)"
         )
     return cls_logits, token_logits, tuple(rest[0]) if rest else (0, 0, 0, 0)
 

@@ -15,10 +15,10 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.data.config import DataConfig
-from trainer.data.loader import Batch, CorruptImageError, Loader
-from trainer.data.sources import Split
-from trainer.data.transforms import BoxedTrainTransform, eval_transform, train_transform
+from vitpod.trainer.data.config import DataConfig
+from vitpod.trainer.data.loader import Batch, CorruptImageError, Loader
+from vitpod.trainer.data.sources import Split
+from vitpod.trainer.data.transforms import BoxedTrainTransform, eval_transform, train_transform
 
 Item = tuple[int, Any, Any]  # (index, image tensor or None if skipped, target or skipped path)
 Key = tuple[int, int]  # (sample index, augmentation seed)

@@ -11,7 +11,7 @@ from timm.data import auto_augment, create_transform
 from timm.data.transforms import RandomResizedCropAndInterpolation
 from torchvision import transforms as T
 
-from trainer.data.config import DataConfig
+from vitpod.trainer.data.config import DataConfig
 
 
 def train_transform(cfg: DataConfig) -> Callable[[Image.Image], Any]:
