@@ -6,6 +6,8 @@ from pathlib import Path
 
 MANIFEST = "manifest.json"
 """What was planned and submitted: profile, recipe, resolved arguments, topology, job ids."""
+PLAN = "plan.json"
+"""The planner's typed decision record (vitpod.registry.decision.Decision)."""
 SUMMARY = "summary.json"
 """The trainer's final figures (top-1, steps, images/s, mesh, ...)."""
 PIPELINE = "pipeline.json"

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from vitpod.analysis import calibrate
 from tests.fixtures_slurm import REPO, local_slurm  # noqa: F401  (pytest fixture)
+from vitpod.analysis import calibrate
 from vitpod.workflows import scaling, topology
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

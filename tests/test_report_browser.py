@@ -19,8 +19,8 @@ import subprocess
 
 import pytest
 
-from vitpod.analysis import report, scaling
 from tests.test_analysis_report import FABRIC, write_run, write_study
+from vitpod.analysis import report, scaling
 
 WIDTH = 1300  # the browser width users reported the cut-off column at
 CHROMIUM = next((p for n in ("chromium", "chromium-browser") if (p := shutil.which(n))), None)

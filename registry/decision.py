@@ -1,0 +1,156 @@
+"""The run's decision record, `plan.json`: written once by the planner, read by everyone else.
+
+The planner decides the engine, the layout and their predicted cost once; the trainer (inside
+the container), status, follow, the reports and the analysis load this typed record instead of
+re-deriving the decision from argv. Torch-free: login nodes and ranks both import it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from vitpod.registry import io, runfiles
+
+VERSION = 1
+EngineName = Literal["ring", "ps", "deepspeed", "fsdp", "mesh"]
+ENGINES: tuple[str, ...] = ("ring", "ps", "deepspeed", "fsdp", "mesh")
+DDP_ENGINES = ("ring", "ps")
+"""Engines whose gradient path the cost model chooses between (DDP communication hooks)."""
+
+
+class RecordError(ValueError):
+    """plan.json is missing, unreadable or of another version; the message names the file."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Record):
+    cluster: str
+    partition: str
+    node_type: str
+    nodes: int
+    tasks_per_node: int
+    world_size: int
+    time: str | None = None
+
+
+class Layout(_Record):
+    """How the world is split: data-parallel x tensor-parallel x pipeline stages."""
+
+    dp: int
+    tp: int = 1
+    pp: int = 1
+
+
+class Engine(_Record):
+    """Who moves the gradients, with the engine's own parameters."""
+
+    name: EngineName
+    ps_servers: int | None = None
+    """Parameter-server ranks (ps only)."""
+    zero_stage: int | None = None
+    """ZeRO stage (deepspeed only)."""
+    source: Literal["cost model", "flags"] = "flags"
+    """'cost model' when the planner chose between ring and ps; 'flags' when ARGS or the
+    recipe named the engine (--topology, --deepspeed, --fsdp/--tp/--pp)."""
+    reason: str = ""
+
+
+class Costs(_Record):
+    """The cost model's prediction, and which numbers priced it."""
+
+    algorithm: str
+    """The modelled algorithm the engine runs (ring, hierarchical, tree, ps_colocated, ...)."""
+    predicted_comm_s: float
+    """Predicted communication seconds per optimizer step."""
+    grad_bytes: int
+    per_algorithm_s: dict[str, float]
+    priced_by: str
+    """'profile fabric', or the calibration it used ('calibration of DATE, job ID')."""
+
+
+class Data(_Record):
+    data_dir: str | None = None
+    token_label_data: str | None = None
+    finetune_from: str | None = None
+
+
+class Decision(_Record):
+    """plan.json: what the planner decided for one job."""
+
+    version: int = VERSION
+    created: str
+    stage: str
+    model: str
+    resources: Resources
+    layout: Layout
+    engine: Engine
+    costs: Costs | None = None
+    """None where no cost model priced the engine (DeepSpeed, the mesh engine, no trainer)."""
+    image: dict[str, Any] | None = None
+    data: Data = Data()
+    memory: dict[str, Any] = {}
+
+    def log_line(self) -> str:
+        """One line for the job log: the engine, why, and its predicted cost."""
+        eng = self.engine
+        extra = f", {eng.ps_servers} server(s)" if eng.name == "ps" else ""
+        line = f"engine: {eng.name}{extra} ({eng.source})"
+        if self.costs is not None:
+            line += (
+                f", {self.costs.algorithm} predicted {self.costs.predicted_comm_s * 1e3:.3g} ms "
+                f"of communication per step ({self.costs.priced_by})"
+            )
+        return f"{line}: {eng.reason}" if eng.reason else line
+
+
+def engine_named_by_flags(
+    *, topology: str, deepspeed: bool, fsdp: bool, tp: int, pp: int
+) -> str | None:
+    """The engine the trainer flags name, or None when they leave ring-or-ps to the planner
+    (--topology auto on DDP)."""
+    if deepspeed:
+        return "deepspeed"
+    if tp > 1 or pp > 1:
+        return "mesh"
+    if fsdp:
+        return "fsdp"
+    return None if topology == "auto" else topology
+
+
+def plan_file(run_dir: str | Path) -> Path:
+    return Path(run_dir) / runfiles.PLAN
+
+
+def write_decision(run_dir: str | Path, decision: Decision) -> Path:
+    path = plan_file(run_dir)
+    io.write_text_atomic(path, decision.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def read_decision(run_dir: str | Path) -> Decision:
+    """The run's plan.json; RecordError names the file and what is wrong with it."""
+    path = plan_file(run_dir)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read the decision record ({exc.strerror})") from None
+    try:
+        decision = Decision.model_validate_json(text)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise RecordError(f"{path}: {where}: {err['msg']}") from None
+    if decision.version != VERSION:
+        raise RecordError(f"{path}: version {decision.version}; this vitpod reads {VERSION}")
+    return decision
+
+
+def find_decision(run_dir: str | Path) -> Decision | None:
+    """The record when the run has one (runs started by hand have none); a broken one raises."""
+    return read_decision(run_dir) if plan_file(run_dir).exists() else None
