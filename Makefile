@@ -55,7 +55,10 @@ test:
 lint:
 	$(PY) -m ruff check vitpod workflows trainer analysis registry tests benchmarks
 	$(PY) -m ruff format --check vitpod workflows trainer analysis registry tests benchmarks
-	$(PY) -m mypy
+	@# mypy sees the vitpod package as it installs: the layout's folders under one name
+	rm -rf .cache/typecheck && mkdir -p .cache/typecheck/vitpod && cp vitpod/*.py .cache/typecheck/vitpod/
+	for d in workflows trainer analysis registry templates; do ln -s "$$PWD/$$d" .cache/typecheck/vitpod/$$d; done
+	$(PY) -m mypy .cache/typecheck/vitpod
 
 render:
 	$(WF) render --stage "$$STAGE" $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"

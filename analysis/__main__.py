@@ -1,4 +1,4 @@
-"""Command line: `python -m vitpod.analysis report STUDY_DIR` and `python -m vitpod.analysis memory ...`."""
+"""Command line: `python -m vitpod.analysis report STUDY_DIR` and `... memory ...`."""
 
 from __future__ import annotations
 

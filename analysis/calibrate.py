@@ -176,7 +176,7 @@ def fit(
     date: str | None = None,
     partition: str = "",
 ) -> Calibration:
-    """A Calibration from `vitpod.trainer.commbench`'s JSON (see the module docstring for the map)."""
+    """A Calibration from `vitpod.trainer.commbench`'s JSON (the module docstring has the map)."""
     check_bench(bench)
     sizes = [float(s) for s in bench["sizes"]]
     own = _level(bench, "self", "all_reduce")

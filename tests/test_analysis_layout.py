@@ -86,7 +86,8 @@ BLOCK_TORCH = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'timm', 'numpy') or name.startswith(('vitpod.workflows', 'vitpod.trainer')):
+        if name.split('.')[0] in ('torch', 'timm', 'numpy') or name.startswith(
+                ('vitpod.workflows', 'vitpod.trainer')):
             raise ImportError('blocked on a login node: ' + name)
 sys.meta_path.insert(0, Block())
 from vitpod.analysis.layout import suggest_layouts, check_layout

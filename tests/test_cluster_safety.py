@@ -288,10 +288,12 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split('.')[0] in ('torch', 'torchvision', 'timm', 'deepspeed', 'numpy'):
             raise ImportError('blocked on a login node: ' + name)
 sys.meta_path.insert(0, Block())
-import vitpod.workflows.cli, vitpod.workflows.errors, vitpod.workflows.profile, vitpod.workflows.recipe, vitpod.workflows.rundir
-import vitpod.workflows.spec, vitpod.workflows.templating, vitpod.workflows.rankinfo, vitpod.workflows.submission
-import vitpod.workflows.pipeline, vitpod.workflows.jobstate, vitpod.workflows.status, vitpod.workflows.topology
-import vitpod.workflows.scaling, vitpod.workflows.demo, vitpod.workflows.follow, vitpod.workflows.reportjob, vitpod.analysis.commcost
+import vitpod.workflows.cli, vitpod.workflows.errors, vitpod.workflows.profile
+import vitpod.workflows.recipe, vitpod.workflows.rundir, vitpod.workflows.spec
+import vitpod.workflows.templating, vitpod.workflows.rankinfo, vitpod.workflows.submission
+import vitpod.workflows.pipeline, vitpod.workflows.jobstate, vitpod.workflows.status
+import vitpod.workflows.topology, vitpod.workflows.scaling, vitpod.workflows.demo
+import vitpod.workflows.follow, vitpod.workflows.reportjob, vitpod.analysis.commcost
 assert vitpod.workflows.cli.main(['render', '--cluster', 'dgxpod', '--model', 'volo_d5',
                            '--run-root', sys.argv[1]]) == 0
 assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]

@@ -144,7 +144,8 @@ def test_orchestrator_imports_without_torch():
         "    def find_spec(self, name, path, target=None):\n"
         "        if name.split('.')[0] in ('torch', 'timm', 'numpy'): raise ImportError(name)\n"
         "sys.meta_path.insert(0, B())\n"
-        "import vitpod.workflows.pipeline, vitpod.workflows.demo, vitpod.workflows.status, vitpod.workflows.jobstate\n"
+        "import vitpod.workflows.pipeline, vitpod.workflows.demo, vitpod.workflows.status\n"
+        "import vitpod.workflows.jobstate\n"
         "import vitpod.workflows.topology\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))\n"
     )

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slurm
 
 
 def submit(tmp_path: Path, *argv: str, make: bool = False) -> tuple[str, Path]:
-    """Submit with `make pretrain` or `python -m vitpod.workflows submit`; returns (job id, run dir)."""
+    """Submit with `make pretrain` or `vitpod submit`; returns (job id, run dir)."""
     env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
     cmd = (
         ["make", "-s", "pretrain", *argv]

@@ -144,8 +144,8 @@ def test_online_without_an_api_key_is_one_clear_error(tmp_path):
     argv = ["--dataset", "synthetic", "--model", "volo_tiny", "--img-size", "32", "--workers",
             "0", "--output", str(tmp_path / "run"), "--log-wandb"]  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "vitpod.trainer", *argv], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "vitpod.trainer", *argv], cwd=ROOT, env=env,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     assert "--log-wandb: W&B did not start" in out.stderr

@@ -1,4 +1,4 @@
-"""`python -m vitpod.trainer DATA_DIR [flags]`: validate, train this rank, exit with a launcher status."""
+"""`vitpod-train DATA_DIR [flags]`: validate, train this rank, exit with a launcher status."""
 
 from __future__ import annotations
 

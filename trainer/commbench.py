@@ -1,5 +1,5 @@
-"""`python -m vitpod.trainer.commbench --out FILE`: time all-reduce, reduce and broadcast over a size
-sweep on every rank of a job, per level (inside a node, across nodes, whole world, one rank).
+"""`python -m vitpod.trainer.commbench --out FILE`: time all-reduce, reduce and broadcast over a
+size sweep on every rank of a job, per level (inside a node, across nodes, whole world, one rank).
 
 Runs on every rank under srun (ranks and the rendezvous come from trainer/dist.py, so the
 backend is NCCL on GPUs and gloo on CPUs, exactly as for training). Rank 0 writes one JSON file

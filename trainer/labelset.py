@@ -1,12 +1,13 @@
 """Token-label data sets on disk: shard names, the manifest and its checks (no torch, no numpy).
 
 A token-label directory holds `manifest.json` and `shards/shard-<i>-of-<n>.pt`. Each shard is
-the torch file `vitpod.trainer.data.token_label` reads (top-k teacher scores per token of a contiguous
-slice of the sorted training-sample names). The manifest is written when the last shard lands;
-it records what the labels are valid for: the teacher, the labeling resolution, the grid (one
-label per 16x16 pixels: 14 at 224, 32 at 512), k, and the data set (path, sample count and a
-checksum of the sorted sample names). The login node checks a manifest against a data set and a
-stage with `problems()` before anything is queued; the trainer makes the same check on open.
+the torch file `vitpod.trainer.data.token_label` reads (top-k teacher scores per token of a
+contiguous slice of the sorted training-sample names). The manifest is written when the last
+shard lands; it records what the labels are valid for: the teacher, the labeling resolution, the
+grid (one label per 16x16 pixels: 14 at 224, 32 at 512), k, and the data set (path, sample count
+and a checksum of the sorted sample names). The login node checks a manifest against a data set
+and a stage with `problems()` before anything is queued; the trainer makes the same check on
+open.
 
 Grid decision: labels are made per grid, at the stage's resolution (labels for 224 have grid 14,
 for 512 grid 32), and a stage only takes labels of its own grid. The trainer still cuts each

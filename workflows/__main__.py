@@ -1,4 +1,4 @@
-"""Entry point: `python -m vitpod.workflows <command> ...` (see workflows/cli.py for the commands)."""
+"""Entry point: `python -m vitpod.workflows <command> ...` (workflows/cli.py lists them)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""`python -m vitpod.workflows <cmd>`: a lazy dispatch table; render, preflight, submit: one planner."""
+"""`vitpod <cmd>`: a lazy dispatch table; render, preflight, submit: one planner."""
 
 from __future__ import annotations
 

@@ -152,8 +152,8 @@ class NodeType(Strict):
 
 class Mount(Strict):
     """One pyxis mount, `{src, dst, readonly}` or pyxis's own `SRC[:DST[:ro|rw]]`; paths start
-    with '/' or '.' (relative to the repository, on shared storage): vitpod.workflows.container checks
-    pyxis's rules and names the field."""
+    with '/' or '.' (relative to the repository, on shared storage): workflows/container.py
+    checks pyxis's rules and names the field."""
 
     src: str
     dst: str

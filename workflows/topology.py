@@ -138,7 +138,7 @@ def calibration_for(profile_file: str | Path, partition: str | None = None) -> C
     """The fit `make calibrate` stored beside this profile file, or None (also when it measured
     another partition than `partition`).
 
-    A stored fit that cannot be read raises vitpod.analysis.calibrate.CalibrationError (a ValueError)
+    A stored fit that cannot be read raises analysis.calibrate.CalibrationError (a ValueError)
     naming the file: a broken fit is not silently replaced by the profile's numbers."""
     return load_for_profile(profile_file, partition)
 
