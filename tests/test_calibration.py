@@ -223,7 +223,7 @@ def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profil
         "--out", f"{spec.run_dir}/commbench.json", "--sizes", "4K 1M", "--busy-ms", "0"
     )  # fmt: skip
     assert spec.nodes == 2 and spec.tasks_per_node == 2
-    assert plan.topology is None  # no trainer: nothing to decide
+    assert plan.decision is None  # no trainer: nothing to decide
     assert not topology.Path(spec.run_dir).exists()  # nothing written before submission
     ns.cluster = "local"
     with pytest.raises(ConfigError, match="Slurm profile"):

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from tests import measured_comm
 from tests.fixtures_slurm import REPO, local_slurm  # noqa: F401  (pytest fixture)
 from vitpod.analysis import calibrate
 from vitpod.workflows import scaling, topology
@@ -60,7 +61,7 @@ def test_make_calibrate_then_predicted_comm_within_25_percent(local_slurm, profi
     assert study["calibration"]["path"] == str(fit_path.resolve())
     lines = []
     for point in study["points"]:
-        measured = topology.measured_exchange_s(study_dir / point["run_dir"])
+        measured = measured_comm.measured_exchange_s(study_dir / point["run_dir"])
         assert measured is not None and measured["steps"] == 20
         ratio = measured["exchange_s"] / point["predicted_comm_s"]
         lines.append(
@@ -71,12 +72,12 @@ def test_make_calibrate_then_predicted_comm_within_25_percent(local_slurm, profi
     print("\n".join(lines))
     fabric = topology.as_fabric(study["fabric"])
     for point in study["points"]:
-        measured = topology.measured_exchange_s(study_dir / point["run_dir"])
+        measured = measured_comm.measured_exchange_s(study_dir / point["run_dir"])
         assert measured is not None
         ratio = measured["exchange_s"] / point["predicted_comm_s"]
         assert 1 / FACTOR <= ratio <= FACTOR, "\n".join(lines)
-        uncalibrated = topology.decide(
+        _, uncalibrated = topology.choose_engine(
             fabric, "volo_tiny", point["nodes"], gpus=point["gpus"], num_classes=10, img_size=32
         )
-        profile_ratio = measured["exchange_s"] / uncalibrated.predicted_s
+        profile_ratio = measured["exchange_s"] / uncalibrated.predicted_comm_s
         assert abs(math.log(ratio)) < abs(math.log(profile_ratio)), "\n".join(lines)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vitpod.registry.decision import read_decision
 from vitpod.workflows import status
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline import Pipeline
@@ -42,11 +43,13 @@ def test_local_pipeline_runs_both_stages(tmp_path, digits_dir):
     fin_logs = sorted(p.name for p in (fin / "logs").iterdir())
     assert len(fin_logs) == 2 and all("-restart0-rank" in n for n in fin_logs)
     assert "fine-tuning from" in (fin / "logs" / fin_logs[0]).read_text()
-    # Manifests carry the submitted job, the topology decision, and the resolved command.
+    # The manifest carries the submitted job; plan.json the engine the trainer ran.
     manifest = json.loads((fin / "manifest.json").read_text())
     assert manifest["job_ids"] == report["stages"]["finetune"]["job_ids"]
-    assert manifest["topology"]["topology"] == "ring" and manifest["topology"]["predicted_s"] > 0
-    assert manifest["resolved"]["command"][-2:] == ["--topology", "ring"]
+    decision = read_decision(fin)
+    assert decision.engine.name == "ring" and decision.costs.predicted_comm_s > 0
+    assert "--topology" not in manifest["resolved"]["command"]
+    assert "engine: ring (cost model)" in (fin / "logs" / fin_logs[0]).read_text()
 
     record = json.loads((run.directory / status.PIPELINE_FILE).read_text())
     assert {s["state"] for s in record["stages"].values()} == {"COMPLETED"}

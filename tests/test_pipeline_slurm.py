@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vitpod.workflows import topology
+from tests import measured_comm
 from vitpod.workflows.pipeline import Pipeline, PipelineError
 from vitpod.workflows.profile import PROFILE_DIR
 
@@ -114,8 +114,9 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
     ] == str(pre.run_dir)
 
     # The cost model against what the trainer measured (reported, not asserted tightly).
-    ratio = topology.compare(pre.decision, ref_dir)
-    print(f"\ntopology {pre.decision.topology}: predicted vs measured comm per step {ratio}")
+    decision = pre.plan.decision
+    ratio = measured_comm.compare(decision.costs.predicted_comm_s, ref_dir)
+    print(f"\nengine {decision.engine.name}: predicted vs measured comm per step {ratio}")
     assert ratio["measured_s"] is not None and ratio["measured_s"] > 0
 
 

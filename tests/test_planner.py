@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vitpod.registry.decision import read_decision
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline import Pipeline
 from vitpod.workflows.plan import Request, plan_job
@@ -47,20 +48,22 @@ def test_misspelt_flag_in_args_is_refused_before_anything_is_written(tmp_path):
     assert run_dirs(tmp_path) == []
 
 
-def test_render_records_the_topology_decision_it_rendered(tmp_path):
+def test_render_records_the_decision_once_in_plan_json(tmp_path):
     done = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5")
     assert done.returncode == 0, done.stderr
     script = Path(done.stdout.splitlines()[-1])
+    decision = read_decision(script.parent)
+    assert decision.engine.name in ("ring", "ps") and decision.resources.world_size == 40
+    assert decision.engine.source == "cost model" and decision.costs.predicted_comm_s > 0
+    assert decision.costs.priced_by == "profile fabric"
+    assert decision.layout.dp == 40 and (decision.layout.tp, decision.layout.pp) == (1, 1)
+    assert decision.memory["checked"] and decision.memory["gpu"] == "A100-SXM4-80GB"
+    assert decision.data.data_dir == "/lustre/fsw/datasets/imagenet"
+    # The ranks' argv is the user's: the trainer takes the engine from plan.json.
     manifest = json.loads((script.parent / "manifest.json").read_text())
-    decision = manifest["topology"]
-    assert decision["topology"] in ("ring", "ps") and decision["ranks"] == 40
-    assert decision["source"] == "cost model" and decision["predicted_s"] > 0
-    # What the ranks run carries the decision; the manifest holds the trainer's parsed config.
-    command = manifest["resolved"]["command"]
-    assert command[command.index("--topology") + 1] == decision["topology"]
-    assert manifest["trainer"]["topology"] == decision["topology"]
+    assert "--topology" not in manifest["resolved"]["command"]
+    assert manifest["trainer"]["topology"] == "auto" and manifest["decision"] == "plan.json"
     assert manifest["stage"] == "pretrain" and manifest["model"] == "volo_d5"
-    assert manifest["memory"]["checked"] and manifest["memory"]["gpu"] == "A100-SXM4-80GB"
 
 
 def test_finetune_renders_on_its_own_partition_and_node_type(tmp_path):
@@ -186,7 +189,7 @@ def test_planner_imports_no_torch():
         "import sys; sys.modules['torch'] = None; sys.modules['timm'] = None\n"
         "from vitpod.workflows.plan import Request, plan_job\n"
         "p = plan_job(Request(cluster='dgxpod', model='volo_d5', run_root='/tmp/x'))\n"
-        "print(p.topology.topology, p.memory['checked'])"
+        "print(p.decision.engine.name, p.memory['checked'])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
@@ -226,7 +229,7 @@ def test_the_planner_knows_the_mesh(tmp_path):
                          args="--tp 16", run_root=str(tmp_path)))  # fmt: skip
     giant = plan_job(Request(cluster="dgxpod", model="vit_giant_patch14_224",
                              run_root=str(tmp_path)))  # fmt: skip
-    assert "--fsdp" in giant.spec.command and giant.topology is None  # the recipe asks for FSDP
+    assert "--fsdp" in giant.spec.command and giant.decision.engine.name == "fsdp"  # the recipe
     assert giant.memory["settings"]["mesh"] == {"dp": 40, "tp": 1, "pp": 1}
     with pytest.raises(ConfigError, match=r"does not fit in GPU memory.*--fsdp \(the cheapest"):
         plan_job(Request(cluster="dgxpod", model="vit_giant_patch14_224", args="--no-fsdp",

@@ -98,4 +98,4 @@ def test_recipes_pass_num_classes_only_when_they_set_it(tmp_path: Path) -> None:
     # The login-node planner sizes gradients without the data: an ImageNet head (1000 classes).
     plan = plan_job(Request(cluster="dgxpod", model="volo_d5", run_root=str(tmp_path)))
     assert "--num-classes" not in plan.spec.command
-    assert plan.topology is not None and plan.topology.grad_bytes == grad_bytes("volo_d5", 1000)
+    assert plan.decision.costs.grad_bytes == grad_bytes("volo_d5", 1000)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.registry.decision import write_decision
 from vitpod.trainer.exitcodes import USAGE
 from vitpod.workflows import preflight
 from vitpod.workflows.errors import ConfigError
@@ -78,6 +79,8 @@ def materialize(plan: JobPlan, manifest: dict[str, Any] | None = None) -> Path:
         write_atomic(plan.script_path, plan.script, mode=0o750)
         if plan.profile.scheduler == "slurm":
             plan.launch.write_bind_script()
+        if plan.decision is not None:
+            write_decision(run_dir, plan.decision)
         write_json(run_dir / runfiles.MANIFEST, manifest or plan.manifest())
     except BaseException:
         remove_run_dir(run_dir)
@@ -86,8 +89,8 @@ def materialize(plan: JobPlan, manifest: dict[str, Any] | None = None) -> Path:
 
 
 def _print_decisions(plan: JobPlan) -> None:
-    if plan.topology is not None:
-        print(plan.topology.log_line())
+    if plan.decision is not None:
+        print(plan.decision.log_line())
     mem = plan.memory
     if mem.get("checked"):
         gib = 1024**3

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.registry.decision import (
+    Data,
+    Decision,
+    Engine,
+    Layout,
+    Resources,
+    engine_named_by_flags,
+)
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig, parse_args, problems
 from vitpod.workflows import preflight, topology
@@ -62,7 +69,8 @@ class JobPlan:
     launch: LaunchPlan
     trainer: dict[str, Any] | None
     """The trainer's resolved configuration from its own parser (None: ranks run no trainer)."""
-    topology: topology.TopologyDecision | None
+    decision: Decision | None
+    """plan.json: engine, layout, costs, image, data (None: ranks run no trainer)."""
     memory: dict[str, Any]
     script_name: str
     script: str
@@ -114,10 +122,9 @@ class JobPlan:
                 "env": self.launch.env,
             },
             "trainer": self.trainer,
-            "topology": self.topology.as_dict() if self.topology else None,
-            "memory": self.memory,
+            "decision": runfiles.PLAN if self.decision else None,
             "git": git_info(),
-            "image": image_info(self.profile),
+            "image": self.decision.image if self.decision else image_info(self.profile),
             **extra,
         }
 
@@ -151,15 +158,24 @@ def plan_job(req: Request) -> JobPlan:
     cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
     if req.entry == "trainer":
         cfg = _parse_trainer(spec.command, world)
-        decision = _decide_topology(
-            profile, req.stage, cfg, nodes, world, spec.command, _calibration(req, partition.name)
-        )
-        if decision is not None:
-            tail = topology.with_topology(list(spec.command[TRAINER_ARGV_START:]), decision)
-            spec = dataclasses.replace(spec, command=(*spec.command[:TRAINER_ARGV_START], *tail))
-            cfg = _parse_trainer(spec.command, world)
         preflight.check_layout(cfg, node, world)
         memory = preflight.memory_fit(cfg, node, world, req.stage, partition.name)
+        engine, costs = _decide_engine(
+            profile, req.stage, cfg, nodes, world, _calibration(req, partition.name)
+        )
+        decision = Decision(
+            created=_now(), stage=req.stage, model=recipe.model,
+            resources=Resources(
+                cluster=profile.name, partition=partition.name, node_type=partition.node_type,
+                nodes=nodes, tasks_per_node=spec.tasks_per_node, world_size=world, time=spec.time,
+            ),
+            layout=Layout(dp=cfg.dp_size, tp=cfg.tp, pp=cfg.pp),
+            engine=engine, costs=costs, image=image_info(profile), memory=memory,
+            data=Data(
+                data_dir=spec.data_dir, token_label_data=cfg.token_label_data,
+                finetune_from=spec.finetune_from,
+            ),
+        )  # fmt: skip
     launch = launch_plan(spec)
     template, script_name = (
         ("sbatch.sh.j2", runfiles.SBATCH)
@@ -169,14 +185,9 @@ def plan_job(req: Request) -> JobPlan:
     script = render(template, {"spec": spec, "plan": launch})
     return JobPlan(
         request=req, profile=profile, recipe=recipe, spec=spec, launch=launch,
-        trainer=_config_record(cfg) if cfg else None, topology=decision, memory=memory,
+        trainer=_config_record(cfg) if cfg else None, decision=decision, memory=memory,
         script_name=script_name, script=script,
     )  # fmt: skip
-
-
-def replan(plan: JobPlan, **changes: Any) -> JobPlan:
-    """The same request with some fields changed (e.g. the dependency once it is known)."""
-    return plan_job(dataclasses.replace(plan.request, run_dir=plan.run_dir, **changes))
 
 
 def _parse_trainer(command: tuple[str, ...], world: int) -> TrainConfig:
@@ -201,18 +212,21 @@ def _calibration(req: Request, partition: str) -> Any:
         raise ConfigError(f"{exc}; {fix}") from None
 
 
-def _decide_topology(
-    profile: Profile, stage: str, cfg: TrainConfig, nodes: int, world: int,
-    command: tuple[str, ...], calibration: Any = None,
-) -> topology.TopologyDecision | None:  # fmt: skip
-    """Ring or parameter server from the cost model (an explicit --topology wins); None when
-    DeepSpeed or the mesh engine (--fsdp/--tp/--pp) reduces gradients itself."""
-    if cfg.deepspeed or cfg.uses_mesh:
-        return None
-    argv = list(command[TRAINER_ARGV_START:])
+def _decide_engine(
+    profile: Profile, stage: str, cfg: TrainConfig, nodes: int, world: int, calibration: Any
+) -> tuple[Engine, Any]:
+    """The engine the flags name (DeepSpeed, FSDP, the mesh), or ring / parameter server from
+    the cost model (a --topology ring|ps in the flags is kept, and priced)."""
+    named = engine_named_by_flags(
+        topology=cfg.topology, deepspeed=cfg.deepspeed, fsdp=cfg.fsdp, tp=cfg.tp, pp=cfg.pp
+    )
+    if named in ("deepspeed", "fsdp", "mesh"):
+        zero = cfg.zero_stage if named == "deepspeed" else None
+        return Engine(name=named, zero_stage=zero, reason="named by the flags"), None
     try:
-        return topology.decide(
-            profile.node_type(stage).fabric, cfg.model, nodes, gpus=world, args=argv,
+        return topology.choose_engine(
+            profile.node_type(stage).fabric, cfg.model, nodes, gpus=world,
+            topology=cfg.topology, ps_servers=cfg.ps_servers,
             # --num-classes not given: the job counts its data; an ImageNet head here
             num_classes=cfg.num_classes or 1000, img_size=cfg.img_size, calibration=calibration,
         )  # fmt: skip
@@ -222,8 +236,3 @@ def _decide_topology(
 
 def _config_record(cfg: TrainConfig) -> dict[str, Any]:
     return {**dataclasses.asdict(cfg), "global_batch_size": cfg.global_batch_size}
-
-
-def args_with(args: str, extra: list[str]) -> str:
-    """ARGS plus more flags, as one shell string."""
-    return shlex.join([*shlex.split(args or ""), *extra])
