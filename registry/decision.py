@@ -123,6 +123,15 @@ def engine_named_by_flags(
     return None if topology == "auto" else topology
 
 
+def engine_fields(decision: Decision | None) -> dict[str, Any]:
+    """The engine and its predicted cost, as the reports show them (None: not recorded)."""
+    costs = decision.costs if decision else None
+    return {
+        "engine": decision.engine.name if decision else None,
+        "predicted_comm_s": costs.predicted_comm_s if costs else None,
+    }
+
+
 def plan_file(run_dir: str | Path) -> Path:
     return Path(run_dir) / runfiles.PLAN
 

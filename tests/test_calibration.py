@@ -165,20 +165,21 @@ def test_a_broken_fit_names_the_file_and_field(tmp_path):
 def test_decide_uses_the_calibration_and_says_so():
     cal = calibrate.fit(synthetic_bench(), date="2026-01-02T03:04:05+00:00")
     tiny = {"num_classes": 10, "img_size": 32}  # the test VOLO on digits: one DDP bucket
-    plain = topology.decide(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, **tiny)
-    assert plain.fabric_source == "profile fabric"
-    d = topology.decide(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, calibration=cal, **tiny)
-    assert d.fabric_source == "calibration of 2026-01-02T03:04:05+00:00, job 1234"
-    assert d.algorithm in ("ring", "ps_colocated")  # gloo: no NCCL tree
+    _, plain = topology.choose_engine(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, **tiny)
+    assert plain.priced_by == "profile fabric"
+    engine, costs = topology.choose_engine(
+        PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, calibration=cal, **tiny
+    )
+    assert costs.priced_by == "calibration of 2026-01-02T03:04:05+00:00, job 1234"
+    assert costs.algorithm in ("ring", "ps_colocated")  # gloo: no NCCL tree
     one_bucket = topology.grad_bytes("volo_tiny", 10, 32)
     assert one_bucket < MiB
-    assert d.costs["ring"] == pytest.approx(ring(4, A_INTER, B_WORLD, one_bucket), rel=1e-9)
-    assert "calibration of 2026-01-02" in d.log_line()
-    assert d.as_dict()["fabric_source"] == d.fabric_source
-    forced = topology.decide(
-        PROFILE_FABRIC, "volo_tiny", 2, gpus=4, args="--topology ring", calibration=cal, **tiny
+    ring_s = costs.per_algorithm_s["ring"]
+    assert ring_s == pytest.approx(ring(4, A_INTER, B_WORLD, one_bucket), rel=1e-9)
+    _, forced = topology.choose_engine(
+        PROFILE_FABRIC, "volo_tiny", 2, gpus=4, topology="ring", calibration=cal, **tiny
     )
-    assert forced.predicted_s == pytest.approx(d.costs["ring"])
+    assert forced.predicted_comm_s == pytest.approx(ring_s)
 
 
 def test_commbench_sizes_and_levels():

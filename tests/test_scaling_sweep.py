@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from vitpod.registry.decision import read_decision
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.scaling import main, parse_gpus, per_rank_batches, placement
 
@@ -79,7 +80,8 @@ def test_rendered_array_script(tmp_path, capsys):
         assert block.rindex("-b ") > block.index("--output")
         assert f"      -b {batch}\n" in block
         assert "--max-steps 30" in block and "--warmup-steps-excluded 10" in block
-        assert "--topology ring" in block and "--workers 0" in block
+        assert "--topology" not in block and "--workers 0" in block
+        assert read_decision(study_dir / f"gpus{gpus}").engine.name == "ring"
         assert (study_dir / f"gpus{gpus}" / "bind.sh").is_file()
     study = json.loads((study_dir / "study.json").read_text())
     assert [p["global_batch"] for p in study["points"]] == [16, 16, 16]
@@ -141,8 +143,9 @@ def test_forced_parameter_server_gets_a_server_on_every_rank(tmp_path):
     script = (tmp_path / "study" / "sweep.sbatch").read_text()
     for index, gpus in enumerate((1, 2, 4)):
         block = script.split(f"  {index})  #")[1].split(";;")[0]
-        assert "--topology ps\n" in block and f"--ps-servers {gpus}\n" in block
-        assert block.count("--ps-servers") == 1
+        assert "--topology ps\n" in block and "--ps-servers" not in block  # the user's flags
+        engine = read_decision(tmp_path / "study" / f"gpus{gpus}").engine
+        assert (engine.name, engine.ps_servers) == ("ps", gpus)
 
 
 def _localslurm_copy(tmp_path, data):

@@ -39,13 +39,15 @@ def _count_classes_if_readable(cfg) -> None:
 def main(argv: list[str] | None = None) -> int:
     preemption = Preemption()
     preemption.install()  # first: a SIGUSR2/SIGTERM from here on sets a flag instead of killing
+    from vitpod.registry.decision import RecordError
     from vitpod.trainer import dist as tdist
     from vitpod.trainer.config import ConfigError, parse_args, problems
+    from vitpod.trainer.decision import DecisionConflict, with_decision
 
     env = tdist.detect()
     try:
-        cfg = parse_args(argv, world_size=env.world_size)
-    except ConfigError as exc:
+        cfg, decision = with_decision(parse_args(argv, world_size=env.world_size))
+    except (ConfigError, DecisionConflict, RecordError) as exc:
         return usage_error([str(exc)])
     if cfg.print_config:
         _count_classes_if_readable(cfg)
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         return usage_error(found)
     setup_logging(env.rank)
+    if decision is not None:
+        logging.getLogger("vitpod.trainer").info("plan.json %s", decision.log_line())
     from vitpod.trainer.checkpoint import ResumeError
     from vitpod.trainer.train import Trainer, startup_errors
 

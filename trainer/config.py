@@ -131,7 +131,10 @@ class TrainConfig:
     topology: str = field(
         default="auto", metadata=_arg("parallel", "gradient path", choices=("ring", "ps", "auto"))
     )
-    ps_servers: int = field(default=1, metadata=_arg("parallel", "parameter-server ranks"))
+    ps_servers: int | None = field(
+        default=None,
+        metadata=_arg("parallel", "parameter-server ranks (default: plan.json's, else 1)"),
+    )
     deepspeed: bool = field(default=False, metadata=_arg("parallel", "train with DeepSpeed"))
     deepspeed_config: str | None = field(default=None, metadata=_arg("parallel", "DeepSpeed JSON"))
     zero_stage: int = field(
@@ -374,7 +377,7 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         out.append(f"--lr {cfg.lr}: must be positive")
     if cfg.warmup_epochs < 0 or cfg.warmup_epochs >= cfg.epochs and cfg.warmup_epochs > 0:
         out.append(f"--warmup-epochs {cfg.warmup_epochs}: must be in [0, --epochs {cfg.epochs})")
-    if cfg.topology == "ps" and cfg.ps_servers > cfg.world_size:
+    if cfg.topology == "ps" and (cfg.ps_servers or 1) > cfg.world_size:
         out.append(
             f"--ps-servers {cfg.ps_servers} exceeds the {cfg.world_size} rank(s); use at most that"
         )

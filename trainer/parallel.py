@@ -299,12 +299,12 @@ def parallelize(
         return DeepSpeedEngine(
             model, param_groups(model, cfg.weight_decay), ds_cfg, cfg.token_label
         )
+    # Without a plan.json (a direct run), --topology auto means the default all-reduce.
     topology = "ring" if cfg.topology == "auto" else cfg.topology
-    log.info(
-        "gradient engine: DDP %s%s", topology, f" ({cfg.ps_servers} servers)" * (topology == "ps")
-    )
+    servers = cfg.ps_servers or 1
+    log.info("gradient engine: DDP %s%s", topology, f" ({servers} servers)" * (topology == "ps"))
     optimizer = optimizer_factory(model)
     return DDPEngine(
-        model, optimizer, precision, topology, cfg.ps_servers, cfg.accum_steps, cfg.clip_grad,
+        model, optimizer, precision, topology, servers, cfg.accum_steps, cfg.clip_grad,
         cfg.token_label,
     )  # fmt: skip

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitpod.registry.decision import engine_fields, find_decision
 from vitpod.workflows import jobstate, status
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.rundir import write_json
@@ -334,13 +335,11 @@ def _pipeline_report(path: Path) -> Path | None:
         run_dir = Path(stage["run_dir"])
         summary_path = run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        topo = stage.get("topology") or {}
         stages[name] = {
             "state": "COMPLETED",
             "job_ids": stage.get("job_ids", []),
             **{k: summary.get(k) for k in ("top1", "top5", "steps", "images_per_s")},
-            "topology": topo.get("topology"),
-            "predicted_comm_s": topo.get("predicted_s"),
+            **engine_fields(find_decision(run_dir)),
             "run_dir": str(run_dir),
             "checkpoints": str(run_dir / "checkpoints"),
             "final_model": str(run_dir / "final" / "model.pt"),

@@ -18,9 +18,10 @@ from typing import Any
 import submitit
 
 from vitpod.registry import runfiles
+from vitpod.registry.decision import Decision, engine_fields
 from vitpod.trainer import labelset
 from vitpod.trainer.exitcodes import REQUEUE
-from vitpod.workflows import jobstate, preflight, status, topology
+from vitpod.workflows import jobstate, preflight, status
 from vitpod.workflows.cli import materialize
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
@@ -193,8 +194,8 @@ class StageRecord:
         return self.plan.run_dir
 
     @property
-    def decision(self) -> topology.TopologyDecision | None:
-        return self.plan.topology
+    def decision(self) -> Decision | None:
+        return self.plan.decision
 
 
 class Pipeline:
@@ -400,7 +401,7 @@ class Pipeline:
                     "run_dir": str(rec.run_dir),
                     "job_ids": rec.job_ids,
                     "state": rec.state,
-                    "topology": rec.decision.as_dict() if rec.decision else None,
+                    "engine": rec.decision.engine.name if rec.decision else None,
                 }
                 for name, rec in self.stages.items()
             },
@@ -519,8 +520,7 @@ class Pipeline:
                 "top5": summary.get("top5"),
                 "steps": summary.get("steps"),
                 "images_per_s": summary.get("images_per_s"),
-                "topology": rec.decision.topology if rec.decision else "deepspeed",
-                "predicted_comm_s": rec.decision.predicted_s if rec.decision else None,
+                **engine_fields(rec.decision),
                 "run_dir": str(rec.run_dir),
                 "checkpoints": str(rec.run_dir / runfiles.CHECKPOINTS),
                 "final_model": str(runfiles.final_model(rec.run_dir)),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.registry.decision import Decision, write_decision
 from vitpod.workflows import follow, jobstate, preflight, reportjob
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import JobPlan, Request, plan_job
@@ -34,7 +35,7 @@ from vitpod.workflows.rundir import (
 from vitpod.workflows.spec import JobSpec, launch_plan
 from vitpod.workflows.submission import sbatch_run
 from vitpod.workflows.templating import render
-from vitpod.workflows.topology import TopologyDecision, calibration_for
+from vitpod.workflows.topology import calibration_for
 
 MODES = ("strong", "weak")
 STAGE = "pretrain"
@@ -56,8 +57,8 @@ class SweepPoint:
     argv: tuple[str, ...]
     """srun's command for every rank: bash RUN_DIR/bind.sh python -m vitpod.trainer ..."""
     bind_script: str
-    decision: TopologyDecision | None
-    """None when DeepSpeed reduces gradients itself."""
+    decision: Decision
+    """The point's plan.json record."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ def prepare(ns: argparse.Namespace) -> Sweep:
             SweepPoint(
                 index=index, gpus=n, nodes=nodes, per_node=ranks, batch_size=batches[n],
                 global_batch=batches[n] * accum * n, run_dir=str(run_dir), argv=launch.argv,
-                bind_script=launch.bind_script, decision=plan.topology,
+                bind_script=launch.bind_script, decision=plan.decision,
             )
         )  # fmt: skip
     head = plan_job(
@@ -277,7 +278,7 @@ def _study_record(
         "fabric": dict(profile.node_type(STAGE).fabric),
         "fabric_source": _fabric_source(points),
         "calibration": _calibration_record(ns.cluster, points),
-        "grad_bytes": points[0].decision.grad_bytes if points[0].decision else None,
+        "grad_bytes": points[0].decision.costs.grad_bytes if points[0].decision.costs else None,
         "points": [
             {
                 "index": p.index,
@@ -286,9 +287,9 @@ def _study_record(
                 "run_dir": Path(p.run_dir).name,
                 "batch_size": p.batch_size,
                 "global_batch": p.global_batch,
-                "topology": p.decision.topology if p.decision else "deepspeed",
-                "algorithm": p.decision.algorithm if p.decision else "deepspeed",
-                "predicted_comm_s": p.decision.predicted_s if p.decision else None,
+                "topology": p.decision.engine.name,
+                "algorithm": p.decision.costs.algorithm if p.decision.costs else None,
+                "predicted_comm_s": p.decision.costs.predicted_comm_s if p.decision.costs else None,
                 "state": None,
             }
             for p in points
@@ -298,8 +299,8 @@ def _study_record(
 
 def _fabric_source(points: list[SweepPoint]) -> str:
     """What priced the points' predictions (the planner's decision says it)."""
-    decision = points[0].decision
-    return decision.fabric_source if decision else "profile fabric"
+    costs = points[0].decision.costs
+    return costs.priced_by if costs else "profile fabric"
 
 
 def _calibration_record(cluster: str, points: list[SweepPoint]) -> dict[str, Any] | None:
@@ -325,6 +326,7 @@ def materialize(sweep: Sweep) -> Path:
     try:
         for point in sweep.points:
             create_run_dir(Path(point.run_dir))
+            write_decision(point.run_dir, point.decision)
             write_atomic(Path(point.argv[1]), point.bind_script, mode=0o750)
         script = sweep.study_dir / SCRIPT_NAME
         write_atomic(script, sweep.script, mode=0o750)
