@@ -1,0 +1,375 @@
+"""The package's shape: no import cycles, arrows one way, small modules, one argv parser."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Source folder -> the import name it has (pyproject's [tool.setuptools.package-dir]).
+FOLDERS = {
+    "vitpod": "vitpod",
+    "workflows": "vitpod.workflows",
+    "trainer": "vitpod.trainer",
+    "analysis": "vitpod.analysis",
+    "registry": "vitpod.registry",
+    "templates": "vitpod.templates",
+}
+
+# Each area and the areas it must never import (by any import: top-level, lazy, TYPE_CHECKING).
+FORBIDDEN = {
+    "vitpod.trainer": ("vitpod.workflows", "vitpod.analysis"),
+    "vitpod.analysis": ("vitpod.workflows", "vitpod.trainer"),
+    "vitpod.registry": ("vitpod.workflows", "vitpod.trainer", "vitpod.analysis"),
+    "vitpod.templates": ("vitpod",),
+}
+
+MAX_LINES = 400
+# Trainer flags that only the trainer's parser may spell; everyone else reads the decision.
+TRAINER_FLAGS = re.compile(r"^--(topology|ps-servers)(=|$)")
+FLAG_PARSER = "trainer/config.py"
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    path: Path  # absolute
+    is_package: bool
+
+    @property
+    def rel(self) -> str:
+        return self.path.relative_to(REPO).as_posix()
+
+    @property
+    def package(self) -> str:
+        """The package that `from . import x` is relative to."""
+        return self.name if self.is_package else self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    where: str  # "file.py:LINE", what a message points at
+    how: str  # "import" or "dynamic" (importlib.import_module / "module:attr" table)
+
+
+def discover() -> dict[str, Module]:
+    modules: dict[str, Module] = {}
+    for folder, prefix in FOLDERS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+            if "__pycache__" in parts:
+                continue
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts = parts[:-1]
+            name = ".".join([prefix, *parts])
+            modules[name] = Module(name, path, is_package)
+    return modules
+
+
+MODULES = discover()
+
+
+def _within(name: str, area: str) -> bool:
+    return name == area or name.startswith(area + ".")
+
+
+def _owner(name: str) -> str | None:
+    """The longest known module `name` belongs to (`vitpod.x.y.Attr` -> `vitpod.x.y`)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _resolve_from(module: Module, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _targets(module: Module, node: ast.AST) -> list[tuple[str, str]]:
+    """(imported module, how) for one AST node; non-vitpod names are dropped by the caller."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, "import") for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = _resolve_from(module, node)
+        out = []
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            # `from pkg import mod` imports the submodule; `from pkg import Name` the package.
+            out.append((sub if sub in MODULES else base, "import"))
+        return out
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        arg = node.args[0] if node.args else None
+        if name == "import_module" and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return [(arg.value, "dynamic")]
+        return []
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        # A lazy dispatch table entry, "vitpod.workflows.status:main", is an import too.
+        m = re.fullmatch(r"(vitpod(?:\.\w+)*):\w+", node.value)
+        return [(m.group(1), "dynamic")] if m else []
+    return []
+
+
+def import_edges() -> list[Edge]:
+    edges = []
+    for module in MODULES.values():
+        tree = ast.parse(module.path.read_text(), filename=str(module.path))
+        for node in ast.walk(tree):  # every import: top-level, in functions, under TYPE_CHECKING
+            for target, how in _targets(module, node):
+                if not _within(target, "vitpod"):
+                    continue
+                owner = _owner(target)
+                if owner is None or owner == module.name:
+                    continue
+                edges.append(Edge(module.name, owner, f"{module.rel}:{node.lineno}", how))
+    return edges
+
+
+EDGES = import_edges()
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's SCCs with more than one module (a module importing itself is skipped above)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # recursion depth is bounded by the module count (~100)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _shortest_path(graph: dict[str, set[str]], start: str, goal: str, allowed: set[str]):
+    previous: dict[str, str | None] = {start: None}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & allowed):
+                if w not in previous:
+                    previous[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    path: list[str] = []
+    node: str | None = goal
+    while node is not None:
+        path.append(node)
+        node = previous[node]
+    return path[::-1]
+
+
+def cycles_in(graph: dict[str, set[str]], component: list[str]) -> list[list[str]]:
+    """One shortest cycle through each import inside the component, without repeats."""
+    members = set(component)
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for u in component:
+        for v in sorted(graph[u] & members):
+            cycle = [u, *_shortest_path(graph, v, u, members)[:-1]]
+            first = cycle.index(min(cycle))
+            key = tuple(cycle[first:] + cycle[:first])
+            if key not in seen:
+                seen.add(key)
+                out.append(list(key))
+    return out
+
+
+def _module_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for edge in EDGES:
+        graph[edge.source].add(edge.target)
+    return graph
+
+
+def _where(source: str, target: str) -> str:
+    found = {_label(e) for e in EDGES if (e.source, e.target) == (source, target)}
+    return ", ".join(sorted(found))
+
+
+def _label(edge: Edge) -> str:
+    return edge.where + (" (dynamic)" if edge.how == "dynamic" else "")
+
+
+def test_the_graph_sees_the_package():
+    """The walk finds every area, and the import forms it must understand resolve."""
+    for area in FOLDERS.values():
+        assert area in MODULES, f"{area} not found under {REPO}"
+    assert "vitpod.trainer.data" in MODULES and MODULES["vitpod.trainer.data"].is_package
+    own = [e for e in EDGES if e.source == "vitpod.trainer.data"]
+    assert any(e.target.startswith("vitpod.trainer.data.") for e in own), (
+        "a package __init__ importing its own submodules is an edge too"
+    )
+
+
+def test_resolution_of_relative_and_from_imports():
+    pkg = Module("vitpod.trainer.data", REPO / "trainer/data/__init__.py", True)
+    mod = Module("vitpod.trainer.data.loader", REPO / "trainer/data/loader.py", False)
+
+    def resolve(module: Module, code: str) -> list[str]:
+        node = ast.parse(code).body[0]
+        return [_owner(t) or t for t, _ in _targets(module, node)]
+
+    assert resolve(mod, "from . import sources") == ["vitpod.trainer.data.sources"]
+    assert resolve(mod, "from .sources import Split") == ["vitpod.trainer.data.sources"]
+    assert resolve(mod, "from .. import config") == ["vitpod.trainer.config"]
+    assert resolve(pkg, "from . import loader") == ["vitpod.trainer.data.loader"]
+    assert resolve(pkg, "from .config import DataConfig") == ["vitpod.trainer.data.config"]
+    assert resolve(mod, "from vitpod.trainer import dist") == ["vitpod.trainer.dist"]
+    assert resolve(mod, "from vitpod.trainer.data import Loader") == ["vitpod.trainer.data"]
+    assert resolve(mod, "import vitpod.registry.io") == ["vitpod.registry.io"]
+
+
+def test_no_import_cycles():
+    graph = _module_graph()
+    report = []
+    for component in strongly_connected(graph):
+        report.append(f"cycle group of {len(component)} modules: {', '.join(component)}")
+        for cycle in cycles_in(graph, component):
+            steps = [
+                f"{a} -> {b} [{_where(a, b)}]"
+                for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True)
+            ]
+            report.append("  " + " -> ".join([*cycle, cycle[0]]))
+            report.extend("      " + step for step in steps)
+    assert not report, "import cycles among vitpod modules:\n" + "\n".join(report)
+
+
+@pytest.mark.parametrize("area", sorted(FORBIDDEN))
+def test_imports_point_the_allowed_way(area):
+    wrong = sorted(
+        f"{e.source} -> {e.target} [{e.where}{' dynamic' if e.how == 'dynamic' else ''}]"
+        for e in EDGES
+        if _within(e.source, area)
+        and not _within(e.target, area)
+        and any(_within(e.target, banned) for banned in FORBIDDEN[area])
+    )
+    assert not wrong, f"{area} must not import {', '.join(FORBIDDEN[area])}:\n" + "\n".join(wrong)
+
+
+def test_no_module_is_over_the_line_limit():
+    long = sorted(
+        (n, m.rel)
+        for m in MODULES.values()
+        if (n := len(m.path.read_text().splitlines())) > MAX_LINES
+    )
+    listing = "\n".join(f"{rel}: {n} lines" for n, rel in reversed(long))
+    assert not long, f"modules over {MAX_LINES} lines:\n{listing}"
+
+
+def _docstring_nodes(tree: ast.Module) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _flag_literals(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, literal) of each string that is a trainer flag token, docstrings left out."""
+    docstrings = _docstring_nodes(tree)
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and TRAINER_FLAGS.match(node.value)
+    )
+
+
+def test_only_the_trainer_parser_spells_the_topology_flags():
+    """Workflows and analysis read the decision (plan.json), never scan argv for these flags."""
+    found = []
+    for module in MODULES.values():
+        if module.rel == FLAG_PARSER:
+            continue
+        for line, value in _flag_literals(ast.parse(module.path.read_text())):
+            found.append(f"{module.rel}:{line}: {value!r}")
+    assert not found, f"trainer flags spelt outside {FLAG_PARSER}:\n" + "\n".join(found)
+
+
+def test_the_flag_search_sees_scanning_and_composing():
+    source = (
+        "def f(t, v):\n"
+        '    """--topology in a docstring is prose."""\n'
+        '    ok = t == "--topology" or t.startswith("--ps-servers=")\n'
+        '    return ok, f"--topology={v}", f"--topology {v} given in ARGS"\n'
+    )
+    assert _flag_literals(ast.parse(source)) == [
+        (3, "--ps-servers="),
+        (3, "--topology"),
+        (4, "--topology="),
+    ]
+
+
+def test_every_module_opens_with_a_one_line_summary():
+    missing = []
+    for module in MODULES.values():
+        body = ast.parse(module.path.read_text()).body
+        first = body[0] if body else None
+        text = (
+            first.value.value
+            if isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+            else None
+        )
+        if text is None:
+            missing.append(f"{module.rel}: no module docstring")
+        elif not text.splitlines() or not text.splitlines()[0].strip():
+            missing.append(f"{module.rel}: the docstring's first line is empty")
+    assert not missing, "modules without a one-line docstring:\n" + "\n".join(missing)
+
+
+def test_every_source_package_is_packaged():
+    """A folder split out of a module must reach the wheel: pyproject lists every package."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packaged = set(config["packages"])
+    on_disk = {m.name for m in MODULES.values() if m.is_package}
+    assert on_disk - packaged == set(), "packages missing from pyproject [tool.setuptools]"
+    mapped = {name: REPO / folder for name, folder in config["package-dir"].items()}
+    for folder, prefix in FOLDERS.items():
+        if prefix != "vitpod":
+            assert mapped.get(prefix) == REPO / folder, f"package-dir does not map {prefix}"
