@@ -236,6 +236,8 @@ class Chain:
     def _cancel_submitted(self) -> str:
         """Cancel every submitted stage; 'jobs cancelled' or what scancel said when it failed."""
         jobs = [rec.job for rec in self.stages.values() if rec.job is not None]
+        if not jobs:
+            return "no jobs to cancel"
         if self.uses_slurm:
             problem = jobstate.scancel([str(job.job_id) for job in jobs])
             if problem:
