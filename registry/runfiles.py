@@ -33,3 +33,10 @@ def final_model(run_dir: str | Path) -> Path:
 
 def metrics_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / METRICS / f"rank{rank}.jsonl"
+
+
+STUDY_REPORT = "report"
+"""A scaling study's report folder (report.html, table.json, plots)."""
+STUDY_REPORT_HTML = "report.html"
+CHECKPOINT_RANK0 = "rank0.json"
+"""Inside each checkpoint folder: rank 0's manifest, written last."""

@@ -291,7 +291,7 @@ sys.meta_path.insert(0, Block())
 import vitpod.workflows.cli, vitpod.workflows.errors, vitpod.workflows.profile
 import vitpod.workflows.recipe, vitpod.workflows.rundir, vitpod.workflows.spec
 import vitpod.workflows.templating, vitpod.workflows.rankinfo, vitpod.workflows.submission
-import vitpod.workflows.pipeline, vitpod.workflows.jobstate, vitpod.workflows.status
+import vitpod.workflows.chain, vitpod.workflows.jobstate, vitpod.workflows.status
 import vitpod.workflows.topology, vitpod.workflows.scaling, vitpod.workflows.demo
 import vitpod.workflows.follow, vitpod.workflows.reportjob, vitpod.analysis.commcost
 assert vitpod.workflows.cli.main(['render', '--cluster', 'dgxpod', '--model', 'volo_d5',

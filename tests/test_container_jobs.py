@@ -205,10 +205,10 @@ def test_an_unprivileged_user_runs_a_container(pyxis_image):
 
 
 def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
-    from vitpod.workflows.pipeline import Pipeline
+    from vitpod.workflows.chain import Chain
 
     profile, _ = localpyxis_copy(tmp_path)
-    run = Pipeline(
+    run = Chain(
         str(profile),
         "volo_tiny",
         stages=("pretrain",),

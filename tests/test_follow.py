@@ -1,4 +1,4 @@
-"""The follow view without Slurm: metrics tailing and ETA, and Pipeline.follow() on the local
+"""The follow view without Slurm: metrics tailing and ETA, and Chain.follow() on the local
 profile (submitit's LocalExecutor, 2 gloo ranks) drawn as rich's live table on a terminal."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from rich.console import Console
 
 from tests.test_pipeline_local import TINY, _profile
 from vitpod.workflows import follow
+from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.pipeline import Pipeline
+from vitpod.workflows.metricstail import MetricsTail
 
 
 def step(rank: int, n: int, wall: float, total: int = 100, loss: float = 1.0) -> str:
@@ -30,7 +31,7 @@ def test_tail_reads_only_new_lines_and_measures_eta(tmp_path):
     # 10 steps at 2 s each (wall clock), and a line still being written.
     rank0.write_text("".join(step(0, n, 1000.0 + 2 * n) for n in range(1, 11)) + '{"kind": "st')
     rank1.write_text(step(1, 10, 1020.0))
-    tail = follow.MetricsTail(tmp_path)
+    tail = MetricsTail(tmp_path)
     tail.update()
     assert (tail.step, tail.total, tail.images_per_s) == (10, 100, 20.0)
     assert tail.eta_s() == pytest.approx(90 * 2.0)
@@ -51,13 +52,13 @@ def test_eta_falls_back_to_step_time_without_wall_clock(tmp_path):
     (tmp_path / "metrics").mkdir()
     line = {"kind": "step", "rank": 0, "step": 4, "time": {"step": 0.25}, "total_steps": 8}
     (tmp_path / "metrics" / "rank0.jsonl").write_text(json.dumps(line) + "\n")
-    tail = follow.MetricsTail(tmp_path)
+    tail = MetricsTail(tmp_path)
     tail.update()
     assert tail.eta_s() == pytest.approx(1.0)
 
 
 def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
-    from vitpod.workflows.status import main
+    from vitpod.workflows.status_cli import main
 
     assert main(["--run", str(tmp_path), "--follow"]) == 2
     assert "is not a run directory" in capsys.readouterr().err
@@ -69,7 +70,7 @@ def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
 @pytest.mark.slow
 def test_pipeline_follow_live_view_ends_with_the_report(tmp_path, digits_dir):
     cluster = _profile(tmp_path, storage={"data": str(digits_dir.parent)})
-    run = Pipeline(cluster, "volo_tiny", args=TINY, run_root=str(tmp_path / "runs")).submit()
+    run = Chain(cluster, "volo_tiny", args=TINY, run_root=str(tmp_path / "runs")).submit()
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=150, color_system=None)
     assert run.follow(interval=0.5, console=console) == 0

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests import measured_comm
-from vitpod.workflows.pipeline import Pipeline, PipelineError
+from vitpod.workflows.chain import Chain, ChainError
 from vitpod.workflows.profile import PROFILE_DIR
 
 # Augmentation that draws no random numbers (kept simple; both loaders now resume exactly with
@@ -65,9 +65,9 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
     torch = pytest.importorskip("torch")
     cluster = _localslurm(tmp_path, digits_dir.parent)
     common = dict(nodes=1, args=COMMON, pretrain_args=PRETRAIN, run_root=str(tmp_path / "runs"))
-    run = Pipeline(cluster, "volo_tiny", finetune_args=FINETUNE, **common).submit()
+    run = Chain(cluster, "volo_tiny", finetune_args=FINETUNE, **common).submit()
     # The same pretrain, never interrupted, side by side: the reference for exactness.
-    reference = Pipeline(cluster, "volo_tiny", stages=("pretrain",), **common).submit()
+    reference = Chain(cluster, "volo_tiny", stages=("pretrain",), **common).submit()
 
     pre = run.stages["pretrain"]
     job = pre.job_ids[0]
@@ -125,14 +125,14 @@ def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_di
     from tests.test_jobstate_slurm import _restart_slurm, _stop_slurmdbd
 
     cluster = _localslurm(tmp_path, digits_dir.parent)
-    run = Pipeline(
+    run = Chain(
         cluster, "volo_tiny", nodes=1, args="--epochs 50", run_root=str(tmp_path / "runs")
     ).submit()
     _stop_slurmdbd()
     try:
         subprocess.run(["scancel", run.stages["pretrain"].job_ids[0]], check=True)
         start = time.monotonic()
-        with pytest.raises(PipelineError, match="pretrain: job .* ended CANCELLED"):
+        with pytest.raises(ChainError, match="pretrain: job .* ended CANCELLED"):
             run.wait(timeout=120, poll_s=1)
         assert time.monotonic() - start < 60
         # slurmctld cancels the dependent finetune (kill_invalid_depend) at its next dependency

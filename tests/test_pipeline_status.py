@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-from vitpod.workflows import jobstate, status
+from vitpod.registry import runfiles
+from vitpod.workflows import jobstate, rootcause, status, status_cli
 
 REAL = """\
 Traceback (most recent call last):
@@ -45,7 +46,7 @@ def _write(path: Path, text: str) -> Path:
 def test_find_tracebacks_reads_labels_and_chains(tmp_path):
     labelled = "".join(f"1: {line}\n" for line in REAL.splitlines())
     log = _write(tmp_path / "x.log", "starting\n" + labelled + "more output\n" + CHAINED)
-    tbs = status.find_tracebacks(log)
+    tbs = rootcause.find_tracebacks(log)
     assert [tb.exception for tb in tbs] == [
         "ValueError: target 17 out of range for 10 classes",
         "RuntimeError: could not open the data set",
@@ -61,7 +62,7 @@ def test_root_cause_skips_nccl_symptoms_and_old_restarts(tmp_path):
     _write(logs / "123-restart1-rank1.log", "step 5\n" + REAL)
     # An older restart's traceback is not the cause of the current failure.
     _write(logs / "123-restart0-rank0.log", CHAINED)
-    tb = status.root_cause(logs)
+    tb = rootcause.root_cause(logs)
     assert tb is not None
     assert tb.exception.startswith("ValueError: target 17")
     assert tb.path.endswith("123-restart1-rank1.log")
@@ -69,11 +70,11 @@ def test_root_cause_skips_nccl_symptoms_and_old_restarts(tmp_path):
 
 def test_root_cause_falls_back_to_comm_error_and_none(tmp_path):
     logs = tmp_path / "logs"
-    assert status.root_cause(logs) is None
+    assert rootcause.root_cause(logs) is None
     _write(logs / "9-restart0-rank0.log", "clean exit\n")
-    assert status.root_cause(logs) is None
+    assert rootcause.root_cause(logs) is None
     _write(logs / "9-restart0-rank1.log", NCCL)
-    tb = status.root_cause(logs)
+    tb = rootcause.root_cause(logs)
     assert tb is not None and tb.communication
 
 
@@ -120,15 +121,15 @@ def test_status_main_reads_recorded_local_pipeline(tmp_path, capsys):
             "finetune": {"run_dir": str(fin), "job_ids": [], "state": ""},
         },
     }
-    _write(tmp_path / status.PIPELINE_FILE, json.dumps(record))
-    assert status.main(["--run", str(tmp_path), "--json"]) == 0
+    _write(tmp_path / runfiles.PIPELINE, json.dumps(record))
+    assert status_cli.main(["--run", str(tmp_path), "--json"]) == 0
     got = {s["stage"]: s for s in json.loads(capsys.readouterr().out)}
     assert got["pretrain"]["state"] == "COMPLETED" and got["pretrain"]["top1"] == 80.0
     assert got["finetune"]["state"] == "NOT_SUBMITTED"
 
 
 def test_status_main_rejects_non_run_dir(tmp_path, capsys):
-    assert status.main(["--run", str(tmp_path)]) == 2
+    assert status_cli.main(["--run", str(tmp_path)]) == 2
     assert "not a run directory" in capsys.readouterr().err
 
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from vitpod.registry.decision import read_decision
+from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.pipeline import Pipeline
 from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.profile import PROFILE_DIR
 
@@ -167,7 +167,7 @@ def test_scaling_with_bad_input_exits_2_without_a_traceback(tmp_path):
 
 
 def test_empty_model_names_the_pipeline_after_the_profile_default(tmp_path):
-    run = Pipeline("localslurm", "", run_root=str(tmp_path / "runs"))
+    run = Chain("localslurm", "", run_root=str(tmp_path / "runs"))
     if shutil.which("sbatch") is None:
         pytest.skip("the pipeline's preflight needs sbatch on PATH")
     run.plan()

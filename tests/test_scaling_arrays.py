@@ -7,8 +7,9 @@ import yaml
 
 from tests.fixtures_slurm import preempted_once_python
 from vitpod.workflows import jobstate
+from vitpod.workflows.jobstate import task_ids, wait_array
 from vitpod.workflows.profile import PROFILE_DIR
-from vitpod.workflows.scaling import build_parser, materialize, prepare, task_ids, wait_array
+from vitpod.workflows.scaling import build_parser, materialize, prepare
 from vitpod.workflows.submission import sbatch
 
 

@@ -175,7 +175,7 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
 
 def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teacher_run, tmp_path):
     from vitpod.trainer.data.digits import write_digits_jpeg
-    from vitpod.workflows.pipeline import Pipeline
+    from vitpod.workflows.chain import Chain
     from vitpod.workflows.profile import load_profile, resolve_path
 
     write_digits_jpeg(resolve_path(load_profile("local").storage.data) / "digits", size=32)
@@ -185,17 +185,17 @@ def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teac
         "finetune_args": f"--token-label --token-label-size 4 --token-label-data {new}",
         "run_root": str(tmp_path / "runs"),
     }
-    run = Pipeline("local", "volo_tiny", teacher=str(teacher_run), **stages)
+    run = Chain("local", "volo_tiny", teacher=str(teacher_run), **stages)
     run.plan()
     assert list(run.label_jobs) == ["finetune"], "the pretrain's labels pass the checks: reused"
     job = run.label_jobs["finetune"]
     assert (job.img_size, job.label_dir) == (64, new)
     assert job.plan.spec.command[1:3] == ("-m", "vitpod.trainer.label")
     with pytest.raises(ConfigError, match=r"does not exist; make it with `make token-labels"):
-        Pipeline("local", "volo_tiny", **stages).plan()
+        Chain("local", "volo_tiny", **stages).plan()
     shared = {**stages, "finetune_args": stages["finetune_args"].replace(str(new), str(labels))}
     with pytest.raises(ConfigError, match="grid 2 .* grid 4"):  # existing labels never replaced
-        Pipeline("local", "volo_tiny", teacher=str(teacher_run), **shared).plan()
+        Chain("local", "volo_tiny", teacher=str(teacher_run), **shared).plan()
 
 
 def test_an_empty_shard_is_written_and_a_bad_teacher_is_a_usage_error(

@@ -95,7 +95,7 @@ def test_status_names_a_killed_rank_not_an_earlier_restarts_noise(
     """The logs of a job requeued once, then failed because rank 1 got SIGKILL (as srun and
     torch write them): the cause is srun's line, not the peers' gloo errors nor a traceback
     an earlier restart printed at exit."""
-    from vitpod.workflows.status import root_cause
+    from vitpod.workflows.rootcause import root_cause
 
     logs_dir = tmp_path / "logs"
     logs_dir.mkdir()

@@ -20,31 +20,32 @@ from pathlib import Path
 from vitpod.analysis import calibrate as fitting
 from vitpod.registry import runfiles
 from vitpod.workflows import jobstate, preflight
-from vitpod.workflows.cli import materialize
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import load_profile, profile_path
-from vitpod.workflows.rundir import RUN_ROOT_ENV, new_run_path, runs_root, write_json
+from vitpod.workflows.rundir import new_run_path, runs_root, write_json
 from vitpod.workflows.spec import COMMBENCH_OUT
-from vitpod.workflows.submission import sbatch_run
+from vitpod.workflows.submission import materialize, sbatch_run
 
-DEFAULT_MODEL = "volo_tiny"  # the planner wants a recipe; the benchmark ignores it
+BENCH_MODEL = "volo_tiny"  # the planner wants a recipe; the benchmark ignores it
+WAIT_S = 900.0  # how long to wait for the job when --timeout is not given
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vitpod.workflows calibrate", description=__doc__)
-    p.add_argument("--cluster", default="localslurm", help="a Slurm profile name or YAML path")
-    p.add_argument("--nodes", default="", help="nodes to measure (default: the profile's)")
-    p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"),
-                   help="whose partition to measure")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m vitpod.workflows calibrate", description=__doc__,
+        parents=[request_flags("cluster", "nodes", "stage", "args", "run-root", "timeout",
+                               cluster="a Slurm profile name or YAML path",
+                               nodes="nodes to measure (default: the profile's)",
+                               stage="whose partition to measure",
+                               args="more vitpod.trainer.commbench flags, e.g. '--busy-ms 0'",
+                               run_root="parent of calibrations/ (or $VITPOD_RUN_ROOT)",
+                               timeout=f"seconds to wait for the job (default {WAIT_S:.0f})")],
+    )  # fmt: skip
     p.add_argument("--sizes", default="", help="message sizes, e.g. '4K 64K 1M 16M'")
     p.add_argument("--iters", default="", help="timed calls per size (default 10)")
-    p.add_argument(
-        "--args", default="", help="more vitpod.trainer.commbench flags, e.g. '--busy-ms 0'"
-    )
     p.add_argument("--out", default="", help="where to store the fit (default: beside the profile)")
-    p.add_argument("--run-root", default="", help=f"parent of calibrations/ (or ${RUN_ROOT_ENV})")
-    p.add_argument("--timeout", default="900", help="seconds to wait for the job")
     return p
 
 
@@ -66,7 +67,7 @@ def prepare(ns: argparse.Namespace) -> tuple[JobPlan, Path]:
             f"CLUSTER={profile.name}: calibration runs as a Slurm job over the partition's "
             "nodes; use a Slurm profile (CLUSTER=localslurm for the local test cluster)"
         )
-    model = profile.default_model or DEFAULT_MODEL
+    model = profile.model_for(fallback=BENCH_MODEL)
     run_dir = new_run_path(runs_root(profile, ns.run_root) / "calibrations", "commbench", ns.stage)
     plan = plan_job(
         Request(
@@ -120,7 +121,7 @@ def run(ns: argparse.Namespace) -> Path:
     spec = plan.spec
     print(f"calibration job {job_id}: {spec.nodes} node(s) x {spec.tasks_per_node} rank(s) of "
           f"partition {spec.partition}, run directory {run_dir}", flush=True)  # fmt: skip
-    wait(job_id, run_dir, float(ns.timeout))
+    wait(job_id, run_dir, WAIT_S if ns.timeout is None else ns.timeout)
     nics = int(spec.profile.node_type(ns.stage).fabric.get("nics_per_node", 1))
     return fit_and_store(run_dir, spec.profile.name, nics, out, spec.partition)
 

@@ -14,15 +14,10 @@ from vitpod.registry.decision import write_decision
 from vitpod.trainer.exitcodes import USAGE
 from vitpod.workflows import preflight
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
-from vitpod.workflows.rundir import (
-    RUN_ROOT_ENV,
-    create_run_dir,
-    remove_run_dir,
-    write_atomic,
-    write_json,
-)
-from vitpod.workflows.submission import sbatch_run
+from vitpod.workflows.rundir import write_json
+from vitpod.workflows.submission import materialize, sbatch_run
 
 # Each command's `main(argv) -> int`, imported only when used, so one area's missing module
 # breaks only its own command.
@@ -30,9 +25,9 @@ COMMANDS = {
     "render": "vitpod.workflows.cli:render_main",
     "preflight": "vitpod.workflows.cli:preflight_main",
     "submit": "vitpod.workflows.cli:submit_main",
-    "pipeline": "vitpod.workflows.pipeline:main",
+    "pipeline": "vitpod.workflows.chain_cli:main",
     "demo": "vitpod.workflows.demo:main",
-    "status": "vitpod.workflows.status:main",
+    "status": "vitpod.workflows.status_cli:main",
     "scaling": "vitpod.workflows.scaling:main",
     "calibrate": "vitpod.workflows.calibrate:main",
     "token-labels": "vitpod.workflows.labels:main",
@@ -41,19 +36,14 @@ COMMANDS = {
 
 def stage_parser(prog: str) -> argparse.ArgumentParser:
     """Arguments of render/preflight/submit; an empty string (from make) means 'not given'."""
-    p = argparse.ArgumentParser(prog=f"python -m vitpod.workflows {prog}")
-    p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"))
-    p.add_argument("--cluster", default="local", help="bundled profile name or a YAML path")
-    p.add_argument(
-        "--model",
-        default="",
-        help="recipe name or YAML path (default: the profile's default_model)",
-    )
-    p.add_argument("--nodes", default="", help="override the stage partition's node count")
-    p.add_argument("--args", default="", help="extra trainer flags, shell-quoted")
+    p = argparse.ArgumentParser(
+        prog=f"python -m vitpod.workflows {prog}",
+        parents=[request_flags("stage", "cluster", "model", "nodes", "args", "run-root",
+                               nodes="override the stage partition's node count",
+                               args="extra trainer flags, shell-quoted")],
+    )  # fmt: skip
     p.add_argument("--finetune-from", default="", help="run dir or checkpoint to fine-tune")
     p.add_argument("--dependency", default="", help="sbatch dependency, e.g. afterok:123")
-    p.add_argument("--run-root", default="", help=f"override storage.runs (or ${RUN_ROOT_ENV})")
     p.add_argument(
         "--entry",
         default="trainer",
@@ -69,23 +59,6 @@ def request(ns: argparse.Namespace) -> Request:
         finetune_from=ns.finetune_from, dependency=ns.dependency, run_root=ns.run_root,
         entry=ns.entry,
     )  # fmt: skip
-
-
-def materialize(plan: JobPlan, manifest: dict[str, Any] | None = None) -> Path:
-    """Create the run dir and write the script, bind.sh and manifest; nothing left on failure."""
-    run_dir = plan.run_dir
-    create_run_dir(run_dir)
-    try:
-        write_atomic(plan.script_path, plan.script, mode=0o750)
-        if plan.profile.scheduler == "slurm":
-            plan.launch.write_bind_script()
-        if plan.decision is not None:
-            write_decision(run_dir, plan.decision)
-        write_json(run_dir / runfiles.MANIFEST, manifest or plan.manifest())
-    except BaseException:
-        remove_run_dir(run_dir)
-        raise
-    return plan.script_path
 
 
 def _print_decisions(plan: JobPlan) -> None:

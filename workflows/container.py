@@ -19,14 +19,11 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vitpod.workflows.errors import ConfigError
-
-if TYPE_CHECKING:
-    from vitpod.workflows.profile import Container, Profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVENANCE = "/etc/vitpod-image.json"
@@ -34,6 +31,43 @@ PROVENANCE = "/etc/vitpod-image.json"
 NAME_FLAGS = ("auto", "create", "exec", "no_exec")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SQUASHFS_SUFFIXES = (".sqsh", ".squashfs", ".sqfs")
+
+
+# What these checks read of a profile (workflows/profile.py's models have it): the profile
+# imports this module to check itself, so this module names no profile type.
+class Mount(Protocol):
+    @property
+    def src(self) -> str: ...
+    @property
+    def dst(self) -> str: ...
+    @property
+    def readonly(self) -> bool: ...
+
+
+class Container(Protocol):
+    @property
+    def image(self) -> str: ...
+    @property
+    def mounts(self) -> Sequence[Mount]: ...
+    @property
+    def workdir(self) -> str: ...
+    @property
+    def mount_home(self) -> bool: ...
+    @property
+    def name(self) -> str | None: ...
+
+
+class Profile(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def container(self) -> Container | None: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def secrets(self) -> Sequence[str]: ...
+    @property
+    def storage(self) -> Any: ...
 
 
 def is_file_image(image: str) -> bool:

@@ -9,14 +9,17 @@ import sys
 import time
 from typing import Any
 
+from vitpod.registry import runfiles
+from vitpod.workflows.chain import Chain, ChainError
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.pipeline import Pipeline, PipelineError
+from vitpod.workflows.flags import request_flags
 from vitpod.workflows.profile import load_profile, resolve_path
 from vitpod.workflows.recipe import load_recipe
 from vitpod.workflows.rundir import write_json
 
 MODEL = "volo_tiny"
 TARGET_TOP1 = 90.0
+TIMEOUT_S = 1200.0  # when --timeout is not given
 DIGITS_SIZE = 32  # the JPEGs are written at the pretrain size; the finetune resizes to 64
 # Settings that learn digits in a few CPU minutes (as the trainer's digits test): plain
 # augmentation, no workers (2 cores shared by 2 ranks), more pretrain epochs than the recipe.
@@ -36,7 +39,7 @@ def write_digits(cluster: str) -> str:
 
 
 def token_label_chain(
-    cluster: str, plain: Pipeline, run_root: str, timeout: float
+    cluster: str, plain: Chain, run_root: str, timeout: float
 ) -> dict[str, Any] | None:
     """The same chain with token labels: the plain chain's pretrain is the teacher; labels are
     made per grid (2 at 32 px, 4 at 64 px) by labeling jobs queued before the pretrain.
@@ -55,7 +58,7 @@ def token_label_chain(
                 "--token-label-data", str(labels / f"grid{grid}")]
         for stage, grid in grids.items()
     }  # fmt: skip
-    run = Pipeline(
+    run = Chain(
         cluster, MODEL, args=shlex.join(COMMON),
         pretrain_args=shlex.join(PRETRAIN + flags["pretrain"]),
         finetune_args=shlex.join(FINETUNE + flags["finetune"]),
@@ -65,10 +68,10 @@ def token_label_chain(
     print(f"demo: token-labeled pipeline {run.directory}")
     try:
         report = run.wait(timeout=timeout, poll_s=2.0)
-    except PipelineError as exc:
+    except ChainError as exc:
         print(f"demo: token-labeled chain failed: {exc}", file=sys.stderr)
         return None
-    write_json(run.directory / "report.json", report)
+    write_json(run.directory / runfiles.REPORT, report)
     rates = [
         t["images_per_s"]
         for made in report.get("labels", {}).values()
@@ -87,21 +90,24 @@ def token_label_chain(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vitpod.workflows demo", description=__doc__)
-    parser.add_argument("--cluster", default="local", help="local (no Slurm) or localslurm")
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds to wait at most")
-    parser.add_argument("--run-root", default="", help="where the run goes (profile's default)")
+    parser = argparse.ArgumentParser(
+        prog="python -m vitpod.workflows demo", description=__doc__,
+        parents=[request_flags("cluster", "timeout", "run-root",
+                               cluster="local (no Slurm) or localslurm",
+                               timeout=f"seconds to wait at most (default {TIMEOUT_S:.0f})")],
+    )  # fmt: skip
     parser.add_argument(
         "--token-labels", action="store_true",
         help="then run the chain again with token labels from the first chain's pretrain",
     )  # fmt: skip
     ns = parser.parse_args(argv)
     cluster = ns.cluster or "local"
+    timeout = TIMEOUT_S if ns.timeout is None else ns.timeout
     if load_profile(cluster).scheduler not in ("local", "slurm"):
         raise ConfigError(f"cluster {cluster!r}: the demo runs on local or localslurm")
     start = time.monotonic()
     print(f"demo: digits JPEGs in {write_digits(cluster)}", flush=True)
-    run = Pipeline(
+    run = Chain(
         cluster,
         MODEL,
         args=shlex.join(COMMON),
@@ -112,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     assert run.directory is not None
     print(f"demo: pipeline {run.directory}; watch it with: make status RUN={run.directory}")
     try:
-        report = run.wait(timeout=ns.timeout, poll_s=2.0)
-    except PipelineError as exc:
+        report = run.wait(timeout=timeout, poll_s=2.0)
+    except ChainError as exc:
         print(f"demo: failed: {exc}", file=sys.stderr)
         return 1
     top1 = report["stages"]["finetune"]["top1"]
@@ -125,12 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     if ns.token_labels and report["demo"]["reached"]:
-        labeled = token_label_chain(cluster, run, ns.run_root, ns.timeout)
+        labeled = token_label_chain(cluster, run, ns.run_root, timeout)
         if labeled is None:
             return 1
         report["token_labels"] = labeled
         report["demo"]["reached"] = labeled["reached"]
-    path = run.directory / "report.json"
+    path = run.directory / runfiles.REPORT
     write_json(path, report)
     for name, st in report["stages"].items():
         print(f"demo: {name}: top-1 {st['top1']}% after {st['steps']} steps")

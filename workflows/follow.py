@@ -1,5 +1,5 @@
 """Follow a run until it ends: `make status RUN=... FOLLOW=1`, `make scaling FOLLOW=1`,
-`Pipeline.follow()`.
+`Chain.follow()`.
 
 One row per stage (a run or pipeline directory) or per sweep point plus the report job (a study
 directory): scheduler state, job ids and restarts, step/total, loss, images/s, ETA and the age of
@@ -18,115 +18,30 @@ import json
 import shlex
 import subprocess
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry.decision import engine_fields, find_decision
+from vitpod.registry import runfiles
 from vitpod.workflows import jobstate, status
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.metricstail import MetricsTail
+from vitpod.workflows.rootcause import first_error_line, restarts_from_logs, root_cause
 from vitpod.workflows.rundir import write_json
 
-STUDY_FILE = "study.json"
-REPORT_HTML = Path("report") / "report.html"
-ETA_WINDOW = 20  # steps of rank 0 the rate (and so the ETA) is measured over
+REPORT_HTML = Path(runfiles.STUDY_REPORT) / runfiles.STUDY_REPORT_HTML
 # A job waiting on a dependency that can no longer be met never starts (without Slurm's
 # kill_invalid_depend it pends forever): for the view it has ended.
 _NEVER_STARTS = "DependencyNeverSatisfied"
 
 
-class MetricsTail:
-    """The newest step of a run from its metrics/rank*.jsonl, reading only appended lines."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.offsets: dict[Path, int] = {}
-        self.step: int | None = None
-        self.total: int | None = None
-        self.loss: float | None = None
-        self.rank_ips: dict[int, float] = {}
-        self.top1: float | None = None
-        self.summary_ips: float | None = None
-        self.done = False
-        # (step, wall time) of rank 0's recent steps; cleared when a restart goes back in steps.
-        self.recent: deque[tuple[int, float]] = deque(maxlen=ETA_WINDOW)
-        self.step_s: deque[float] = deque(maxlen=ETA_WINDOW)
-
-    def update(self) -> None:
-        for path in sorted((self.run_dir / "metrics").glob("rank*.jsonl")):
-            for record in self._new_records(path):
-                self._take(record)
-
-    def _new_records(self, path: Path) -> list[dict[str, Any]]:
-        offset = self.offsets.get(path, 0)
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(offset)
-                data = handle.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1  # a line being written now is read on the next poll
-        self.offsets[path] = offset + end
-        records = []
-        for line in data[:end].splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return records
-
-    def _take(self, rec: dict[str, Any]) -> None:
-        kind = rec.get("kind")
-        if kind == "summary":
-            self.done = True
-            self.top1 = rec.get("top1", self.top1)
-            self.summary_ips = rec.get("images_per_s")
-            self.step = rec.get("steps", self.step)
-            return
-        if kind == "eval":
-            self.top1 = rec.get("top1")
-            return
-        if kind != "step":
-            return
-        rank, step = int(rec.get("rank", 0)), int(rec["step"])
-        self.rank_ips[rank] = float(rec.get("images_per_s", 0.0))
-        if rank != 0:
-            return
-        if self.step is not None and step < self.step:  # resumed from an older checkpoint
-            self.recent.clear()
-            self.step_s.clear()
-        self.step, self.loss = step, rec.get("loss")
-        self.total = rec.get("total_steps", self.total)
-        if "wall_time" in rec:
-            self.recent.append((step, float(rec["wall_time"])))
-        self.step_s.append(float(rec.get("time", {}).get("step", 0.0)))
-
-    @property
-    def images_per_s(self) -> float | None:
-        if self.summary_ips is not None:
-            return float(self.summary_ips)
-        return sum(self.rank_ips.values()) if self.rank_ips else None
-
-    def eta_s(self) -> float | None:
-        """Seconds left at the recent pace (wall clock, so data loading and checkpoints count)."""
-        if self.done or (self.step is not None and self.total and self.step >= self.total):
-            return 0.0  # finished, or past its last step (final eval, saving)
-        if self.step is None or not self.total:
-            return None
-        left = self.total - self.step
-        if len(self.recent) >= 2 and self.recent[-1][0] > self.recent[0][0]:
-            (s0, t0), (s1, t1) = self.recent[0], self.recent[-1]
-            return left * (t1 - t0) / (s1 - s0)
-        if self.step_s:  # an older trainer without wall_time: the measured step time
-            return left * sum(self.step_s) / len(self.step_s)
-        return None
-
-
 def newest_checkpoint_age(run_dir: Path, now: float) -> float | None:
     """Seconds since the newest checkpoint's rank-0 manifest was written (None: none yet)."""
-    times = [p.stat().st_mtime for p in (run_dir / "checkpoints").glob("*/rank0.json")]
+    times = [
+        p.stat().st_mtime
+        for p in (run_dir / runfiles.CHECKPOINTS).glob(f"*/{runfiles.CHECKPOINT_RANK0}")
+    ]
     return now - max(times) if times else None
 
 
@@ -180,7 +95,7 @@ class Target:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.study = (path / STUDY_FILE).is_file()
+        self.study = (path / runfiles.STUDY).is_file()
         self.rows: list[Row] = []
         self.uses_slurm = True
         self.note = ""  # shown under the rows (a failed poll)
@@ -192,7 +107,7 @@ class Target:
         self.poller = jobstate.JobStatePoller(ids)
 
     def _run_rows(self) -> None:
-        record_path, manifest_path = self.path / status.PIPELINE_FILE, self.path / "manifest.json"
+        record_path, manifest_path = self.path / runfiles.PIPELINE, self.path / runfiles.MANIFEST
         if record_path.is_file():
             self.uses_slurm = json.loads(record_path.read_text()).get("executor") != "local"
         elif manifest_path.is_file():
@@ -202,7 +117,7 @@ class Target:
             self.rows.append(Row(name, run_dir, ids, tail=MetricsTail(run_dir)))
 
     def _study_rows(self) -> None:
-        study = json.loads((self.path / STUDY_FILE).read_text())
+        study = json.loads((self.path / runfiles.STUDY).read_text())
         array = study.get("job_id")
         for point in study["points"]:
             run_dir = self.path / point["run_dir"]
@@ -237,7 +152,7 @@ class Target:
         return status.stages_of(self.path)
 
     def _set_state(self, row: Row, infos: list[jobstate.JobInfo], recorded: str) -> None:
-        done_here = row.run_dir is not None and (row.run_dir / "summary.json").is_file()
+        done_here = row.run_dir is not None and (row.run_dir / runfiles.SUMMARY).is_file()
         if row.run_dir is None and self.study:
             done_here = (self.path / REPORT_HTML).is_file()
         if infos:
@@ -249,7 +164,7 @@ class Target:
             if not self.uses_slurm and not recorded and done_here:  # a run without a scheduler
                 row.state = "COMPLETED"
         if row.run_dir is not None:
-            row.restarts = max(row.restarts, status.restarts_from_logs(row.run_dir / "logs"))
+            row.restarts = max(row.restarts, restarts_from_logs(row.run_dir / runfiles.LOGS))
         # A job missing from squeue on one poll may be between queue states: GONE counts only
         # on the second poll in a row (as in jobstate.wait_jobs).
         row.gone_polls = row.gone_polls + 1 if row.state == jobstate.GONE else 0
@@ -322,30 +237,16 @@ def plain_lines(target: Target) -> list[str]:
 
 
 def _pipeline_report(path: Path) -> Path | None:
-    """report.json of a pipeline directory (each stage's result and where its files are)."""
-    record_path = path / status.PIPELINE_FILE
+    """report.json of a pipeline directory (written from pipeline.json when the run that made it
+    did not wait for the end)."""
+    record_path = path / runfiles.PIPELINE
     if not record_path.is_file():
         return None
-    report = path / "report.json"
-    if report.is_file():
-        return report
-    record = json.loads(record_path.read_text())
-    stages = {}
-    for name, stage in record["stages"].items():
-        run_dir = Path(stage["run_dir"])
-        summary_path = run_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        stages[name] = {
-            "state": "COMPLETED",
-            "job_ids": stage.get("job_ids", []),
-            **{k: summary.get(k) for k in ("top1", "top5", "steps", "images_per_s")},
-            **engine_fields(find_decision(run_dir)),
-            "run_dir": str(run_dir),
-            "checkpoints": str(run_dir / "checkpoints"),
-            "final_model": str(run_dir / "final" / "model.pt"),
-            "logs": str(run_dir / "logs"),
-        }
-    write_json(report, {"pipeline": str(path), "cluster": record.get("cluster"), "stages": stages})
+    report = path / runfiles.REPORT
+    if not report.is_file():
+        record = json.loads(record_path.read_text())
+        completed = dict.fromkeys(record["stages"], "COMPLETED")
+        write_json(report, status.pipeline_report(path, record, completed))
     return report
 
 
@@ -367,7 +268,7 @@ def outcome(target: Target) -> tuple[int, list[str]]:
             lines.append(f"no report job: make report STUDY={shlex.quote(str(target.path))}")
         else:
             lines.append(f"error: the report job ended without writing {html}; see its log in "
-                         f"{target.path / 'logs'}")  # fmt: skip
+                         f"{target.path / runfiles.LOGS}")  # fmt: skip
         return 1, lines
     if failed:
         for row in failed:
@@ -377,7 +278,7 @@ def outcome(target: Target) -> tuple[int, list[str]]:
     report = _pipeline_report(target.path)
     if report is None:
         rd = target.rows[0].run_dir
-        report = rd / "summary.json" if rd else None
+        report = rd / runfiles.SUMMARY if rd else None
     lines.append(f"report: {report}")
     return 0, lines
 
@@ -387,12 +288,12 @@ def _root_causes(rows: list[Row]) -> list[str]:
     for row in rows:
         if row.run_dir is None:
             continue
-        logs = row.run_dir / "logs"
-        tb = status.root_cause(logs)
+        logs = row.run_dir / runfiles.LOGS
+        tb = root_cause(logs)
         if tb is not None:
             lines.append(f"{row.name}: root cause ({tb.path}:{tb.line}):")
             lines += ["    " + line for line in tb.text.splitlines()]
-        elif (line := status.first_error_line(logs)) is not None:
+        elif (line := first_error_line(logs)) is not None:
             lines.append(f"{row.name}: first error: {line}")
         else:
             lines.append(f"{row.name}: no traceback in {logs}")

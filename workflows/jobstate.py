@@ -252,3 +252,54 @@ def wait_finished(
         if not unsure and all(i.terminal for i in infos.values()):
             return infos
     raise AssertionError("unreachable")
+
+
+def task_ids(job_id: str, tasks: int) -> list[str]:
+    """An array's task ids as Slurm names them: 123_0, 123_1, ..."""
+    return [f"{job_id}_{index}" for index in range(tasks)]
+
+
+def scancel(job_ids: Iterable[str]) -> str | None:
+    """Cancel the jobs; None when scancel succeeded, else what went wrong (its stderr)."""
+    ids = list(job_ids)
+    if not ids:
+        return None
+    try:
+        done = subprocess.run(
+            ["scancel", *ids], check=False, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"scancel {' '.join(ids)} failed: {exc}"
+    if done.returncode != 0:
+        return f"scancel {' '.join(ids)} failed: {done.stderr.strip() or done.returncode}"
+    return None
+
+
+def cancel_outcome(job_ids: Iterable[str]) -> str:
+    """scancel the jobs and say what happened, for a message: 'cancelled it' or the failure."""
+    problem = scancel(job_ids)
+    return "cancelled it" if problem is None else f"could not cancel it ({problem})"
+
+
+def wait_array(
+    job_id: str, tasks: int, timeout: float | None, poll_s: float = 3.0
+) -> dict[int, str]:
+    """Wait (one batched squeue a poll, sacct only when squeue forgot a task) until every task has
+    ended; returns each task's final state, none for a task whose end nobody recorded. On timeout
+    the array is cancelled and TimeoutError says whether scancel succeeded."""
+    poller = JobStatePoller(task_ids(job_id, tasks))
+    try:
+        infos = wait_finished(poller, timeout=timeout, poll_s=poll_s)
+    except TimeoutError:
+        outcome = cancel_outcome([job_id])
+        raise TimeoutError(f"array {job_id} not done after {timeout} s; {outcome}") from None
+    return task_states(infos)
+
+
+def task_states(infos: dict[str, JobInfo]) -> dict[int, str]:
+    """Array task index -> final state, leaving out tasks nobody recorded (GONE)."""
+    return {
+        int(job_id.rpartition("_")[2]): info.state
+        for job_id, info in infos.items()
+        if info.state != GONE
+    }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +21,15 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer import labelset
-from vitpod.workflows import preflight
-from vitpod.workflows.cli import materialize
+from vitpod.workflows import jobstate, preflight
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.plan import DEFAULT_MODEL, JobPlan, Request, plan_job
-from vitpod.workflows.preflight import whole_number
+from vitpod.workflows.flags import request_flags
+from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import Profile, load_profile, resolve_path
+from vitpod.workflows.quantities import whole_number
 from vitpod.workflows.recipe import load_recipe
-from vitpod.workflows.rundir import RUN_ROOT_ENV, new_run_path, runs_root, write_json
-from vitpod.workflows.submission import sbatch_run
+from vitpod.workflows.rundir import new_run_path, runs_root, write_json
+from vitpod.workflows.submission import materialize, sbatch_run
 
 LABELER_ARGV_START = 3  # command = (python, -m, vitpod.trainer.label, DATA_DIR, flags...)
 
@@ -99,7 +100,7 @@ def prepare(
 ) -> LabelJob:  # fmt: skip
     """Plan the labeling array (ConfigError on bad input); nothing is written."""
     profile = load_profile(cluster)
-    model = model or profile.default_model or DEFAULT_MODEL
+    model = profile.model_for(model)
     stage_recipe = load_recipe(model).stage(stage)
     node_count = whole_number(nodes, "NODES", 1)
     per_task = node_count * profile.node_type(stage).ranks_per_node
@@ -205,11 +206,9 @@ def launch(job: LabelJob) -> str | None:
           f"{job.shards} shard(s) -> {job.label_dir}; run directory {script.parent}",
           flush=True)  # fmt: skip
     if plan.profile.scheduler != "slurm":
-        import subprocess
-
         rc = subprocess.run(["bash", str(script)], check=False).returncode
         if rc:
-            raise ConfigError(f"labeling failed (status {rc}); see {script.parent / 'logs'}")
+            raise ConfigError(f"labeling failed (status {rc}); see {script.parent / runfiles.LOGS}")
         return None
     job_id = sbatch_run(script)
     write_json(script.parent / runfiles.MANIFEST, job.manifest([job_id]))
@@ -218,20 +217,18 @@ def launch(job: LabelJob) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vitpod.workflows token-labels", description=__doc__)
-    p.add_argument("--cluster", default="local")
-    p.add_argument("--model", default="", help="recipe (default: the profile's default_model)")
-    p.add_argument("--stage", default="pretrain", choices=("pretrain", "finetune"),
-                   help="whose resolution and data set (grid = img_size/16)")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m vitpod.workflows token-labels", description=__doc__,
+        parents=[request_flags("cluster", "model", "stage", "nodes", "args", "run-root",
+                               "timeout", stage="whose resolution and data set (grid = "
+                               "img_size/16)", nodes="nodes per array task (default 1)",
+                               args="labeler flags (--label-dir, --topk, -b, ...)")],
+    )  # fmt: skip
     p.add_argument("--teacher", default="", help="run dir, weights file, or timm model name")
     p.add_argument("--teacher-checkpoint", default="", help="weights of a timm-name teacher")
-    p.add_argument("--nodes", default="", help="nodes per array task (default 1)")
     p.add_argument("--shards", default="", help="array tasks x ranks per task")
-    p.add_argument("--args", default="", help="labeler flags (--label-dir, --topk, -b, ...)")
-    p.add_argument("--run-root", default="", help=f"override storage.runs (or ${RUN_ROOT_ENV})")
     p.add_argument("--force", action="store_true", help="label even if matching labels exist")
     p.add_argument("--wait", action="store_true", help="wait for the array to end")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait at most")
     return p
 
 
@@ -244,9 +241,7 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
     job_id = submit(job, force=ns.force)
     if job_id is not None and ns.wait:
-        from vitpod.workflows.scaling import wait_array
-
-        states = wait_array(job_id, job.tasks, ns.timeout)
+        states = jobstate.wait_array(job_id, job.tasks, ns.timeout)
         bad = {i: s for i, s in states.items() if s != "COMPLETED"}
         if bad:
             print(f"error: array tasks did not complete: {bad}; see "

@@ -33,7 +33,6 @@ from vitpod.workflows.rundir import (
 from vitpod.workflows.spec import Entry, JobSpec, LaunchPlan, build_spec, launch_plan
 from vitpod.workflows.templating import render
 
-DEFAULT_MODEL = "volo_d1"  # when neither MODEL nor the profile's default_model is given
 TRAINER_ARGV_START = 3  # command = (python, -m, trainer, DATA_DIR, flags...)
 
 
@@ -141,7 +140,7 @@ def plan_job(req: Request) -> JobPlan:
     are part of the argv), and the memory planner checks the micro-batch against the stage's GPU.
     """
     profile = load_profile(req.cluster)
-    model = req.model or profile.default_model or DEFAULT_MODEL
+    model = profile.model_for(req.model)
     recipe = load_recipe(model)
     recipe.stage(req.stage)
     partition = profile.partition(req.stage)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vitpod.analysis import layout, memory
 from vitpod.analysis.mesh import Mesh
@@ -15,11 +12,14 @@ from vitpod.registry import models, runfiles
 from vitpod.trainer import labelset
 from vitpod.workflows.container import check_container_paths
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import NodeType, Profile
+from vitpod.workflows.partitions import cluster_partitions, partition_info
+from vitpod.workflows.profile import NodeType, Profile, resolve_path
+from vitpod.workflows.quantities import slurm_minutes, whole_number
+from vitpod.workflows.recipe import Recipe
+from vitpod.workflows.spec import JobSpec
 
 if TYPE_CHECKING:
     from vitpod.trainer.config import TrainConfig
-    from vitpod.workflows.plan import JobPlan
 
 RESERVE_BYTES = 1.0 * memory.GIB
 """GPU memory the plan leaves free: CUDA context, cuDNN/cuBLAS workspaces, fragmentation."""
@@ -27,23 +27,22 @@ PLAN_MARGIN = 1.15
 """The plan's total is multiplied by this: on an H100 the measured peak of a bf16 AdamW step was
 7-11% above the plan (benchmarks/results/gpu_h100.json: autocast's cached bf16 weight copies and
 allocator rounding, which the plan does not count)."""
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+class Planned(Protocol):
+    """What the cluster checks read of a planned job (workflows/plan.py's JobPlan has it)."""
+
+    @property
+    def spec(self) -> JobSpec: ...
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def recipe(self) -> Recipe: ...
+    @property
+    def trainer(self) -> dict[str, Any] | None: ...
 
 
 # --------------------------------------------------------------------------- static checks
-
-
-def whole_number(value: str | int | None, name: str, default: int) -> int:
-    """A user's count (NODES=5, ACCUM=2): empty means the default; else a whole number >= 1."""
-    if value in (None, ""):
-        return default
-    try:
-        number = int(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a whole number; write e.g. {name}=2") from None
-    if number < 1:
-        raise ConfigError(f"{name}={number}: must be at least 1")
-    return number
 
 
 def node_count(value: int | str | None, profile: Profile, stage: str) -> int:
@@ -144,25 +143,14 @@ def _precision(cfg: TrainConfig) -> str:
 # --------------------------------------------------------------------------- cluster checks
 
 
-@dataclass(frozen=True)
-class PartitionInfo:
-    """What Slurm says about one partition."""
-
-    name: str
-    total_nodes: int
-    max_nodes: int | None
-    max_minutes: int | None
-    gpus_per_node: int
-
-
 def check(
-    plan: JobPlan, render_hint: str | None = None, chained: bool = False,
+    plan: Planned, render_hint: str | None = None, chained: bool = False,
     labels_pending: bool = False,
 ) -> list[str]:  # fmt: skip
     """Every check that needs the cluster or its file systems; ConfigError lists what fails.
 
     Returns the checks made, for the manifest and `make preflight`. Called before anything is
-    written or submitted (make pretrain/finetune/pipeline/scaling, Pipeline.plan/submit).
+    written or submitted (make pretrain/finetune/pipeline/scaling, Chain.plan/submit).
     `chained`: the finetune source is the pipeline's own pretrain, which exists once it ends.
     """
     spec = plan.spec
@@ -182,7 +170,7 @@ def check(
     return done
 
 
-def check_partition(plan: JobPlan) -> list[str]:
+def check_partition(plan: Planned) -> list[str]:
     """The stage's partition exists and has the nodes, GPUs and time limit the job asks for."""
     spec = plan.spec
     info = partition_info(spec.partition)
@@ -221,7 +209,7 @@ def check_partition(plan: JobPlan) -> list[str]:
     ]
 
 
-def path_problems(plan: JobPlan, chained: bool = False, labels_pending: bool = False) -> list[str]:
+def path_problems(plan: Planned, chained: bool = False, labels_pending: bool = False) -> list[str]:
     """Paths the ranks will read, checked from here (shared storage: same paths everywhere).
     `labels_pending`: a labeling job queued ahead of this one makes the token labels."""
     spec, cfg = plan.spec, plan.trainer or {}
@@ -247,7 +235,7 @@ def path_problems(plan: JobPlan, chained: bool = False, labels_pending: bool = F
     return out
 
 
-def token_label_problems(plan: JobPlan) -> list[str]:
+def token_label_problems(plan: Planned) -> list[str]:
     """Token labels the stage will read must exist, be complete, be for this data set (sample
     count and names checksum) and have the stage's grid (img_size/16); each problem ends with
     the command that makes the right ones."""
@@ -281,15 +269,13 @@ def token_label_problems(plan: JobPlan) -> list[str]:
     return [f"{p}; make the right ones with `{make}`" for p in found]
 
 
-def _custom_label_dir(plan: JobPlan, labels: str) -> bool:
+def _custom_label_dir(plan: Planned, labels: str) -> bool:
     """Whether ARGS chose the label directory (make token-labels must then be told it too)."""
     default = _recipe_label_dir(plan)
     return default is None or Path(labels) != default
 
 
-def _recipe_label_dir(plan: JobPlan) -> Path | None:
-    from vitpod.workflows.profile import resolve_path
-
+def _recipe_label_dir(plan: Planned) -> Path | None:
     stage = plan.recipe.stage(plan.spec.stage)
     if not stage.token_label_data:
         return None
@@ -320,68 +306,3 @@ def image_problems(profile: Profile) -> list[str]:
     except ConfigError as exc:
         return [str(exc)]
     return []
-
-
-# --------------------------------------------------------------------------- Slurm queries
-
-
-def _run(argv: list[str]) -> str | None:
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def cluster_partitions() -> set[str] | None:
-    """Partition names from sinfo, or None when sinfo cannot tell."""
-    out = _run(["sinfo", "-h", "-o", "%R"])
-    return set(out.split()) if out is not None else None
-
-
-def partition_info(name: str) -> PartitionInfo | None:
-    """scontrol's view of a partition (None: no such partition, or Slurm did not answer)."""
-    out = _run(["scontrol", "show", "partition", name, "--oneliner"])
-    if not out or "PartitionName=" not in out:
-        return None
-    fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
-    gres = _run(["sinfo", "-h", "-p", name, "-N", "-o", "%G"]) or ""
-    gpus = [_gres_gpus(g) for g in gres.split()]
-    return PartitionInfo(
-        name=name,
-        total_nodes=int(fields.get("TotalNodes", "0")),
-        max_nodes=None
-        if fields.get("MaxNodes") in (None, "UNLIMITED")
-        else int(fields["MaxNodes"]),
-        max_minutes=None
-        if fields.get("MaxTime") in (None, "UNLIMITED")
-        else slurm_minutes(fields["MaxTime"]),
-        gpus_per_node=min(gpus) if gpus else 0,
-    )
-
-
-def _gres_gpus(gres: str) -> int:
-    """'gpu:2', 'gpu:a100:8(S:0-1)', 'gpu:8,shard:0' -> GPUs a node; '(null)' -> 0."""
-    for item in gres.split(","):
-        parts = item.split("(")[0].split(":")
-        if parts[0] == "gpu" and parts[-1].isdigit():
-            return int(parts[-1])
-    return 0
-
-
-def slurm_minutes(text: str) -> int:
-    """Minutes of a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch --time)."""
-    match = _TIME.match(text.strip())
-    if not match:
-        raise ConfigError(f"{text!r} is not a Slurm time; write HH:MM:SS or D-HH:MM:SS")
-    days, a, b, c = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
-        return int(days) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
-    if c is not None:  # HH:MM:SS
-        return int(a) * 60 + int(b) + (1 if int(c) else 0)
-    if b is not None:  # MM:SS
-        return int(a) + (1 if int(b) else 0)
-    return int(a)

@@ -9,7 +9,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from vitpod.workflows.errors import ConfigError, Strict, describe
+from vitpod.workflows.container import check_container_static
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.schema import Strict, describe
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -23,6 +25,7 @@ def _base_dir() -> Path:
 
 REPO_ROOT = _base_dir()
 STAGES = ("pretrain", "finetune")
+DEFAULT_MODEL = "volo_d1"  # when neither MODEL nor the profile's default_model is given
 DEFAULT_NODE_TYPE = "default"
 # A profile with one kind of node may give that node's fields at the top level.
 NODE_FIELDS = (
@@ -318,6 +321,10 @@ class Profile(Strict):
         """The kind of node the stage's partition has (its GPUs, binding and fabric)."""
         return self.node_types[self.partition(stage).node_type]
 
+    def model_for(self, model: str = "", fallback: str = DEFAULT_MODEL) -> str:
+        """The recipe a job uses: MODEL when given, else default_model, else `fallback`."""
+        return model or self.default_model or fallback
+
 
 def resolve_path(value: str) -> Path:
     """A profile path as an absolute path; relative ones are relative to the repository."""
@@ -358,8 +365,6 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
 
 def load_profile(name_or_path: str) -> Profile:
     """Read and validate a profile; any problem raises ConfigError naming the field and the fix."""
-    from vitpod.workflows.container import check_container_static
-
     path = profile_path(name_or_path)
     try:
         profile = Profile.model_validate(read_yaml(path, "profile"))

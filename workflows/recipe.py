@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from vitpod.workflows.errors import ConfigError, Strict, describe
+from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import read_yaml
+from vitpod.workflows.schema import Strict, describe
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 Stage = Literal["pretrain", "finetune"]

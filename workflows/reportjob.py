@@ -15,9 +15,12 @@ import json
 import sys
 from pathlib import Path
 
+from vitpod.registry import runfiles
 from vitpod.workflows import jobstate
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.rundir import write_atomic
 from vitpod.workflows.spec import JobSpec, launch_plan
+from vitpod.workflows.study import record_states, report
 from vitpod.workflows.submission import sbatch
 from vitpod.workflows.templating import render
 
@@ -54,8 +57,6 @@ def render_script(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
 
 def submit(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
     """Write STUDY/report.sbatch and submit it after the array; returns the report job's id."""
-    from vitpod.workflows.rundir import write_atomic
-
     script = study_dir / SCRIPT_NAME
     write_atomic(script, render_script(spec, study_dir, array_job_id), mode=0o750)
     return sbatch(script)
@@ -63,23 +64,18 @@ def submit(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Inside the report job: record the array tasks' final states, then write the report."""
-    from vitpod.workflows.scaling import record_states, report, task_ids
-
     parser = argparse.ArgumentParser(
         prog="python -m vitpod.workflows.reportjob", description=__doc__
     )
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--array-job", required=True, help="the sweep's array job id")
     ns = parser.parse_args(argv)
-    if not (ns.study_dir / "study.json").is_file():
-        raise ConfigError(f"{ns.study_dir} has no study.json; pass the study directory")
-    points = len(json.loads((ns.study_dir / "study.json").read_text())["points"])
-    infos = jobstate.poll_once(task_ids(ns.array_job, points))
-    states = {
-        int(job_id.rpartition("_")[2]): info.state
-        for job_id, info in infos.items()
-        if info.state != jobstate.GONE  # forgotten by squeue and no accounting: unknown
-    }
+    study = ns.study_dir / runfiles.STUDY
+    if not study.is_file():
+        raise ConfigError(f"{ns.study_dir} has no {runfiles.STUDY}; pass the study directory")
+    points = len(json.loads(study.read_text())["points"])
+    # a task forgotten by squeue and without accounting is left out: its end is unknown
+    states = jobstate.task_states(jobstate.poll_once(jobstate.task_ids(ns.array_job, points)))
     record_states(ns.study_dir, states)
     print(f"vitpod: point states {dict(sorted(states.items()))}", flush=True)
     return report(ns.study_dir)

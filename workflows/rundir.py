@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import secrets
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import runfiles
+from vitpod.registry import io, runfiles
+from vitpod.workflows.container import image_digest, image_record, sqsh_path
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import REPO_ROOT, UNSAFE_PATH, Profile, resolve_path
 
 DIR_MODE = 0o750  # group may read a run; nobody else, and never world-writable
+FILE_MODE = 0o640
 RUN_ROOT_ENV = "VITPOD_RUN_ROOT"  # overrides every profile's storage.runs (tests, scratch runs)
 
 
@@ -47,26 +47,16 @@ def create_run_dir(path: Path) -> None:
     path.mkdir(mode=DIR_MODE)
     os.chmod(path, DIR_MODE)
     (path / runfiles.LOGS).mkdir(mode=DIR_MODE)
-    os.chmod(path / "logs", DIR_MODE)
+    os.chmod(path / runfiles.LOGS, DIR_MODE)
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o640) -> None:
-    """Write to a temp name in the same directory, fsync, chmod, then rename over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_atomic(path: Path, text: str, mode: int = FILE_MODE) -> None:
+    """registry.io's atomic write, private to the group by default (as the run directory)."""
+    io.write_text_atomic(path, text, mode=mode)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    io.write_json_atomic(path, data, mode=FILE_MODE)
 
 
 def remove_run_dir(path: Path) -> None:
@@ -97,8 +87,6 @@ def image_info(profile: Profile) -> dict[str, Any] | None:
     same as `container: <digest>`) and the .sqsh's sha256 recorded by `make container`."""
     if profile.container is None:
         return None
-    from vitpod.workflows.container import image_digest, image_record, sqsh_path
-
     record = image_record(profile) or {}
     return {
         "image": profile.container.image,

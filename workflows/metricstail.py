@@ -1,0 +1,99 @@
+"""A run's newest step, loss, images/s and ETA from its metrics JSONL, reading only new lines."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from vitpod.registry import runfiles
+
+ETA_WINDOW = 20  # steps of rank 0 the rate (and so the ETA) is measured over
+
+
+class MetricsTail:
+    """The newest step of a run from its metrics/rank*.jsonl, reading only appended lines."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.offsets: dict[Path, int] = {}
+        self.step: int | None = None
+        self.total: int | None = None
+        self.loss: float | None = None
+        self.rank_ips: dict[int, float] = {}
+        self.top1: float | None = None
+        self.summary_ips: float | None = None
+        self.done = False
+        # (step, wall time) of rank 0's recent steps; cleared when a restart goes back in steps.
+        self.recent: deque[tuple[int, float]] = deque(maxlen=ETA_WINDOW)
+        self.step_s: deque[float] = deque(maxlen=ETA_WINDOW)
+
+    def update(self) -> None:
+        for path in sorted((self.run_dir / runfiles.METRICS).glob("rank*.jsonl")):
+            for record in self._new_records(path):
+                self._take(record)
+
+    def _new_records(self, path: Path) -> list[dict[str, Any]]:
+        offset = self.offsets.get(path, 0)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line being written now is read on the next poll
+        self.offsets[path] = offset + end
+        records = []
+        for line in data[:end].splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
+
+    def _take(self, rec: dict[str, Any]) -> None:
+        kind = rec.get("kind")
+        if kind == "summary":
+            self.done = True
+            self.top1 = rec.get("top1", self.top1)
+            self.summary_ips = rec.get("images_per_s")
+            self.step = rec.get("steps", self.step)
+            return
+        if kind == "eval":
+            self.top1 = rec.get("top1")
+            return
+        if kind != "step":
+            return
+        rank, step = int(rec.get("rank", 0)), int(rec["step"])
+        self.rank_ips[rank] = float(rec.get("images_per_s", 0.0))
+        if rank != 0:
+            return
+        if self.step is not None and step < self.step:  # resumed from an older checkpoint
+            self.recent.clear()
+            self.step_s.clear()
+        self.step, self.loss = step, rec.get("loss")
+        self.total = rec.get("total_steps", self.total)
+        if "wall_time" in rec:
+            self.recent.append((step, float(rec["wall_time"])))
+        self.step_s.append(float(rec.get("time", {}).get("step", 0.0)))
+
+    @property
+    def images_per_s(self) -> float | None:
+        if self.summary_ips is not None:
+            return float(self.summary_ips)
+        return sum(self.rank_ips.values()) if self.rank_ips else None
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the recent pace (wall clock, so data loading and checkpoints count)."""
+        if self.done or (self.step is not None and self.total and self.step >= self.total):
+            return 0.0  # finished, or past its last step (final eval, saving)
+        if self.step is None or not self.total:
+            return None
+        left = self.total - self.step
+        if len(self.recent) >= 2 and self.recent[-1][0] > self.recent[0][0]:
+            (s0, t0), (s1, t1) = self.recent[0], self.recent[-1]
+            return left * (t1 - t0) / (s1 - s0)
+        if self.step_s:  # an older trainer without wall_time: the measured step time
+            return left * sum(self.step_s) / len(self.step_s)
+        return None
