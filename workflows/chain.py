@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import Decision, engine_fields
+from vitpod.registry.decision import Decision
 from vitpod.trainer import labelset
 from vitpod.workflows import follow, jobstate, labels, preflight, status
 from vitpod.workflows.errors import ConfigError

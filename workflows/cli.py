@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import write_decision
 from vitpod.trainer.exitcodes import USAGE
 from vitpod.workflows import preflight
 from vitpod.workflows.errors import ConfigError

@@ -221,7 +221,8 @@ def _decide_engine(
     )
     if named in ("deepspeed", "fsdp", "mesh"):
         zero = cfg.zero_stage if named == "deepspeed" else None
-        return Engine(name=named, zero_stage=zero, reason="named by the flags"), None
+        record = {"name": named, "zero_stage": zero, "reason": "named by the flags"}
+        return Engine.model_validate(record), None
     try:
         return topology.choose_engine(
             profile.node_type(stage).fabric, cfg.model, nodes, gpus=world,

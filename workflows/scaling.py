@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import Decision, write_decision
+from vitpod.registry.decision import write_decision
 from vitpod.workflows import follow, jobstate, preflight, reportjob
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
@@ -188,6 +188,7 @@ def prepare(ns: argparse.Namespace) -> Sweep:
             )
         )  # fmt: skip
         plans.append(plan)
+        assert plan.decision is not None  # sweep points run the trainer
         # bind.sh leaves its requeue marker where the array script's teardown (rendered from the
         # study's spec) looks for it: the study's logs/.
         launch = launch_plan(dataclasses.replace(plan.spec, log_dir=str(study_dir / runfiles.LOGS)))

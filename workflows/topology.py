@@ -78,9 +78,10 @@ def choose_engine(
     name = TRAINER_TOPOLOGY[algorithm]
     # The colocated parameter server the model prices has every rank serve a shard.
     servers = ps_servers or (gpus if algorithm == "ps_colocated" else 1)
-    engine = Engine(
-        name=name, ps_servers=servers if name == "ps" else None, source=source, reason=reason
-    )
+    engine = Engine.model_validate(
+        {"name": name, "ps_servers": servers if name == "ps" else None, "source": source,
+         "reason": reason}
+    )  # fmt: skip
     costs = Costs(
         algorithm=algorithm, predicted_comm_s=choice.costs[algorithm], grad_bytes=nbytes,
         per_algorithm_s=dict(choice.costs), priced_by=priced_by,
