@@ -138,7 +138,8 @@ def plan_file(run_dir: str | Path) -> Path:
 
 def write_decision(run_dir: str | Path, decision: Decision) -> Path:
     path = plan_file(run_dir)
-    io.write_text_atomic(path, decision.model_dump_json(indent=2) + "\n")
+    # Private like the manifest beside it: the record names paths and the image.
+    io.write_text_atomic(path, decision.model_dump_json(indent=2) + "\n", mode=0o640)
     return path
 
 
