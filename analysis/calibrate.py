@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.analysis.commcost import Fabric
+from vitpod.analysis.fabric import Fabric
 
 FORMAT = "vitpod-calibration/1"
 BENCH_FORMAT = "vitpod-commbench/1"

@@ -3,7 +3,8 @@
 import pytest
 
 from vitpod.analysis import layout, memory
-from vitpod.analysis.commcost import DGX_A100, layout_comm
+from vitpod.analysis.fabric import DGX_A100
+from vitpod.analysis.layout import layout_comm
 from vitpod.analysis.mesh import Mesh
 
 GIB = memory.GIB
@@ -91,7 +92,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError('blocked on a login node: ' + name)
 sys.meta_path.insert(0, Block())
 from vitpod.analysis.layout import suggest_layouts, check_layout
-from vitpod.analysis.commcost import DGX_A100
+from vitpod.analysis.fabric import DGX_A100
 print(suggest_layouts('vit_huge_patch14_224', 8, DGX_A100, 80 * 2**30, 512).flags())
 """
 

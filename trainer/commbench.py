@@ -6,7 +6,7 @@ backend is NCCL on GPUs and gloo on CPUs, exactly as for training). Rank 0 write
 that `vitpod.analysis.calibrate.fit` turns into latency and bandwidth per level.
 
 How an operation is timed is how the trainer's DDP comm hook times a gradient bucket
-(trainer/parallel.py `ring_hook`): the clock starts before the asynchronous call and stops in
+(trainer/ddp_engine.py `ring_hook`): the clock starts before the asynchronous call and stops in
 the callback of its future, so the per-call software cost (enqueue, worker-thread hand-off,
 callback) is in both. Before each timed call the group meets at a barrier; the call of the rank
 that leaves the barrier last has no peer to wait for, so each iteration's time is the minimum

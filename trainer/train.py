@@ -388,6 +388,8 @@ class Trainer:
             cfg = self.cfg
             manifest = model_manifest(cfg.model, cfg.img_size, _classes(cfg))
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
+            if model_state is None:  # every engine gathers the whole model on rank 0
+                raise RuntimeError("rank 0 received no model state")
             ckpt.save_final(self.run_dir, model_state, manifest)
             self.metrics.summary(
                 {

@@ -15,8 +15,7 @@ from vitpod.analysis.commcost import (
     TRAINER_TOPOLOGY,
     Choice,
     Fabric,
-    choose_step_topology,
-    choose_topology,
+    choose,
 )
 from vitpod.registry import models, runfiles
 
@@ -103,20 +102,18 @@ def decide(
 
     With a `calibration` (vitpod.analysis.calibrate, from `make calibrate`) the fitted latencies and
     bandwidths replace the profile's, and each algorithm is priced per optimizer step as the
-    trainer measures it (`commcost.step_costs`: DDP buckets, per-call overhead, only what the
+    trainer measures it (`commcost.costs` with the backend: DDP buckets, per-call overhead, only what the
     calibrated backend runs); without one, the profile's numbers price one exchange.
     """
     fab = as_fabric(fabric)
     nbytes = grad_bytes(model, num_classes, img_size)
     source = "profile fabric"
-    if calibration is None:
-        choice = choose_topology(fab, nbytes, nodes, ps_servers=ps_servers, gpus=gpus)
-    else:
+    backend = None
+    if calibration is not None:
         fab = apply(fab, calibration)
         source = calibration.label
-        choice = choose_step_topology(
-            fab, nbytes, nodes, ps_servers=ps_servers, gpus=gpus, backend=calibration.backend
-        )
+        backend = calibration.backend
+    choice = choose(fab, nbytes, nodes, ps_servers=ps_servers, gpus=gpus, backend=backend)
     ranks = gpus or nodes * fab.gpus_per_node
     forced = topology_override(args)
     if forced is None:
