@@ -19,6 +19,7 @@ TRAINER_TOPOLOGY = {
     "ps_dedicated": PARAMETER_SERVER,
 }
 
+
 @dataclass(frozen=True, slots=True)
 class Choice:
     """The cheapest algorithm, its predicted seconds per gradient exchange, and the others'."""
