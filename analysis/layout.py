@@ -7,8 +7,9 @@ from typing import Any
 
 from vitpod.analysis.commcost import ring_bytes_per_gpu
 from vitpod.analysis.fabric import Fabric
-from vitpod.analysis.memory import GIB, Plan, Vit, arch_of, param_parts, plan, stage_bounds
+from vitpod.analysis.memory import GIB, MemoryEstimate, estimate
 from vitpod.analysis.mesh import Mesh
+from vitpod.registry.models import Vit, arch_of, param_parts, stage_bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +163,7 @@ class LayoutCost:
 
     mesh: Mesh
     fsdp: bool
-    memory: Plan
+    memory: MemoryEstimate
     comm: LayoutComm
     overhead_s: float
     """Communication seconds plus the pipeline bubble's share of the compute time."""
@@ -205,7 +206,7 @@ def layout_cost(
     flops_per_s: sustained GPU FLOP/s (default: A100 bf16 dense peak, an optimistic bound)
     turns the bubble fraction into seconds.
     """
-    mem = plan(model, img_size, batch, precision, mesh=mesh, fsdp=fsdp,
+    mem = estimate(model, img_size, batch, precision, mesh=mesh, fsdp=fsdp,
                micro_batches=micro_batches, schedule=schedule, num_classes=num_classes)  # fmt: skip
     arch = arch_of(model)
     dim = arch.embed_dim if isinstance(arch, Vit) else arch.embed_dims[-1]
@@ -259,48 +260,3 @@ def suggest_layouts(
             f"{gpu_mem_bytes / GIB:.0f} GiB{need}: add --accum-steps, lower the batch or add GPUs"
         )
     return ranked[0]
-
-
-def profile_fabric(profile: str, stage: str = "pretrain") -> Fabric:
-    """The `fabric:` block of a cluster profile's stage (bundled name or YAML path), read here:
-    analysis does not import workflows."""
-    import yaml
-
-    from vitpod.analysis.memory import _profile_path, profile_node
-
-    path = _profile_path(profile)
-    fabric = profile_node(yaml.safe_load(path.read_text()) or {}, stage).get("fabric")
-    if not fabric:
-        raise ValueError(f"--profile {profile!r}: no fabric: block in {path}")
-    return Fabric.from_mapping(fabric)
-
-
-def add_layout_parser(sub: Any) -> None:
-    parser = sub.add_parser("layouts", help="memory and communication of every dp x tp x pp")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--gpus", type=int, required=True, help="world size")
-    parser.add_argument("--global-batch", type=int, required=True)
-    parser.add_argument("--accum-steps", type=int, default=1, help="micro-batches per step")
-    parser.add_argument("--img-size", type=int, default=224)
-    parser.add_argument("--precision", default="amp")
-    parser.add_argument("--profile", default="dgxpod", help="cluster profile: fabric and GPU")
-    parser.set_defaults(func=layouts_main)
-
-
-def layouts_main(args: Any) -> int:
-    from vitpod.analysis.memory import profile_gpu_memory
-
-    fabric, memory = profile_fabric(args.profile), profile_gpu_memory(args.profile)
-    ranked = compare_layouts(args.model, args.gpus, fabric, memory, args.global_batch,
-                             args.accum_steps, img_size=args.img_size,
-                             precision=args.precision)  # fmt: skip
-    print(f"{'layout':28s} {'GiB/rank':>9s} {'fits':>5s} {'comm ms':>8s} {'bubble':>7s}")
-    for c in ranked:
-        name = f"dp{c.mesh.dp} tp{c.mesh.tp} pp{c.mesh.pp}" + " fsdp" * c.fsdp
-        print(f"{name:28s} {c.memory.total / GIB:9.1f} {str(c.fits):>5s} "
-              f"{c.comm.total_s * 1e3:8.1f} {c.comm.bubble:7.2f}")  # fmt: skip
-    best = suggest_layouts(args.model, args.gpus, fabric, memory, args.global_batch,
-                           args.accum_steps, img_size=args.img_size,
-                           precision=args.precision)  # fmt: skip
-    print("cheapest that fits: " + " ".join(best.flags()))
-    return 0

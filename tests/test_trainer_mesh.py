@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.test_trainer_launch import logs, run_ranks
-from vitpod.trainer.pipeline_parallel import stage_bounds
+from vitpod.registry.models import stage_bounds
 from vitpod.trainer.tensor_parallel import _head_major, _timm_major, use_head_major_qkv
 
 # The issue asks for 50 steps; VITPOD_MESH_STEPS=20 shortens a run on a busy machine.

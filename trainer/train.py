@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from vitpod.registry import runfiles
+from vitpod.registry import io, runfiles
 from vitpod.trainer import checkpoint as ckpt
 from vitpod.trainer import dist as tdist
 from vitpod.trainer.attention import choose_kernel
@@ -26,28 +24,9 @@ from vitpod.trainer.optim import create_optimizer, create_schedule, current_lr
 from vitpod.trainer.parallel import parallelize
 from vitpod.trainer.precision import make_precision, prepare_model
 from vitpod.trainer.preempt import Preemption
+from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def reseed_for_step(seed: int, rank: int, step: int, micro: int) -> None:
-    """Model randomness (drop path, MixToken) as a pure function of (seed, rank, step).
-
-    A resumed loader may draw from the global RNG when it starts (torch's DataLoader takes
-    a base seed from it), which an uninterrupted run does not; reseeding after each fetch keeps
-    that one draw from shifting every later drop-path mask.
-    """
-    mixed = ((seed * 1_000_003 + rank) * 1_000_003 + step) * 101 + micro
-    mixed %= 2**32
-    random.seed(mixed)
-    np.random.seed(mixed)
-    torch.manual_seed(mixed)
 
 
 def data_config(cfg: TrainConfig):
@@ -170,7 +149,7 @@ class Trainer:
         cfg = self.cfg
         self.preemption.install()  # main() installed it already; again for Trainers built directly
         if self.env.is_main:
-            ckpt.atomic_write_json(dataclasses.asdict(cfg), _mkdir(self.run_dir) / "config.json")
+            io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, dataclasses.asdict(cfg))
         self._restore()
         if self.preemption.agreed():  # signalled during startup, before any step of this process
             return self._requeue_before_training()
@@ -324,7 +303,7 @@ class Trainer:
     def _state(self, epoch_end: bool) -> dict[str, Any]:
         state: dict[str, Any] = {
             "step": self.step, "epoch": self.epoch, "epoch_end": epoch_end,
-            "rng": ckpt.rng_state(), "loader": self.train_loader.state_dict(),
+            "rng": rng_state(), "loader": self.train_loader.state_dict(),
             "mesh": self.mesh_shape,
         }  # fmt: skip
         if self.env.is_main:
@@ -363,7 +342,7 @@ class Trainer:
         elif not own["epoch_end"]:  # another dp size splits the data differently
             log.warning("mesh %s -> %s: the loader restarts epoch %d from its first batch",
                         own["mesh"], self.mesh_shape, self.epoch)  # fmt: skip
-        ckpt.set_rng_state(own["rng"])
+        set_rng_state(own["rng"])
         log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
 
     def _finish(self) -> None:

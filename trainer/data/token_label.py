@@ -13,7 +13,6 @@ then resampled to S x S = token_label_size^2.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from vitpod.trainer import labelset
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.sources import DataSourceError, Split, folder_split
 from vitpod.trainer.data.transforms import eval_transform
+from vitpod.trainer.torchsave import atomic_torch_save
 
 FORMAT = "vitpod-token-labels/1"
 
@@ -136,7 +136,8 @@ def generate_token_labels(
         "values": torch.cat(values),
         "indices": torch.cat(indices),
     }
-    return _atomic_save(data, Path(out_path))
+    atomic_torch_save(data, Path(out_path))
+    return Path(out_path)
 
 
 def _load_teacher(model_or_checkpoint: nn.Module | str | os.PathLike[str]) -> nn.Module:
@@ -164,21 +165,6 @@ def _batches(split: Split, transform: Any, batch_size: int) -> Iterator[torch.Te
             with Image.open(path) as img:
                 images.append(transform(img.convert("RGB")))
         yield torch.stack(images)
-
-
-def _atomic_save(data: dict[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
 
 
 # --------------------------------------------------------------------------- loading
