@@ -50,7 +50,7 @@ class Engine(Protocol):
 
 def token_label_forward(model: nn.Module, images: torch.Tensor) -> Any:
     """VOLO with MixToken: (class logits, token logits, bbox) for TokenLabelCriterion."""
-    from vitpod.trainer.data.token_label import forward_train
+    from vitpod.trainer.token_forward import forward_train
 
     return forward_train(model, images)
 

@@ -113,8 +113,10 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
 
     from vitpod.trainer.data.config import DataConfig
     from vitpod.trainer.data.sources import folder_split
-    from vitpod.trainer.data.token_label import FORMAT, _batches, dense_logits
+    from vitpod.trainer.data.token_label import FORMAT
     from vitpod.trainer.data.transforms import eval_transform
+    from vitpod.trainer.token_forward import dense_logits
+    from vitpod.trainer.token_teacher import image_batches
     from vitpod.trainer.torchsave import atomic_torch_save
 
     data_dir = Path(ns.data_dir)
@@ -154,7 +156,7 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
     values, indices = [], []
     began = time.perf_counter()
     with torch.no_grad():
-        for images in _batches(sub, transform, ns.batch_size):
+        for images in image_batches(sub, transform, ns.batch_size):
             if device is not None:
                 images = images.to(device, non_blocking=True)
             with torch.autocast("cuda", torch.bfloat16, enabled=device is not None):

@@ -14,7 +14,7 @@ from torch import nn
 
 from vitpod.registry import models, runfiles
 from vitpod.trainer.checkpoint import STEP_PREFIX
-from vitpod.trainer.config import known_model
+from vitpod.trainer.checks import known_model
 
 HEAD_PREFIXES = ("head.", "aux_head.")
 

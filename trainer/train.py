@@ -15,6 +15,12 @@ from vitpod.registry import io, runfiles
 from vitpod.trainer import checkpoint as ckpt
 from vitpod.trainer import dist as tdist
 from vitpod.trainer.attention import choose_kernel
+from vitpod.trainer.components import (
+    data_config,
+    make_criterion,
+    num_classes,
+    resolve_num_classes,
+)
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.trainer.mesh import local_param_bytes, max_over_ranks
@@ -27,41 +33,6 @@ from vitpod.trainer.preempt import Preemption
 from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
-
-
-def data_config(cfg: TrainConfig):
-    from vitpod.trainer.data import DataConfig
-
-    return DataConfig(
-        data_dir=cfg.data_dir or "", dataset=cfg.dataset, img_size=cfg.img_size,
-        batch_size=cfg.batch_size, workers=cfg.workers, loader=cfg.loader,
-        crop_pct=cfg.crop_pct or 0.875, scale=(cfg.scale[0], cfg.scale[1]), hflip=cfg.hflip,
-        auto_augment=cfg.aa or None,
-        reprob=cfg.reprob, num_classes=cfg.num_classes, token_label=cfg.token_label,
-        token_label_data=cfg.token_label_data or "",
-        token_label_size=cfg.token_label_size or cfg.img_size // 16,
-        ground_truth=cfg.ground_truth, corrupt=cfg.corrupt, seed=cfg.seed,
-    )  # fmt: skip
-
-
-def resolve_num_classes(cfg: TrainConfig) -> None:
-    """--num-classes not given: count the data set's classes (the model is built before the data).
-
-    An explicit --num-classes is kept as given: load_split checks it against the data and
-    refuses a mismatch naming the flag. cfg is updated, so config.json records the count.
-    """
-    if cfg.num_classes is None:
-        from vitpod.trainer.data.sources import count_classes
-
-        cfg.num_classes = count_classes(data_config(cfg))
-
-
-def make_criterion(cfg: TrainConfig) -> nn.Module:
-    if cfg.token_label:
-        from vitpod.trainer.data.token_label import TokenLabelCriterion
-
-        return TokenLabelCriterion(ground_truth=cfg.ground_truth)
-    return nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
 
 
 class Trainer:
@@ -121,7 +92,7 @@ class Trainer:
 
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
-        model = create_model(cfg.model, cfg.img_size, _classes(cfg), cfg.drop_path or 0.0)
+        model = create_model(cfg.model, cfg.img_size, num_classes(cfg), cfg.drop_path or 0.0)
         if cfg.finetune:
             reset = load_finetune(model, cfg.finetune, cfg.model)
             log.info("fine-tuning from %s (re-initialised: %s)", cfg.finetune, reset or "none")
@@ -365,7 +336,7 @@ class Trainer:
         corrupt = self._corrupt_images()
         if self.env.is_main:
             cfg = self.cfg
-            manifest = model_manifest(cfg.model, cfg.img_size, _classes(cfg))
+            manifest = model_manifest(cfg.model, cfg.img_size, num_classes(cfg))
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
             if model_state is None:  # every engine gathers the whole model on rank 0
                 raise RuntimeError("rank 0 received no model state")
@@ -405,21 +376,6 @@ def _to_device(targets: Any, device: torch.device) -> Any:
     return targets
 
 
-def _classes(cfg: TrainConfig) -> int:
-    if cfg.num_classes is None:
-        raise RuntimeError("num_classes unresolved: call resolve_num_classes(cfg) first")
-    return cfg.num_classes
-
-
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def startup_errors() -> tuple[type[Exception], ...]:
-    """Errors that mean bad input (exit USAGE), raised while the Trainer is built."""
-    from vitpod.trainer.config import ConfigError
-    from vitpod.trainer.data import DataConfigError, DataSourceError
-    from vitpod.trainer.models import ModelLoadError
-
-    return (ConfigError, DataConfigError, DataSourceError, ModelLoadError)
