@@ -63,9 +63,9 @@ speedup and efficiency.</b>{% endif %}</p>
 <p><b>For comparison.</b> {{ other_definition }}</p>
 <p>Images/s is the trainer's global throughput with warmup steps excluded. The breakdown is
 the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
-comm / step time. Predicted communication comes from the alpha-beta cost model
-(analysis/commcost.py) for the topology the run used, priced with the {{ fabric_source }};
-ratio = measured / predicted. A rank's comm clock starts when its gradients are ready, so it
+comm / step time. Predicted communication is what the planner recorded for the run (the
+alpha-beta cost model of analysis/commcost.py, priced with the {{ fabric_source }}; runs it did
+not price have none); ratio = measured / predicted. A rank's comm clock starts when its gradients are ready, so it
 also counts waiting for slower ranks; "exchange" is the median over steps of the least comm
 time over ranks (the last rank ready waits for nobody): the exchange itself, which is what the
 model predicts.</p>
