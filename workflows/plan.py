@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.checks import problems
+from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.flags import parse_args
 from vitpod.workflows import preflight, topology

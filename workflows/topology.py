@@ -11,12 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.analysis.calibrate import Calibration, apply, load_for_profile
-from vitpod.analysis.commcost import (
-    TRAINER_TOPOLOGY,
-    Choice,
-    Fabric,
-    choose,
-)
+from vitpod.analysis.commcost import TRAINER_TOPOLOGY, Choice, choose
+from vitpod.analysis.fabric import Fabric
 from vitpod.registry import models, runfiles
 
 # Gradients are fp32 in DDP buckets: 4 bytes a parameter.
@@ -102,8 +98,9 @@ def decide(
 
     With a `calibration` (vitpod.analysis.calibrate, from `make calibrate`) the fitted latencies and
     bandwidths replace the profile's, and each algorithm is priced per optimizer step as the
-    trainer measures it (`commcost.costs` with the backend: DDP buckets, per-call overhead, only what the
-    calibrated backend runs); without one, the profile's numbers price one exchange.
+    trainer measures it (`commcost.costs` with the backend: DDP buckets, per-call overhead,
+    only what the calibrated backend runs); without one, the profile's numbers price one
+    exchange.
     """
     fab = as_fabric(fabric)
     nbytes = grad_bytes(model, num_classes, img_size)
