@@ -65,10 +65,10 @@ speedup and efficiency.</b>{% endif %}</p>
 the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
 comm / step time. Predicted communication is what the planner recorded for the run (the
 alpha-beta cost model of analysis/commcost.py, priced with the {{ fabric_source }}; runs it did
-not price have none); ratio = measured / predicted. A rank's comm clock starts when its gradients are ready, so it
-also counts waiting for slower ranks; "exchange" is the median over steps of the least comm
-time over ranks (the last rank ready waits for nobody): the exchange itself, which is what the
-model predicts.</p>
+not price have none); ratio = measured / predicted. A rank's comm clock starts when its
+gradients are ready, so it also counts waiting for slower ranks; "exchange" is the median over
+steps of the least comm time over ranks (the last rank ready waits for nobody): the exchange
+itself, which is what the model predicts.</p>
 <h2>Throughput and efficiency</h2>
 <table id="throughput"><tr><th>GPUs</th><th>nodes</th><th class="text">state</th>
 <th>global batch</th><th>images/s</th><th>images/s per GPU</th><th>speedup</th><th>ideal</th>
