@@ -172,7 +172,7 @@ def _adamw_two_steps(relayout) -> torch.Tensor:
 
 
 def test_checkpointed_moments_keep_the_weights_layout_and_fused_adamw_stays_exact():
-    from vitpod.trainer.checkpoint import HostStager
+    from vitpod.trainer.host_stage import HostStager
     from vitpod.trainer.optim import match_state_layout
 
     weight = torch.randn(4, 3, 2, 2).contiguous(memory_format=torch.channels_last)
