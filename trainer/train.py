@@ -22,6 +22,7 @@ from vitpod.trainer.components import (
     resolve_num_classes,
 )
 from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.engine import Engine
 from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.trainer.mesh import local_param_bytes, max_over_ranks
 from vitpod.trainer.metrics import MetricsLogger, StepTimer, topk_counts
@@ -55,7 +56,7 @@ class Trainer:
         self.attention = choose_kernel(self.model, cfg.attn, self.device, self.precision.dtype)
         self.model = prepare_model(self.model, self.precision, cfg.compile)
         self.criterion = make_criterion(cfg)
-        self.engine = parallelize(
+        self.engine: Engine = parallelize(
             self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
         )
         self.model = self.engine.model  # a pipeline stage or sharded module replaces the model
