@@ -37,11 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--mode", choices=MODES, default="strong", help="for loose run dirs")
     report.add_argument("--out", type=Path, default=None, help="output dir (default STUDY/report)")
     report.set_defaults(func=report_main)
-    from vitpod.analysis.memory import add_memory_parser
+    from vitpod.analysis.planner_cli import add_layout_parser, add_memory_parser
 
     add_memory_parser(sub)
-    from vitpod.analysis.layout import add_layout_parser
-
     add_layout_parser(sub)
     return parser
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.analysis.commcost import Fabric
+from vitpod.analysis.fabric import Fabric
+from vitpod.registry import io
 
 FORMAT = "vitpod-calibration/1"
 BENCH_FORMAT = "vitpod-commbench/1"
@@ -251,9 +252,7 @@ def save(calibration: Calibration, path: str | os.PathLike[str]) -> Path:
     """Write the fit atomically (temp file, then rename); returns the path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(calibration.as_dict(), indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, target)
+    io.write_text_atomic(target, json.dumps(calibration.as_dict(), indent=1, sort_keys=True) + "\n")
     return target
 
 

@@ -5,9 +5,90 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vitpod.analysis.commcost import Fabric, LayoutComm, layout_comm
-from vitpod.analysis.memory import GIB, Plan, Vit, arch_of, param_parts, plan, stage_bounds
+from vitpod.analysis.commcost import ring_bytes_per_gpu
+from vitpod.analysis.fabric import Fabric
+from vitpod.analysis.memory import GIB, MemoryEstimate, estimate
 from vitpod.analysis.mesh import Mesh
+from vitpod.registry.models import Vit, arch_of, param_parts, stage_bounds
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutComm:
+    """Predicted communication of one optimizer step of a (dp, tp, pp) layout, per rank."""
+
+    seconds: dict[str, float]
+    """Time of each kind: dp (gradient all-reduce, or FSDP's gathers and reduce-scatter),
+    tp (activation all-reduces), pp (activations and their gradients between stages)."""
+    bytes: dict[str, float]
+    """Bytes each rank sends for each kind."""
+    bubble: float
+    """Fraction of the step a pipeline stage idles: (pp - 1) / (micro_batches + pp - 1)."""
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds.values())
+
+
+def layout_comm(
+    fabric: Fabric,
+    dp: int,
+    tp: int,
+    pp: int,
+    param_bytes_per_rank: float,
+    activation_bytes_per_micro: float,
+    blocks_per_stage: int,
+    micro_batches: int = 1,
+    fsdp: bool = False,
+    reshard_after_forward: bool = True,
+) -> LayoutComm:
+    """Communication per step and rank of a layout (tp innermost, then pp, then dp).
+
+    - dp: DDP all-reduces the rank's gradients, 2(dp-1)/dp x M (ring). FSDP (ZeRO-3) instead
+      all-gathers weights for the forward and again for the backward (unless weights stay
+      gathered) and reduce-scatters gradients: 3 x (dp-1)/dp x M, 1.5x DDP's (Rajbhandari et
+      al., arXiv:1910.02054, section 7.2.2); 2 x with reshard_after_forward off.
+    - tp: each block all-reduces its (micro-batch x tokens x dim) activation twice in the
+      forward and twice in the backward (Shoeybi et al., arXiv:1909.08053, figure 4).
+    - pp: each micro-batch's activation goes forward and its gradient back across a boundary.
+    `param_bytes_per_rank` is the rank's gradient bytes before dp sharding (its stage and tp
+    share); `activation_bytes_per_micro` one block output of a micro-batch on one rank.
+    """
+    if min(dp, tp, pp, micro_batches) < 1:
+        raise ValueError(f"dp, tp, pp and micro_batches must be >= 1, got {dp, tp, pp}")
+    if tp > fabric.gpus_per_node:
+        raise ValueError(
+            f"--tp {tp} exceeds the {fabric.gpus_per_node} GPUs of a node; tensor parallelism "
+            f"all-reduces every block's activations, keep it within NVLink: --tp <= "
+            f"{fabric.gpus_per_node}"
+        )
+    seconds: dict[str, float] = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
+    sent: dict[str, float] = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
+    # dp peers are tp x pp ranks apart: on one node only if the whole job is.
+    inside = dp * tp * pp <= fabric.gpus_per_node
+    dp_bw = fabric.intra_bw if inside else min(fabric.intra_bw, fabric.node_bw / max(1, tp * pp))
+    dp_lat = fabric.intra_latency if inside else fabric.inter_latency
+    if dp > 1:
+        share = (dp - 1) / dp * param_bytes_per_rank
+        passes = (3.0 if reshard_after_forward else 2.0) if fsdp else 2.0
+        sent["dp"] = passes * share
+        seconds["dp"] = sent["dp"] / dp_bw + passes * (dp - 1) * dp_lat
+    if tp > 1:
+        calls = 4 * blocks_per_stage * micro_batches
+        sent["tp"] = calls * ring_bytes_per_gpu(activation_bytes_per_micro, tp)
+        seconds["tp"] = sent["tp"] / fabric.intra_bw + calls * 2 * (tp - 1) * fabric.intra_latency
+    if pp > 1:
+        # Stages are tp ranks apart; across nodes once tp x pp exceeds a node.
+        cross = tp * pp > fabric.gpus_per_node
+        bw = (
+            min(fabric.intra_bw, fabric.node_bw / fabric.gpus_per_node)
+            if cross
+            else fabric.intra_bw
+        )
+        lat = fabric.inter_latency if cross else fabric.intra_latency
+        sent["pp"] = 2 * micro_batches * activation_bytes_per_micro
+        seconds["pp"] = sent["pp"] / bw + 2 * micro_batches * lat
+    bubble = (pp - 1) / (micro_batches + pp - 1)
+    return LayoutComm(seconds=seconds, bytes=sent, bubble=bubble)
 
 
 def _heads(model: str) -> list[int]:
@@ -82,7 +163,7 @@ class LayoutCost:
 
     mesh: Mesh
     fsdp: bool
-    memory: Plan
+    memory: MemoryEstimate
     comm: LayoutComm
     overhead_s: float
     """Communication seconds plus the pipeline bubble's share of the compute time."""
@@ -125,7 +206,7 @@ def layout_cost(
     flops_per_s: sustained GPU FLOP/s (default: A100 bf16 dense peak, an optimistic bound)
     turns the bubble fraction into seconds.
     """
-    mem = plan(model, img_size, batch, precision, mesh=mesh, fsdp=fsdp,
+    mem = estimate(model, img_size, batch, precision, mesh=mesh, fsdp=fsdp,
                micro_batches=micro_batches, schedule=schedule, num_classes=num_classes)  # fmt: skip
     arch = arch_of(model)
     dim = arch.embed_dim if isinstance(arch, Vit) else arch.embed_dims[-1]
@@ -179,48 +260,3 @@ def suggest_layouts(
             f"{gpu_mem_bytes / GIB:.0f} GiB{need}: add --accum-steps, lower the batch or add GPUs"
         )
     return ranked[0]
-
-
-def profile_fabric(profile: str, stage: str = "pretrain") -> Fabric:
-    """The `fabric:` block of a cluster profile's stage (bundled name or YAML path), read here:
-    analysis does not import workflows."""
-    import yaml
-
-    from vitpod.analysis.memory import _profile_path, profile_node
-
-    path = _profile_path(profile)
-    fabric = profile_node(yaml.safe_load(path.read_text()) or {}, stage).get("fabric")
-    if not fabric:
-        raise ValueError(f"--profile {profile!r}: no fabric: block in {path}")
-    return Fabric.from_mapping(fabric)
-
-
-def add_layout_parser(sub: Any) -> None:
-    parser = sub.add_parser("layouts", help="memory and communication of every dp x tp x pp")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--gpus", type=int, required=True, help="world size")
-    parser.add_argument("--global-batch", type=int, required=True)
-    parser.add_argument("--accum-steps", type=int, default=1, help="micro-batches per step")
-    parser.add_argument("--img-size", type=int, default=224)
-    parser.add_argument("--precision", default="amp")
-    parser.add_argument("--profile", default="dgxpod", help="cluster profile: fabric and GPU")
-    parser.set_defaults(func=layouts_main)
-
-
-def layouts_main(args: Any) -> int:
-    from vitpod.analysis.memory import profile_gpu_memory
-
-    fabric, memory = profile_fabric(args.profile), profile_gpu_memory(args.profile)
-    ranked = compare_layouts(args.model, args.gpus, fabric, memory, args.global_batch,
-                             args.accum_steps, img_size=args.img_size,
-                             precision=args.precision)  # fmt: skip
-    print(f"{'layout':28s} {'GiB/rank':>9s} {'fits':>5s} {'comm ms':>8s} {'bubble':>7s}")
-    for c in ranked:
-        name = f"dp{c.mesh.dp} tp{c.mesh.tp} pp{c.mesh.pp}" + " fsdp" * c.fsdp
-        print(f"{name:28s} {c.memory.total / GIB:9.1f} {str(c.fits):>5s} "
-              f"{c.comm.total_s * 1e3:8.1f} {c.comm.bubble:7.2f}")  # fmt: skip
-    best = suggest_layouts(args.model, args.gpus, fabric, memory, args.global_batch,
-                           args.accum_steps, img_size=args.img_size,
-                           precision=args.precision)  # fmt: skip
-    print("cheapest that fits: " + " ".join(best.flags()))
-    return 0

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitpod.analysis.memory import plan
+from vitpod.analysis.memory import estimate
 from vitpod.registry import models
 
 
@@ -40,7 +40,7 @@ def measure_here(model: str, img_size: int, batch: int, num_classes: int) -> dic
     torch.set_num_threads(1)
     torch.manual_seed(0)
     # Load libraries and kernels first (a step of the tiny VOLO), so that only the model's own
-    # memory counts: imports and kernel initialisation are not in the plan.
+    # memory counts: imports and kernel initialisation are not in the estimate.
     _train_step(*_setup("volo_tiny", 32, 2, 10))
     images, targets, net, optimizer = None, None, None, None
     gc.collect()
@@ -94,7 +94,7 @@ def measure(model: str, img_size: int, batch: int, num_classes: int) -> dict[str
 def compare(model: str, img_size: int, batch: int, num_classes: int = 1000) -> dict[str, Any]:
     """Planned against measured bytes: the whole step (weights + gradients + AdamW +
     activations) and the activations alone; errors are (planned - measured) / measured."""
-    predicted = plan(model, img_size, batch, "fp32", num_classes=num_classes)
+    predicted = estimate(model, img_size, batch, "fp32", num_classes=num_classes)
     got = measure(model, img_size, batch, num_classes)
     total = got["peak"] - got["before_model"]
     activations = got["peak"] - got["before_step"]
@@ -132,3 +132,12 @@ def saved_tensor_bytes(model: str, img_size: int, batch: int, num_classes: int =
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
         net(images)
     return sum(storages.values())
+
+
+def timm_param_count(model: str, img_size: int = 224, num_classes: int = 1000) -> int:
+    """Trainable parameters counted by building the timm model on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        net = build_model(model, img_size, num_classes)
+    return sum(p.numel() for p in net.parameters() if p.requires_grad)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import jinja2
 
 from vitpod.analysis import plots
 from vitpod.analysis.scaling import DEFINITIONS, Row, Study, baseline, rows_as_json, scaling_table
+from vitpod.registry import io, runfiles
 
 # Published figures shown beside ours; efficiency computed with the same arithmetic as our table.
 REFERENCES: list[dict[str, Any]] = [
@@ -64,12 +63,12 @@ speedup and efficiency.</b>{% endif %}</p>
 <p><b>For comparison.</b> {{ other_definition }}</p>
 <p>Images/s is the trainer's global throughput with warmup steps excluded. The breakdown is
 the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
-comm / step time. Predicted communication comes from the alpha-beta cost model
-(analysis/commcost.py) for the topology the run used, priced with the {{ fabric_source }};
-ratio = measured / predicted. A rank's comm clock starts when its gradients are ready, so it
-also counts waiting for slower ranks; "exchange" is the median over steps of the least comm
-time over ranks (the last rank ready waits for nobody): the exchange itself, which is what the
-model predicts.</p>
+comm / step time. Predicted communication is what the planner recorded for the run (the
+alpha-beta cost model of analysis/commcost.py, priced with the {{ fabric_source }}; runs it did
+not price have none); ratio = measured / predicted. A rank's comm clock starts when its
+gradients are ready, so it also counts waiting for slower ranks; "exchange" is the median over
+steps of the least comm time over ranks (the last rank ready waits for nobody): the exchange
+itself, which is what the model predicts.</p>
 <h2>Throughput and efficiency</h2>
 <table id="throughput"><tr><th>GPUs</th><th>nodes</th><th class="text">state</th>
 <th>global batch</th><th>images/s</th><th>images/s per GPU</th><th>speedup</th><th>ideal</th>
@@ -125,23 +124,6 @@ def references() -> list[dict[str, Any]]:
     return out
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temp file beside `path`, fsync, then rename over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from colleagues
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def render_html(study: Study, rows: list[Row], images: dict[str, bytes]) -> str:
     base = baseline(rows)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
@@ -172,13 +154,13 @@ def make_images(study: Study, rows: list[Row]) -> dict[str, bytes]:
 def write_report(study: Study, out_dir: Path | None = None) -> Path:
     """Compute the table, write PNGs, table.json and report.html under out_dir; return the HTML."""
     rows = scaling_table(study)
-    out = Path(out_dir) if out_dir else study.root / "report"
+    out = Path(out_dir) if out_dir else study.root / runfiles.REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     images = make_images(study, rows)
     for name, png in images.items():
-        write_atomic(out / name, png)
+        io.write_bytes_atomic(out / name, png)
     table = {"mode": study.mode, "model": study.model, "rows": rows_as_json(rows)}
-    write_atomic(out / "table.json", json.dumps(table, indent=2).encode("utf-8"))
-    html = out / "report.html"
-    write_atomic(html, render_html(study, rows, images).encode("utf-8"))
+    io.write_text_atomic(out / runfiles.TABLE, json.dumps(table, indent=2))
+    html = out / runfiles.REPORT_HTML
+    io.write_text_atomic(html, render_html(study, rows, images))
     return html

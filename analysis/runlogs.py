@@ -82,12 +82,12 @@ def _step(record: dict[str, Any], where: str) -> Step:
 def read_run(run_dir: Path) -> RunLog:
     """All rank files of a run; a run without a summary line or summary.json is failed."""
     run = RunLog(run_dir=Path(run_dir))
-    files = sorted(run.run_dir.glob("metrics/rank*.jsonl"))
+    files = sorted(run.run_dir.glob(f"{runfiles.METRICS}/rank*.jsonl"))
     if not run.run_dir.is_dir():
         run.error = f"no run directory {run.run_dir}"
         return run
     if not files:
-        run.error = f"no metrics/rank*.jsonl in {run.run_dir}"
+        run.error = f"no {runfiles.METRICS}/rank*.jsonl in {run.run_dir}"
     for path in files:
         for record in read_jsonl(path):
             if record["kind"] == "step":

@@ -9,13 +9,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.analysis import commcost
 from vitpod.analysis.runlogs import TIME_PARTS, RunLog, read_run
+from vitpod.registry import runfiles
+from vitpod.registry.decision import find_decision
+from vitpod.registry.io import check_keys
 
 MODES = ("strong", "weak")
-STUDY_FILE = "study.json"
-# Topology a run used (summary "topology") -> the cost-model algorithm that predicts it.
-MODEL_OF_TOPOLOGY = {"ring": "ring", "deepspeed": "ring", "ps": "ps_colocated"}
+STUDY_FILE = runfiles.STUDY
 
 DEFINITIONS = {
     "strong": (
@@ -105,12 +105,12 @@ def load_study(root: Path) -> Study:
     root = Path(root)
     path = root / STUDY_FILE
     data = json.loads(path.read_text(encoding="utf-8"))
-    _reject_unknown(data, _STUDY_KEYS, str(path))
+    check_keys(data, sorted(_STUDY_KEYS), str(path))
     if data.get("mode") not in MODES:
         raise ValueError(f"{path}: mode must be one of {MODES}, got {data.get('mode')!r}")
     points = []
     for i, raw in enumerate(data.get("points") or []):
-        _reject_unknown(raw, _POINT_KEYS, f"{path}: points[{i}]")
+        check_keys(raw, sorted(_POINT_KEYS), f"{path}: points[{i}]")
         points.append(
             Point(
                 gpus=int(raw["gpus"]),
@@ -134,12 +134,6 @@ def load_study(root: Path) -> Study:
         fabric_source=data.get("fabric_source") or "profile fabric",
         calibration=data.get("calibration"),
     )
-
-
-def _reject_unknown(data: dict[str, Any], valid: set[str], where: str) -> None:
-    unknown = sorted(set(data) - valid)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
 
 
 def study_from_runs(run_dirs: list[Path], mode: str) -> Study:
@@ -176,16 +170,13 @@ def mean_times(run: RunLog) -> dict[str, float]:
     return {part: sum(s.time[part] for s in steps) / len(steps) for part in (*TIME_PARTS, "step")}
 
 
-def predicted_comm_s(study: Study, point: Point, topology: str | None) -> float | None:
-    """The sweep's recorded prediction, else the cost model's seconds per step for the
-    topology the run used (None without a fabric)."""
+def predicted_comm_s(point: Point) -> float | None:
+    """The prediction the planner recorded: the sweep's, else the run's plan.json (None when
+    neither priced the run; nothing is re-priced here)."""
     if point.predicted_comm_s is not None:
         return float(point.predicted_comm_s)
-    if study.fabric is None or study.grad_bytes is None or topology not in MODEL_OF_TOPOLOGY:
-        return None
-    fabric = commcost.Fabric.from_mapping(study.fabric)
-    table = commcost.costs(fabric, float(study.grad_bytes), nodes=point.nodes, gpus=point.gpus)
-    return table[MODEL_OF_TOPOLOGY[str(topology)]]
+    decision = find_decision(point.run_dir)
+    return decision.costs.predicted_comm_s if decision and decision.costs else None
 
 
 def _measured_row(study: Study, point: Point, run: RunLog) -> Row:
@@ -208,7 +199,7 @@ def _measured_row(study: Study, point: Point, run: RunLog) -> Row:
     row.time = mean_times(run)
     row.comm_pct = 100.0 * row.time["comm"] / row.time["step"] if row.time["step"] else None
     row.topology = summary.get("topology")
-    row.predicted_comm_s = predicted_comm_s(study, point, row.topology)
+    row.predicted_comm_s = predicted_comm_s(point)
     row.exchange_s = exchange_s(run)
     if row.predicted_comm_s:
         row.comm_ratio = row.time["comm"] / row.predicted_comm_s

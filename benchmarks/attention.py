@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vitpod.registry import models  # noqa: E402
+from vitpod.registry.io import write_json_atomic  # noqa: E402
 from vitpod.trainer.attention import KERNELS, attention_modules, set_kernel  # noqa: E402
-from vitpod.trainer.checkpoint import atomic_write_json  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": None}
 
@@ -153,7 +153,7 @@ def write(a: argparse.Namespace, shape: tuple[int, ...], results: dict) -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(data, a.out)
+    write_json_atomic(a.out, data)
     print(f"-> {a.out}")
 
 

@@ -79,12 +79,12 @@ def measured_peak(model_name: str, img: int, batch: int) -> int:
 
 
 def memory_section(cases: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
-    from vitpod.analysis.memory import plan
+    from vitpod.analysis.memory import estimate
 
     out = []
     for model_name, img, batch in cases:
         measured = measured_peak(model_name, img, batch)
-        planned = plan(model_name, img, batch, "amp", num_classes=1000).total
+        planned = estimate(model_name, img, batch, "amp", num_classes=1000).total
         error = (planned - measured) / measured
         out.append(
             {

@@ -23,9 +23,10 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vitpod.trainer.checkpoint import atomic_write_json  # noqa: E402
+from vitpod.registry.io import write_json_atomic  # noqa: E402
 from vitpod.trainer.data import DataConfig, create_loader  # noqa: E402
-from vitpod.trainer.data.shards import ShardReader, write_shards  # noqa: E402
+from vitpod.trainer.data.shard_reader import ShardReader  # noqa: E402
+from vitpod.trainer.data.shards import write_shards  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "loader.json"
 GOAL = 0.8
@@ -370,7 +371,7 @@ def report(
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(data, args.out)
+    write_json_atomic(args.out, data)
     print(f"ratio best/bare = {data['ratio_best_to_bare_decode']} (goal {GOAL}) -> {args.out}")
 
 

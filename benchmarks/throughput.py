@@ -250,7 +250,7 @@ def write(a: argparse.Namespace, timm_model: str, extra: list[str], steps: tuple
 
     import torch
 
-    from vitpod.trainer.checkpoint import atomic_write_json
+    from vitpod.registry.io import write_json_atomic
 
     result = {
         "benchmark": "training throughput vs timm's train.py (the real script), end to end",
@@ -271,7 +271,7 @@ def write(a: argparse.Namespace, timm_model: str, extra: list[str], steps: tuple
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(result, a.out)
+    write_json_atomic(a.out, result)
     print(f"-> {a.out}")
 
 

@@ -194,7 +194,7 @@ def volo_params(a: Volo, img_size: int, num_classes: int) -> int:
     return total + 2 * dim + 2 * linear_params(dim, num_classes)  # final norm, aux head, head
 
 
-def _vit_params(a: Vit, img_size: int, num_classes: int) -> int:
+def vit_params(a: Vit, img_size: int, num_classes: int) -> int:
     d, tokens = a.embed_dim, (img_size // a.patch_size) ** 2 + 1
     total = 3 * a.patch_size**2 * d + d + d + tokens * d  # patch conv, cls token, pos_embed
     block = 4 * d + linear_params(d, 3 * d) + linear_params(d, d) + _mlp(d, a.mlp_ratio)
@@ -206,4 +206,71 @@ def param_count(name: str, img_size: int = 224, num_classes: int = 1000) -> int:
     arch = arch_of(name)
     if isinstance(arch, Volo):
         return volo_params(arch, img_size, num_classes)
-    return _vit_params(arch, img_size, num_classes)
+    return vit_params(arch, img_size, num_classes)
+
+
+# ---------------------------------------------------------------- model-parallel splits
+
+
+@dataclass(frozen=True, slots=True)
+class ParamParts:
+    """Parameters by where they live under model parallelism: per block, the part a Megatron
+    split shards over tp (column-parallel weights and biases, row-parallel weights) and the part
+    every tp rank keeps (norms, row-parallel biases); embeddings on the first pipeline stage;
+    final norm and heads (VOLO: also its class-attention blocks) on the last."""
+
+    blocks: tuple[tuple[int, int], ...]
+    first: int
+    last: int
+
+    @property
+    def total(self) -> int:
+        return self.first + self.last + sum(a + b for a, b in self.blocks)
+
+
+def _pair(d: int, hidden: int) -> int:
+    """Sharded part of a column-parallel (d -> hidden, biased) + row-parallel (hidden -> d) pair."""
+    return d * hidden + hidden + hidden * d
+
+
+def _vit_parts(a: Vit, img_size: int, num_classes: int) -> ParamParts:
+    d, tokens = a.embed_dim, (img_size // a.patch_size) ** 2 + 1
+    sharded = 3 * d * d + 3 * d + d * d + _pair(d, int(d * a.mlp_ratio))  # qkv, proj, MLP
+    block = (sharded, 4 * d + 2 * d)  # norms; proj and fc2 biases
+    first = 3 * a.patch_size**2 * d + d + d + tokens * d
+    return ParamParts((block,) * a.depth, first, 2 * d + linear_params(d, num_classes))
+
+
+def _volo_parts(a: Volo, img_size: int, num_classes: int) -> ParamParts:
+    total = volo_params(a, img_size, num_classes)
+    h, e0, k4 = a.stem_hidden_dim, a.embed_dims[0], a.kernel**4
+    first = 3 * h * 49 + 2 * 9 * h * h + 3 * 2 * h + h * e0 * (a.patch_size // 2) ** 2 + e0
+    grid = img_size // a.patch_size // a.pooling_scale
+    first += grid * grid * a.embed_dims[-1]
+    blocks: list[tuple[int, int]] = []
+    for i, n_blocks in enumerate(a.layers):
+        d, m = a.embed_dims[i], a.num_heads[i]
+        hidden = int(d * a.mlp_ratio)
+        attn = d * d + linear_params(d, k4 * m) + d * d if a.outlook[i] else 3 * d * d + d * d
+        blocks += [(attn + _pair(d, hidden), 6 * d)] * n_blocks
+        if a.downsamples[i] and i + 1 < len(a.layers):  # replicated, after the stage's blocks
+            sharded, kept = blocks[-1]
+            blocks[-1] = (sharded, kept + 4 * d * a.embed_dims[i + 1] + a.embed_dims[i + 1])
+    in_blocks = sum(x + y for x, y in blocks)
+    return ParamParts(tuple(blocks), first, total - first - in_blocks)
+
+
+def param_parts(name: str, img_size: int = 224, num_classes: int = 1000) -> ParamParts:
+    """The parameter count split as tensor and pipeline parallelism split it."""
+    arch = arch_of(name)
+    if isinstance(arch, Volo):
+        return _volo_parts(arch, img_size, num_classes)
+    return _vit_parts(arch, img_size, num_classes)
+
+
+def stage_bounds(blocks: int, stages: int) -> list[tuple[int, int]]:
+    """[start, end) blocks of each pipeline stage (trainer/pipeline_parallel.py splits by it)."""
+    if stages > blocks:
+        raise ValueError(f"--pp {stages}: the model has only {blocks} blocks; use at most that")
+    cuts = [round(i * blocks / stages) for i in range(stages + 1)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))

@@ -26,6 +26,13 @@ SBATCH = "job.sbatch"
 LOCAL_SCRIPT = "job.sh"
 SUBMITIT = "submitit"
 
+CONFIG = "config.json"
+"""The trainer's resolved arguments."""
+REPORT_DIR = "report"
+"""A scaling study's report folder: the plots, TABLE and REPORT_HTML."""
+TABLE = "table.json"
+REPORT_HTML = "report.html"
+
 
 def final_model(run_dir: str | Path) -> Path:
     return Path(run_dir) / FINAL / FINAL_MODEL

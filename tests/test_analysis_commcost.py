@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from vitpod.analysis import commcost
-from vitpod.analysis.commcost import DGX_A100, Choice, Fabric, choose_topology, costs
+from vitpod.analysis.commcost import Choice, choose, costs
+from vitpod.analysis.fabric import DGX_A100, Fabric
 
 NO_LATENCY = dataclasses.replace(DGX_A100, intra_latency=0.0, inter_latency=0.0)
 
@@ -39,7 +40,7 @@ def test_five_dgx_a100_hand_computed():
     # Colocated PS: each node sends 2 x 8 x 32/40 x M off-node over its rails.
     assert table["ps_colocated"] == pytest.approx(78 * 5e-6 + 2 * 8 * 32 / 40 * 1e8 / 192e9)
     assert "ps_dedicated" not in table
-    choice = choose_topology(DGX_A100, 100e6, nodes=5)
+    choice = choose(DGX_A100, 100e6, nodes=5)
     assert choice.name == "tree"
     assert choice.predicted_s == pytest.approx(table["tree"])
     assert choice.topology == "ring"
@@ -50,11 +51,11 @@ def test_ring_beats_tree_for_large_gradients_on_two_nodes():
     table = costs(DGX_A100, 1e9, nodes=2)
     assert table["ring"] == pytest.approx(30 * 5e-6 + 1.875e9 / 192e9)  # 9.9156 ms
     assert table["tree"] == pytest.approx(2 * (3 * 2e-6 + 1 * 5e-6) + 2e9 / 192e9)  # 10.4387 ms
-    assert choose_topology(DGX_A100, 1e9, nodes=2).name == "ring"
+    assert choose(DGX_A100, 1e9, nodes=2).name == "ring"
 
 
 def test_tree_wins_latency_bound_small_messages():
-    choice = choose_topology(DGX_A100, 0, nodes=1)
+    choice = choose(DGX_A100, 0, nodes=1)
     assert choice.name == "tree"
     assert choice.predicted_s == pytest.approx(2 * 3 * 2e-6)
     assert choice.costs["ring"] == pytest.approx(14 * 2e-6)
@@ -80,7 +81,7 @@ def test_dedicated_servers_win_when_plentiful_and_fast():
         ps_bw=10e9,
     )
     # 8 nodes x 1 GPU: ring 2 x 7/8 x M / B; PS on 8 servers M / B (BytePS's argument).
-    choice = choose_topology(fabric, 1e9, nodes=8)
+    choice = choose(fabric, 1e9, nodes=8)
     assert choice.costs["ring"] == pytest.approx(1.75e9 / 10e9)
     assert choice.name == "ps_dedicated"
     assert choice.predicted_s == pytest.approx(1e9 / 10e9)
@@ -89,7 +90,7 @@ def test_dedicated_servers_win_when_plentiful_and_fast():
 
 
 def test_single_gpu_costs_nothing_and_picks_ring():
-    choice = choose_topology(DGX_A100, 1e9, nodes=1, gpus=1)
+    choice = choose(DGX_A100, 1e9, nodes=1, gpus=1)
     assert choice.name == "ring"
     assert choice.predicted_s == 0.0
 
@@ -125,7 +126,7 @@ def test_profile_block_errors_name_the_field():
         "nics_per_node": 1,
         "inter_latency": 0,
     }
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['nic_bandwidth'\].*valid keys"):
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'nic_bandwidth'.*valid keys"):
         Fabric.from_mapping({**good, "nic_bandwidth": 1})
     with pytest.raises(ValueError, match=r"missing key\(s\) \['nic_bw'\]"):
         Fabric.from_mapping({k: v for k, v in good.items() if k != "nic_bw"})
@@ -150,11 +151,10 @@ def test_bad_layouts_raise():
         costs(DGX_A100, -1, nodes=1)
 
 
-def test_choice_is_a_plain_record_with_trainer_flags():
+def test_choice_names_the_engine_that_runs_its_algorithm():
     choice = Choice(name="ps_colocated", predicted_s=1.0, reason="r", costs={"ps_colocated": 1.0})
     assert choice.topology == "ps"
-    assert choice.trainer_flags(8) == ["--topology", "ps", "--ps-servers", "8"]
-    assert Choice("tree", 1.0, "r").trainer_flags(8) == ["--topology", "ring"]
+    assert Choice("tree", 1.0, "r").topology == "ring"
 
 
 def test_cost_model_imports_without_torch():

@@ -3,38 +3,40 @@
 import pytest
 
 from vitpod.analysis import layout, memory
-from vitpod.analysis.commcost import DGX_A100, layout_comm
+from vitpod.analysis.fabric import DGX_A100
+from vitpod.analysis.layout import layout_comm
 from vitpod.analysis.mesh import Mesh
+from vitpod.registry import models
 
 GIB = memory.GIB
 
 
-@pytest.mark.parametrize("model", sorted(memory.ARCHS))
+@pytest.mark.parametrize("model", sorted(models.MODELS))
 def test_param_parts_add_up_to_the_count(model: str) -> None:
-    assert memory.param_parts(model).total == memory.param_count(model)
+    assert models.param_parts(model).total == models.param_count(model)
 
 
 def test_tensor_parallel_shards_the_block_matrices_by_hand() -> None:
     d, h = 384, 1536  # vit_small: the tp-split part of a block is qkv, proj weight and the MLP
-    a, b = memory.param_parts("vit_small_patch16_224").blocks[0]
+    a, b = models.param_parts("vit_small_patch16_224").blocks[0]
     assert a == (3 * d * d + 3 * d) + d * d + (d * h + h) + h * d
     assert b == 6 * d  # two LayerNorms, proj and fc2 biases
-    full = memory.param_count("vit_small_patch16_224", 32, 10)
+    full = models.param_count("vit_small_patch16_224", 32, 10)
     tp2 = memory.params_per_rank("vit_small_patch16_224", Mesh(dp=2, tp=2), 32, 10)
     assert 0.5 < tp2 / full < 0.52  # the trainer measured 43,851,304 B / 4 B at tp 2 (0.508)
 
 
 def test_mesh_plan_shards_states_over_dp_and_stages_over_pp() -> None:
-    model, p = "vit_base_patch16_224", memory.param_count("vit_base_patch16_224")
-    ddp = memory.plan(model, batch=0, mesh=Mesh(dp=8))
+    model, p = "vit_base_patch16_224", models.param_count("vit_base_patch16_224")
+    ddp = memory.estimate(model, batch=0, mesh=Mesh(dp=8))
     assert (ddp.weights, ddp.grads, ddp.optimizer, ddp.buffers) == (4 * p, 4 * p, 8 * p, 4 * p)
-    fsdp = memory.plan(model, batch=0, mesh=Mesh(dp=8), fsdp=True)
+    fsdp = memory.estimate(model, batch=0, mesh=Mesh(dp=8), fsdp=True)
     assert fsdp.total == pytest.approx(16 * p / 8)
-    one_f = memory.plan(model, batch=8, mesh=Mesh(pp=4), micro_batches=8)
-    gpipe = memory.plan(model, batch=8, mesh=Mesh(pp=4), micro_batches=8, schedule="gpipe")
+    one_f = memory.estimate(model, batch=8, mesh=Mesh(pp=4), micro_batches=8)
+    gpipe = memory.estimate(model, batch=8, mesh=Mesh(pp=4), micro_batches=8, schedule="gpipe")
     assert gpipe.activations == pytest.approx(2 * one_f.activations)  # 8 vs 4 in flight
-    tp = memory.plan(model, batch=8, mesh=Mesh(tp=4))
-    assert tp.activations < 0.5 * memory.plan(model, batch=8).activations
+    tp = memory.estimate(model, batch=8, mesh=Mesh(tp=4))
+    assert tp.activations < 0.5 * memory.estimate(model, batch=8).activations
 
 
 def test_fsdp_moves_one_and_a_half_times_ddp_and_tp_must_stay_in_a_node() -> None:
@@ -91,7 +93,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError('blocked on a login node: ' + name)
 sys.meta_path.insert(0, Block())
 from vitpod.analysis.layout import suggest_layouts, check_layout
-from vitpod.analysis.commcost import DGX_A100
+from vitpod.analysis.fabric import DGX_A100
 print(suggest_layouts('vit_huge_patch14_224', 8, DGX_A100, 80 * 2**30, 512).flags())
 """
 

@@ -7,48 +7,50 @@ import pytest
 
 from vitpod.analysis import memory
 from vitpod.analysis.__main__ import main
-from vitpod.analysis.memcheck import compare, saved_tensor_bytes
+from vitpod.analysis.memcheck import compare, saved_tensor_bytes, timm_param_count
+from vitpod.analysis.planner_cli import profile_numbers
+from vitpod.registry import models
 
-MODELS = [(name, 32 if name == "volo_tiny" else 224) for name in memory.ARCHS]
+MODELS = [(name, 32 if name == "volo_tiny" else 224) for name in models.MODELS]
 
 
 @pytest.mark.parametrize(("model", "img_size"), MODELS)
 def test_param_count_matches_timm(model, img_size):
-    assert memory.param_count(model, img_size) == memory.timm_param_count(model, img_size)
+    assert models.param_count(model, img_size) == timm_param_count(model, img_size)
 
 
 def test_param_count_follows_image_size_and_classes():
     # VOLO-D5 at 512: the pos-embed grows from 14x14 to 32x32 tokens of 768.
-    grow = memory.param_count("volo_d5", 512) - memory.param_count("volo_d5", 224)
+    grow = models.param_count("volo_d5", 512) - models.param_count("volo_d5", 224)
     assert grow == (32 * 32 - 14 * 14) * 768
-    assert memory.param_count("volo_tiny", 32, 10) == memory.timm_param_count("volo_tiny", 32, 10)
-    assert memory.param_count("volo_d1_224") == 26_632_040
+    assert models.param_count("volo_tiny", 32, 10) == timm_param_count("volo_tiny", 32, 10)
+    assert models.param_count("volo_d1_224") == 26_632_040
 
 
 def test_zero_stages_shard_by_hand():
-    p = memory.param_count("vit_base_patch16_224")
+    p = models.param_count("vit_base_patch16_224")
     kw = {"model": "vit_base_patch16_224", "batch": 0}
-    fp32 = memory.plan(**kw)
+    fp32 = memory.estimate(**kw)
     assert (fp32.weights, fp32.grads, fp32.optimizer, fp32.buffers) == (4 * p, 4 * p, 8 * p, 0)
-    ddp = memory.plan(**kw, gpus=8)
+    ddp = memory.estimate(**kw, gpus=8)
     assert ddp.buffers == 4 * p  # DDP gradient buckets
-    z1 = memory.plan(**kw, precision="half", zero=1, gpus=8)
+    z1 = memory.estimate(**kw, precision="half", zero=1, gpus=8)
     assert (z1.weights, z1.grads, z1.optimizer, z1.buffers) == (2 * p, 2 * p, 12 * p / 8, 0)
-    z2 = memory.plan(**kw, precision="half", zero=2, gpus=8)
+    z2 = memory.estimate(**kw, precision="half", zero=2, gpus=8)
     assert (z2.weights, z2.grads, z2.optimizer) == (2 * p, 2 * p / 8, 12 * p / 8)
-    z3 = memory.plan(**kw, precision="half", zero=3, gpus=8)
+    z3 = memory.estimate(**kw, precision="half", zero=3, gpus=8)
     assert z3.total == pytest.approx(16 * p / 8)  # the ZeRO paper's 16 bytes a parameter
 
 
 def test_activations_scale_with_batch_precision_and_checkpointing():
-    one = memory.plan("volo_d1", 224, 1)
-    four = memory.plan("volo_d1", 224, 4)
+    one = memory.estimate("volo_d1", 224, 1)
+    four = memory.estimate("volo_d1", 224, 4)
     assert four.activations == pytest.approx(4 * one.activations)
-    amp = memory.plan("volo_d1", 224, 4, precision="amp")
+    amp = memory.estimate("volo_d1", 224, 4, precision="amp")
     assert 0.5 * four.activations < amp.activations < 0.75 * four.activations
-    ckpt = memory.plan("volo_d1", 224, 4, checkpointing=True)
+    ckpt = memory.estimate("volo_d1", 224, 4, checkpointing=True)
     assert ckpt.activations < 0.5 * four.activations
-    big = memory.plan("volo_d1", 448, 1)
+    big = memory.estimate("volo_d1", 448, 1)
     assert 3.5 * one.activations < big.activations < 4.5 * one.activations
 
 
@@ -56,8 +58,8 @@ def test_largest_micro_batch_is_the_boundary():
     kw = {"model": "volo_d5", "img_size": 224, "precision": "amp"}
     best = memory.max_micro_batch(80 * memory.GIB, memory.GIB, **kw)
     assert best > 0
-    assert memory.plan(batch=best, **kw).total <= 79 * memory.GIB
-    assert memory.plan(batch=best + 1, **kw).total > 79 * memory.GIB
+    assert memory.estimate(batch=best, **kw).total <= 79 * memory.GIB
+    assert memory.estimate(batch=best + 1, **kw).total > 79 * memory.GIB
     assert memory.max_micro_batch(1 * memory.GIB, memory.GIB, **kw) == 0
 
 
@@ -93,7 +95,7 @@ def test_cli_memory_json(capsys):
     )
     out = json.loads(capsys.readouterr().out)
     assert out["params"] == 26_632_040
-    assert out["total"] == pytest.approx(memory.plan("volo_d1", 224, 8).total)
+    assert out["total"] == pytest.approx(memory.estimate("volo_d1", 224, 8).total)
     assert out["max_micro_batch"] == memory.max_micro_batch(16 * memory.GIB, model="volo_d1")
 
 
@@ -101,12 +103,12 @@ def test_cli_memory_bad_model(capsys):
     assert main(["memory", "--model", "resnet50"]) == 2
     assert "not in the model registry" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--precision must be one of"):
-        memory.plan("volo_d1", precision="fp8")
+        memory.estimate("volo_d1", precision="fp8")
 
 
 def test_largest_batch_for_a_profile_gpu(capsys, tmp_path):
-    assert memory.profile_gpu_memory("dgxpod") == 80 * memory.GIB
-    assert memory.profile_gpu_memory("dgxpod", "finetune") == 32 * memory.GIB  # DGX-2 V100
+    assert profile_numbers("dgxpod")[0] == 80 * memory.GIB
+    assert profile_numbers("dgxpod", "finetune")[0] == 32 * memory.GIB  # DGX-2 V100
     argv = ["memory", "--model", "volo_d5", "--precision", "amp", "--profile", "dgxpod", "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
@@ -114,4 +116,4 @@ def test_largest_batch_for_a_profile_gpu(capsys, tmp_path):
     assert out["max_micro_batch"] == expected > 0
     (tmp_path / "p.yaml").write_text("name: x\n")
     assert main(["memory", "--model", "volo_d1", "--profile", str(tmp_path / "p.yaml")]) == 2
-    assert "no gpu.memory_bytes" in capsys.readouterr().err
+    assert "p.yaml" in capsys.readouterr().err

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vitpod.analysis import commcost, report, scaling
+from vitpod.analysis import report, scaling
 from vitpod.analysis.__main__ import main
 from vitpod.analysis.runlogs import read_jsonl, read_run
 
@@ -107,17 +107,41 @@ def test_strong_table_matches_hand_computed(strong_study):
     assert g8.speedup is None and g8.images_per_s is None
 
 
-def test_predicted_comm_comes_from_the_cost_model(strong_study):
+def test_predicted_comm_comes_from_the_record(strong_study):
+    study = json.loads((strong_study / "study.json").read_text())
+    for point in study["points"]:
+        point["predicted_comm_s"] = 0.0041 if point["gpus"] == 2 else None
+    (strong_study / "study.json").write_text(json.dumps(study))
+    write_plan(strong_study / "g4", predicted_comm_s=0.012)
     rows = scaling.scaling_table(scaling.load_study(strong_study))
-    fabric = commcost.Fabric.from_mapping(FABRIC)
-    g2 = rows[1]
-    # 2 GPUs on one node: ring = 2 x 50 us + 2 x 1/2 x 4 MB / 1 GB/s = 4.1 ms.
-    assert g2.predicted_comm_s == pytest.approx(2 * 50e-6 + 4e6 / 1e9)
-    g4 = rows[2]
-    expected = commcost.costs(fabric, 4e6, nodes=2, gpus=4)["ring"]
-    assert g4.predicted_comm_s == pytest.approx(expected)
-    assert g4.comm_ratio == pytest.approx(0.030 / expected)
-    assert rows[0].predicted_comm_s == 0.0 and rows[0].comm_ratio is None
+    g1, g2, g4 = rows[:3]
+    assert g2.predicted_comm_s == pytest.approx(0.0041)  # the sweep's own record
+    assert g4.predicted_comm_s == pytest.approx(0.012)  # the run's plan.json
+    assert g4.comm_ratio == pytest.approx(0.030 / 0.012)
+    # Nothing recorded: no prediction, although the study has a fabric to price one with.
+    assert g1.predicted_comm_s is None and g1.comm_ratio is None
+
+
+def write_plan(run_dir, predicted_comm_s):
+    from vitpod.registry import decision as rec
+
+    world = 4
+    rec.write_decision(
+        run_dir,
+        rec.Decision(
+            created="2026-01-01T00:00:00", stage="pretrain", model="volo_tiny",
+            resources=rec.Resources(
+                cluster="c", partition="p", node_type="n", nodes=2, tasks_per_node=2,
+                world_size=world,
+            ),
+            layout=rec.Layout(dp=world),
+            engine=rec.Engine(name="ring", source="cost model"),
+            costs=rec.Costs(
+                algorithm="ring", predicted_comm_s=predicted_comm_s, grad_bytes=4_000_000,
+                per_algorithm_s={"ring": predicted_comm_s}, priced_by="profile fabric",
+            ),
+        ),
+    )  # fmt: skip
 
 
 def test_failed_smallest_point_moves_the_baseline(tmp_path):
@@ -189,7 +213,9 @@ def test_step_line_missing_field_names_it(tmp_path):
 
 def test_study_json_unknown_key_and_bad_mode(tmp_path):
     root = write_study(tmp_path / "s", "strong", [{"gpus": 1, "run_dir": "x", "gpu": 2}])
-    with pytest.raises(ValueError, match=r"points\[0\]: unknown key\(s\) \['gpu'\]"):
+    with pytest.raises(
+        ValueError, match=r"points\[0\]: unknown key\(s\) 'gpu' \(did you mean 'gpus'\?\)"
+    ):
         scaling.load_study(root)
     root = write_study(tmp_path / "t", "medium", [{"gpus": 1, "run_dir": "x"}])
     with pytest.raises(ValueError, match="mode must be one of"):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vitpod.analysis import calibrate, commcost
-from vitpod.analysis.commcost import Fabric
+from vitpod.analysis.fabric import Fabric
 from vitpod.workflows import topology
 
 MiB = 1024**2
@@ -115,25 +115,25 @@ def test_ddp_buckets_follow_ddp_defaults():
     assert commcost.ddp_buckets(0) == []
 
 
-def test_step_costs_sum_buckets_with_their_latency_and_overhead():
+def test_calibrated_costs_sum_buckets_with_their_latency_and_overhead():
     fab = calibrate.apply(PROFILE_FABRIC, calibrate.fit(synthetic_bench()))
     grad = 3 * MiB  # buckets of 1 MiB and 2 MiB
-    table = commcost.step_costs(fab, grad, nodes=1, gpus=2, backend="gloo")
+    table = commcost.costs(fab, grad, nodes=1, gpus=2, backend="gloo")
     expected = ring(2, A_INTRA, B_INTRA, 1 * MiB) + ring(2, A_INTRA, B_INTRA, 2 * MiB)
     assert table["ring"] == pytest.approx(expected, rel=1e-9)
     # The parameter-server hook: a reduce and a broadcast (binomial trees) per bucket.
     hook = sum(2 * 1 * (A_INTRA + m / B_INTRA) + 2 * OVERHEAD for m in (1 * MiB, 2 * MiB))
     assert table["ps_colocated"] == pytest.approx(hook, rel=1e-9)
-    four = commcost.step_costs(fab, 1 * MiB, nodes=2, gpus=4, backend="gloo")
+    four = commcost.costs(fab, 1 * MiB, nodes=2, gpus=4, backend="gloo")
     assert four["ps_colocated"] == pytest.approx(4 * (A_INTER + MiB / B_WORLD) + 2 * OVERHEAD)
     # gloo's all-reduce is a ring: NCCL's tree and 2-D ring are not priced for it.
     assert set(table) == {"ring", "ps_colocated"}
-    assert {"tree", "hierarchical"} <= set(commcost.step_costs(fab, grad, 1, gpus=2))
+    assert {"tree", "hierarchical"} <= set(commcost.costs(fab, grad, 1, gpus=2, backend="nccl"))
     # One rank still pays one hook call per bucket (DDP calls the hook at world size 1).
-    alone = commcost.step_costs(fab, grad, 1, gpus=1, backend="gloo")
+    alone = commcost.costs(fab, grad, 1, gpus=1, backend="gloo")
     assert alone["ring"] == pytest.approx(2 * OVERHEAD)
     with pytest.raises(ValueError, match="backend 'mpi'"):
-        commcost.step_costs(fab, grad, 1, gpus=2, backend="mpi")
+        commcost.costs(fab, grad, 1, gpus=2, backend="mpi")
 
 
 def test_save_load_roundtrip_beside_the_profile(tmp_path):

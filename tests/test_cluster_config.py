@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vitpod.analysis.commcost import Fabric
+from vitpod.analysis.fabric import Fabric
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
 from vitpod.workflows.recipe import RECIPE_DIR, bundled_recipes, load_recipe

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from vitpod.trainer.data import DataConfig, create_loader
-from vitpod.trainer.data.shards import INDEX, ShardReader, write_shards, write_split
+from vitpod.trainer.data.shard_reader import INDEX, ShardReader
+from vitpod.trainer.data.shards import write_shards, write_split
 from vitpod.trainer.data.sources import Split, folder_split
 
 ROOT = Path(__file__).resolve().parents[1]

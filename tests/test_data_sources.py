@@ -51,7 +51,8 @@ def test_config_errors_name_the_field_and_the_fix():
     with pytest.raises(DataConfigError, match="data_dir is empty"):
         DataConfig(dataset="folder")
     with pytest.raises(
-        DataConfigError, match=r"unknown keys \['batch'\]; valid keys: .*batch_size"
+        DataConfigError,
+        match=r"unknown key\(s\) 'batch' \(did you mean 'batch_size'\?\); valid keys: .*batch_size",
     ):
         DataConfig.from_dict({"batch": 3})
     with pytest.raises(DataConfigError, match="use --token-label-size 14"):

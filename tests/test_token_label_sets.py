@@ -97,8 +97,8 @@ def test_the_trainer_reads_the_shards_with_the_teachers_scores(labels, digits_di
     teacher.load_state_dict(torch.load(teacher_run / "final" / "model.pt", weights_only=True))
     from PIL import Image
 
-    from vitpod.trainer.data.token_label import dense_logits
     from vitpod.trainer.data.transforms import eval_transform
+    from vitpod.trainer.token_forward import dense_logits
 
     with Image.open(digits_dir / name) as img:
         cfg32 = DataConfig(data_dir=str(digits_dir), img_size=32, crop_pct=1.0)

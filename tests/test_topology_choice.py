@@ -2,7 +2,7 @@
 
 import pytest
 
-from vitpod.analysis.commcost import DGX_A100, Fabric
+from vitpod.analysis.fabric import DGX_A100, Fabric
 from vitpod.workflows import topology
 
 VIT_S = 22_050_664 * 4  # gradient bytes of vit_small_patch16_224

@@ -31,7 +31,7 @@ def test_save_returns_after_the_copy_and_writes_the_old_values(tmp_path: Path) -
     manifest = json.loads((tmp_path / "step_000000001" / "rank0.json").read_text())
     assert manifest["step"] == 1 and manifest["bytes"] > 256 * 256 * 4
     assert ck.verify(tmp_path / "step_000000001") is None
-    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]  # no temp files left
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]  # no temp files left
 
 
 def test_overlapped_copy_saves_the_state_of_the_checkpoint_step(tmp_path: Path) -> None:
@@ -74,6 +74,28 @@ def test_keeps_last_k_plus_milestones(tmp_path: Path) -> None:
     ck.close()
     kept = sorted(int(p.name.split("_")[1]) for p in ck.step_dirs())
     assert kept == [2, 4, 5, 6]
+
+
+def test_a_checkpoint_pruning_cannot_remove_is_named_in_a_warning(
+    tmp_path: Path, caplog, monkeypatch
+) -> None:
+    import os
+
+    real_rmdir = os.rmdir
+
+    def refuse_step_1(path, *args, **kwargs):
+        if str(path).endswith("step_000000001"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", refuse_step_1)
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=1, use_async=False)
+    with caplog.at_level(logging.WARNING, logger="vitpod.trainer.checkpoint"):
+        for step in (1, 2):
+            ck.save(step, epoch=0, state=state(step))
+    ck.close()
+    assert "could not remove" in caplog.text and "step_000000001" in caplog.text
+    assert "Permission denied" in caplog.text
 
 
 def test_resume_auto_skips_a_corrupt_checkpoint_with_a_warning(tmp_path: Path, caplog) -> None:
@@ -150,7 +172,7 @@ def _adamw_two_steps(relayout) -> torch.Tensor:
 
 
 def test_checkpointed_moments_keep_the_weights_layout_and_fused_adamw_stays_exact():
-    from vitpod.trainer.checkpoint import HostStager
+    from vitpod.trainer.host_stage import HostStager
     from vitpod.trainer.optim import match_state_layout
 
     weight = torch.randn(4, 3, 2, 2).contiguous(memory_format=torch.channels_last)

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.config import ConfigError, parse_args, problems
+from vitpod.trainer.checks import problems
+from vitpod.trainer.config import ConfigError
 from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
+from vitpod.trainer.flags import parse_args
 
 PRETRAIN = """/path/to/imagenet --model volo_d5 --img-size 224 -b 44 --lr 1.0e-4
   --drop-path 0.75 --apex-amp --token-label --token-label-size 14
@@ -96,7 +98,10 @@ def test_yaml_config_is_read_flags_win_and_unknown_keys_list_valid_ones(tmp_path
     cfg = parse_args(["d", "--config", str(path), "--epochs", "9"])
     assert (cfg.model, cfg.batch_size, cfg.epochs, cfg.drop_path) == ("volo_d2", 8, 9, 0.2)
     path.write_text("modle: volo_d2\n")
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['modle'\]; valid keys: .*'model'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key\(s\) 'modle' \(did you mean 'model'\?\); valid keys: .*'model'",
+    ):
         parse_args(["d", "--config", str(path)])
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.test_trainer_launch import logs, run_ranks
-from vitpod.trainer.pipeline_parallel import stage_bounds
+from vitpod.registry.models import stage_bounds
 from vitpod.trainer.tensor_parallel import _head_major, _timm_major, use_head_major_qkv
 
 # The issue asks for 50 steps; VITPOD_MESH_STEPS=20 shortens a run on a busy machine.
@@ -127,14 +127,15 @@ def test_3d_mesh_dp_tp_pp_on_8_processes(ddp_reference: Path, digits_dir: Path) 
     ],
 )
 def test_bad_layouts_are_refused_before_training(flags: list[str], world: int, message: str):
-    from vitpod.trainer.config import parse_args, problems
+    from vitpod.trainer.checks import problems
+    from vitpod.trainer.flags import parse_args
 
     cfg = parse_args(["x", "--dataset", "synthetic", "--model", "vit_micro", *flags], world)
     assert any(message in p for p in problems(cfg, for_training=False)), problems(cfg, False)
 
 
 def test_dp_size_sets_the_global_batch() -> None:
-    from vitpod.trainer.config import parse_args
+    from vitpod.trainer.flags import parse_args
 
     cfg = parse_args(["x", "--model", "vit_micro", "--tp", "2", "--pp", "2", "-b", "8"], 8)
     assert (cfg.dp_size, cfg.global_batch_size) == (2, 16)

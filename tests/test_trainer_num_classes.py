@@ -11,10 +11,11 @@ import pytest
 
 from tests.test_trainer_launch import logs, run_ranks
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.config import parse_args, problems
+from vitpod.trainer.checks import problems
 from vitpod.trainer.data import DataConfig
 from vitpod.trainer.data.sources import SYNTHETIC_CLASSES, count_classes
 from vitpod.trainer.exitcodes import OK
+from vitpod.trainer.flags import parse_args
 from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.recipe import load_recipe
 from vitpod.workflows.topology import grad_bytes

@@ -29,9 +29,9 @@ def _worker(rank: int, world: int, port: int, servers: int, out: dict) -> None:
 def _train(rank: int, world: int, topology: str, servers: int, out: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from vitpod.trainer.ddp_engine import DDPEngine
     from vitpod.trainer.models import create_model
     from vitpod.trainer.optim import create_optimizer
-    from vitpod.trainer.parallel import DDPEngine
     from vitpod.trainer.precision import make_precision
 
     device = torch.device("cpu")

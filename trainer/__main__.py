@@ -27,8 +27,8 @@ def usage_error(messages: list[str]) -> int:
 def _count_classes_if_readable(cfg) -> None:
     """--print-config shows the class count training would use; null when the data is absent
     (printing must work away from the data, e.g. for the published commands' /path/to/...)."""
+    from vitpod.trainer.components import resolve_num_classes
     from vitpod.trainer.data import DataConfigError, DataSourceError
-    from vitpod.trainer.train import resolve_num_classes
 
     try:
         resolve_num_classes(cfg)
@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     preemption.install()  # first: a SIGUSR2/SIGTERM from here on sets a flag instead of killing
     from vitpod.registry.decision import RecordError
     from vitpod.trainer import dist as tdist
-    from vitpod.trainer.config import ConfigError, parse_args, problems
+    from vitpod.trainer.checks import problems
+    from vitpod.trainer.config import ConfigError
     from vitpod.trainer.decision import DecisionConflict, with_decision
+    from vitpod.trainer.flags import parse_args
 
     env = tdist.detect()
     try:
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if decision is not None:
         logging.getLogger("vitpod.trainer").info("plan.json %s", decision.log_line())
     from vitpod.trainer.checkpoint import ResumeError
-    from vitpod.trainer.train import Trainer, startup_errors
+    from vitpod.trainer.components import startup_errors
+    from vitpod.trainer.train import Trainer
 
     try:
         trainer = Trainer(cfg, env, preemption)

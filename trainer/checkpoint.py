@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from vitpod.registry import runfiles
+from vitpod.registry import io, runfiles
+from vitpod.trainer.host_stage import HostStager
+from vitpod.trainer.torchsave import atomic_torch_save, sha256_of
 
 log = logging.getLogger(__name__)
 STEP_PREFIX = "step_"
@@ -24,139 +24,6 @@ STEP_PREFIX = "step_"
 
 class ResumeError(RuntimeError):
     """The newest valid checkpoint cannot be resumed by this job (said before any step)."""
-
-
-class _HashingWriter:
-    """File-like sink that hashes what torch.save writes, so the checksum costs no re-read."""
-
-    def __init__(self, fh) -> None:
-        self.fh = fh
-        self.sha = hashlib.sha256()
-        self.size = 0
-        self.error: OSError | None = None
-
-    def write(self, data) -> int:
-        self.sha.update(data)
-        self.size += len(data)
-        try:
-            return self.fh.write(data)
-        except OSError as exc:
-            # torch.save's zip writer reports a failed write as "unexpected pos": keep the
-            # real cause (ENOSPC, EIO, a quota) to raise instead.
-            self.error = exc
-            raise
-
-    def flush(self) -> None:
-        self.fh.flush()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_torch_save(obj: Any, path: Path) -> dict[str, Any]:
-    """torch.save under a temp name, fsync, rename; returns sha256 and size of what was written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            writer = _HashingWriter(fh)
-            try:
-                torch.save(obj, cast(IO[bytes], writer))
-            except RuntimeError as exc:
-                if writer.error is not None:
-                    raise writer.error from exc
-                raise
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-    return {"file": path.name, "sha256": writer.sha.hexdigest(), "bytes": writer.size}
-
-
-def atomic_write_json(data: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def sha256_of(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 24), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
-
-class HostStager:
-    """Copies (possibly GPU) state into reused host buffers (no page faults on fresh memory)."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[tuple, torch.Tensor] = {}
-
-    def stage(self, obj: Any, only: Callable[[torch.Tensor], bool] | None = None,
-              path: tuple = ()) -> Any:  # fmt: skip
-        """A copy of `obj` whose tensors live in the host buffers (with `only`: just those)."""
-        if isinstance(obj, torch.Tensor):
-            return self._copy(obj, path) if only is None or only(obj) else obj
-        if isinstance(obj, dict):
-            return {k: self.stage(v, only, (*path, k)) for k, v in obj.items()}
-        if isinstance(obj, list | tuple):
-            return type(obj)(self.stage(v, only, (*path, i)) for i, v in enumerate(obj))
-        return obj
-
-    def _copy(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
-        buf = self.buffers.get(path)
-        if buf is tensor:  # staged already (by an earlier `only` pass)
-            return buf
-        if (
-            buf is None
-            or buf.shape != tensor.shape
-            or buf.dtype != tensor.dtype
-            or (buf.stride() != tensor.stride())
-        ):
-            # The tensor's own layout (channels_last weights and their Adam moments): a resumed
-            # run must see the state exactly as it was, strides included.
-            buf = torch.empty_like(tensor, device="cpu", pin_memory=tensor.is_cuda)
-            self.buffers[path] = buf
-        return buf.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
-
-
-def rng_state() -> dict[str, Any]:
-    import random
-
-    import numpy as np
-
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 class Checkpointer:
@@ -261,8 +128,8 @@ class Checkpointer:
         try:
             directory = self.step_dir(meta["step"])
             info = atomic_torch_save(host, directory / f"rank{self.rank}.pt")
-            atomic_write_json(
-                {**meta, **info, "time": time.time()}, directory / f"rank{self.rank}.json"
+            io.write_json_atomic(
+                directory / f"rank{self.rank}.json", {**meta, **info, "time": time.time()}
             )
             if self.rank == 0:
                 self._prune()
@@ -302,7 +169,7 @@ class Checkpointer:
         oldest_kept = complete[self.keep_last - 1].name
         for directory in self.step_dirs():
             if directory.name < oldest_kept and not self._is_milestone(directory):
-                shutil.rmtree(directory, ignore_errors=True)
+                shutil.rmtree(directory, onerror=_warn_not_removed)
 
     def _is_milestone(self, directory: Path) -> bool:
         try:
@@ -389,13 +256,17 @@ class Checkpointer:
         self.wait()
 
 
+def _warn_not_removed(function: Any, path: str, excinfo: Any) -> None:
+    # A checkpoint left behind only costs disk space: say so, and keep training.
+    del function
+    log.warning("checkpoint pruning could not remove %s: %s", path, excinfo[1])
+
+
 def save_final(
     run_dir: Path, model_state: dict[str, torch.Tensor], manifest: dict[str, Any]
 ) -> Path:
     """RUN_DIR/final/model.pt and manifest.json (written last, so its presence means complete)."""
-    final = Path(run_dir) / "final"
-    info = atomic_torch_save(
-        {k: v.detach().cpu() for k, v in model_state.items()}, final / "model.pt"
-    )
-    atomic_write_json({**manifest, **info}, final / runfiles.MANIFEST)
-    return final / "model.pt"
+    model_file = runfiles.final_model(run_dir)
+    info = atomic_torch_save({k: v.detach().cpu() for k, v in model_state.items()}, model_file)
+    io.write_json_atomic(model_file.parent / runfiles.MANIFEST, {**manifest, **info})
+    return model_file

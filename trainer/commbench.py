@@ -6,7 +6,7 @@ backend is NCCL on GPUs and gloo on CPUs, exactly as for training). Rank 0 write
 that `vitpod.analysis.calibrate.fit` turns into latency and bandwidth per level.
 
 How an operation is timed is how the trainer's DDP comm hook times a gradient bucket
-(trainer/parallel.py `ring_hook`): the clock starts before the asynchronous call and stops in
+(trainer/ddp_engine.py `ring_hook`): the clock starts before the asynchronous call and stops in
 the callback of its future, so the per-call software cost (enqueue, worker-thread hand-off,
 callback) is in both. Before each timed call the group meets at a barrier; the call of the rank
 that leaves the barrier last has no peer to wait for, so each iteration's time is the minimum
@@ -36,6 +36,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from vitpod.registry import io
 from vitpod.trainer import dist as tdist
 
 FORMAT = "vitpod-commbench/1"
@@ -214,13 +215,6 @@ def bench(
     return result if env.is_main else {}
 
 
-def write_atomic(data: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vitpod.trainer.commbench", description=__doc__)
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
@@ -249,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         busy_ms = 0.0 if torch.cuda.is_available() else CPU_BUSY_MS
     result = bench(sizes, ns.iters, ns.warmup, levels, busy_ms / 1e3)
     if result:
-        write_atomic(result, Path(ns.out))
+        out = Path(ns.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        io.write_text_atomic(out, json.dumps(result, indent=1) + "\n")
         print(f"commbench: wrote {ns.out}", flush=True)
     return 0
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vitpod.registry import io, runfiles
 from vitpod.trainer import labelset
 from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
 
@@ -81,7 +82,7 @@ def teacher_record(ns: argparse.Namespace) -> dict[str, Any]:
 def _teacher_name(ns: argparse.Namespace, file: Path) -> str:
     if ns.teacher_checkpoint:
         return ns.teacher  # a timm model name
-    manifest = file.parent / "manifest.json"
+    manifest = file.parent / runfiles.MANIFEST
     name = json.loads(manifest.read_text()).get("model") if manifest.is_file() else None
     name = name or ns.teacher_model
     if not name:
@@ -112,8 +113,11 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
 
     from vitpod.trainer.data.config import DataConfig
     from vitpod.trainer.data.sources import folder_split
-    from vitpod.trainer.data.token_label import FORMAT, _atomic_save, _batches, dense_logits
+    from vitpod.trainer.data.token_label import FORMAT
     from vitpod.trainer.data.transforms import eval_transform
+    from vitpod.trainer.token_forward import dense_logits
+    from vitpod.trainer.token_teacher import image_batches
+    from vitpod.trainer.torchsave import atomic_torch_save
 
     data_dir = Path(ns.data_dir)
     split = folder_split(data_dir, "train")
@@ -152,7 +156,7 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
     values, indices = [], []
     began = time.perf_counter()
     with torch.no_grad():
-        for images in _batches(sub, transform, ns.batch_size):
+        for images in image_batches(sub, transform, ns.batch_size):
             if device is not None:
                 images = images.to(device, non_blocking=True)
             with torch.autocast("cuda", torch.bfloat16, enabled=device is not None):
@@ -172,7 +176,7 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
             f"{stacked_v.shape[-1]} token grid at {ns.img_size} px, not {meta['grid']} "
             "(img_size/16): use a teacher with 16x16 tokens (VOLO, ViT/16)"
         )
-    _atomic_save(
+    atomic_torch_save(
         {
             "format": FORMAT, "num_classes": len(split.classes), "classes": split.classes,
             "img_size": ns.img_size, "index": {names[start + i]: i for i in range(stop - start)},
@@ -188,7 +192,8 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
         "device": str(device or "cpu"),
         "host": os.uname().nodename,
     }
-    labelset.write_json_atomic(record, sidecar)  # last: its presence means the shard is done
+    # Last: its presence means the shard is done.
+    io.write_text_atomic(sidecar, json.dumps(record, indent=2, sort_keys=True))
     print(
         f"label: shard {shard}/{shards}: {stop - start} images in {seconds:.1f} s "
         f"({record['images_per_s']} images/s on {record['device']}) -> {out}",
@@ -218,7 +223,9 @@ def write_manifest_if_complete(output: str, meta: dict[str, Any]) -> dict[str, A
             for r in records
         ],
     }
-    labelset.write_json_atomic(manifest, Path(output) / labelset.MANIFEST)
+    io.write_text_atomic(
+        Path(output) / labelset.MANIFEST, json.dumps(manifest, indent=2, sort_keys=True)
+    )
     return manifest
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from vitpod.registry import runfiles
+
 FORMAT = "vitpod-token-labels/2"
-MANIFEST = "manifest.json"
+MANIFEST = runfiles.MANIFEST
 SHARDS = "shards"
 STRIDE = 16  # one token label per 16x16 pixels (VOLO: --token-label-size = img_size/16)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")  # = vitpod.trainer.data.sources'
@@ -74,23 +75,6 @@ def read_manifest(out: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text())
-
-
-def write_json_atomic(data: dict[str, Any], path: Path) -> None:
-    """Temp file in the same folder, fsync, rename: readers see the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def problems(

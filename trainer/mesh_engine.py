@@ -21,6 +21,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from vitpod.trainer import dcp
+from vitpod.trainer.engine import token_label_forward
 from vitpod.trainer.mesh import Mesh, build_mesh
 from vitpod.trainer.pipeline_parallel import build_schedule, forward_only, split_vit
 from vitpod.trainer.precision import Precision
@@ -102,8 +103,6 @@ class MeshEngine:
 
     def forward(self, images: torch.Tensor) -> Any:
         if self.cfg.token_label and self.model.training:
-            from vitpod.trainer.parallel import token_label_forward
-
             return token_label_forward(self.model, images)
         return self.model(images)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from vitpod.registry import runfiles
+from vitpod.registry import io, runfiles
 
 log = logging.getLogger(__name__)
 PHASES = ("data", "compute", "comm", "optimizer", "step")
@@ -127,7 +127,7 @@ class MetricsLogger:
         path = runfiles.metrics_file(run_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a", buffering=1)  # line-buffered: a killed job keeps its lines
-        self.tb = self._tensorboard(Path(run_dir) / "tb") if rank == 0 else None
+        self.tb = self._tensorboard(Path(run_dir) / runfiles.TENSORBOARD) if rank == 0 else None
         self.bar = self._bar(total_steps) if rank == 0 and sys.stderr.isatty() else None
         config = config or {}
         wanted = rank == 0 and bool(config.get("log_wandb"))
@@ -197,11 +197,10 @@ class MetricsLogger:
 
     def summary(self, record: dict[str, Any], run_dir: Path) -> None:
         """Rank 0: the summary line and RUN_DIR/summary.json."""
-        from vitpod.trainer.checkpoint import atomic_write_json
 
         record = {"kind": "summary", **record}
         self.write(record)
-        atomic_write_json(record, Path(run_dir) / runfiles.SUMMARY)
+        io.write_json_atomic(Path(run_dir) / runfiles.SUMMARY, record)
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in record.items() if k != "kind"})
         log.info("summary %s", json.dumps(record))

@@ -12,8 +12,9 @@ from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc
 from timm.models.volo import VOLO
 from torch import nn
 
-from vitpod.registry import models
-from vitpod.trainer.config import known_model
+from vitpod.registry import models, runfiles
+from vitpod.trainer.checkpoint import STEP_PREFIX
+from vitpod.trainer.checks import known_model
 
 HEAD_PREFIXES = ("head.", "aux_head.")
 
@@ -37,7 +38,7 @@ def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -
 def resolve_finetune_file(path: str) -> Path:
     """A file, a checkpoint directory, or a run directory (its final model) -> the weights file."""
     p = Path(path)
-    for candidate in (p, p / "final" / "model.pt", p / "model.pt"):
+    for candidate in (p, runfiles.final_model(p), p / runfiles.FINAL_MODEL):
         if candidate.is_file():
             return candidate
     raise ModelLoadError(
@@ -52,9 +53,9 @@ def _sharded_dir(path: str) -> Path | None:
     p = Path(path)
     if dcp.is_sharded_checkpoint(p):
         return p
-    if (p / "final" / "model.pt").is_file() or not (p / "checkpoints").is_dir():
+    if runfiles.final_model(p).is_file() or not (p / runfiles.CHECKPOINTS).is_dir():
         return None
-    steps = sorted((p / "checkpoints").glob("step_*"), reverse=True)
+    steps = sorted((p / runfiles.CHECKPOINTS).glob(f"{STEP_PREFIX}*"), reverse=True)
     return next((s for s in steps if dcp.is_sharded_checkpoint(s)), None)
 
 
@@ -71,7 +72,7 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]
     state = {k.removeprefix("module."): v for k, v in state.items()}
-    manifest_file = file.parent / "manifest.json"
+    manifest_file = file.parent / runfiles.MANIFEST
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
     return state, manifest
 

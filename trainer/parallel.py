@@ -1,287 +1,26 @@
-"""Gradient engines behind one interface: DDP ring all-reduce, DDP parameter server, DeepSpeed."""
+"""Pick the gradient engine the config names (ring | ps | deepspeed | mesh) and wrap the model."""
 
-import contextlib
 import json
 import logging
-import threading
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from vitpod.trainer.optim import match_state_layout
+from vitpod.trainer.ddp_engine import DDPEngine
+from vitpod.trainer.deepspeed_engine import DeepSpeedEngine, deepspeed_config
+from vitpod.trainer.engine import Engine
+from vitpod.trainer.mesh_engine import make_mesh_engine
+from vitpod.trainer.optim import param_groups
 from vitpod.trainer.precision import Precision
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class CommState:
-    """Per-step communication clock shared with the DDP comm hooks (callbacks run off-thread)."""
-
-    world_size: int
-    servers: tuple[int, ...] = ()
-    group: Any = None  # the parameter server's own process group (None: the default one)
-    seconds: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def record(self, start: float) -> None:
-        with self.lock:
-            self.seconds += time.perf_counter() - start
-
-    def pop(self) -> float:
-        with self.lock:
-            value, self.seconds = self.seconds, 0.0
-        return value
-
-
-def _scale_like_builtin(bucket: dist.GradBucket, world_size: int) -> torch.Tensor:
-    # DDP's built-in reducer multiplies each gradient by 1/world_size (a wrapped double scalar)
-    # while copying it into the bucket, then sums; doing the same keeps results bit-identical.
-    return bucket.buffer().mul_(1.0 / world_size)
-
-
-def ring_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The built-in all-reduce arithmetic, timed."""
-    start = time.perf_counter()
-    buffer = _scale_like_builtin(bucket, state.world_size)
-    fut = cast(dist.Work, dist.all_reduce(buffer, async_op=True)).get_future()
-
-    def done(f: torch.futures.Future) -> torch.Tensor:
-        state.record(start)
-        return f.value()[0]
-
-    return fut.then(done)
-
-
-def ps_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Parameter server: reduce the bucket to its server rank, which broadcasts the sum back."""
-    start = time.perf_counter()
-    buffer = _scale_like_builtin(bucket, state.world_size)
-    server = state.servers[bucket.index() % len(state.servers)]
-    fut = cast(
-        dist.Work, dist.reduce(buffer, dst=server, group=state.group, async_op=True)
-    ).get_future()
-
-    def broadcast(_: torch.futures.Future) -> torch.Tensor:
-        dist.broadcast(buffer, src=server, group=state.group)
-        state.record(start)
-        return buffer
-
-    return fut.then(broadcast)
-
-
-def server_ranks(world_size: int, servers: int) -> tuple[int, ...]:
-    """S server ranks spread evenly over the ranks (so over nodes, not all on the first one)."""
-    return tuple(i * world_size // servers for i in range(servers))
-
-
-def token_label_forward(model: nn.Module, images: torch.Tensor) -> Any:
-    """VOLO with MixToken: (class logits, token logits, bbox) for TokenLabelCriterion."""
-    from vitpod.trainer.data.token_label import forward_train
-
-    return forward_train(model, images)
-
-
-class TrainForward(nn.Module):
-    """Routes training passes through the token-labeling forward, inside DDP's reducer."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.inner = model
-
-    def forward(self, images: torch.Tensor) -> Any:
-        return token_label_forward(self.inner, images) if self.training else self.inner(images)
-
-
-class DDPEngine:
-    """DDP with a ring or parameter-server comm hook; AMP scaling, clipping, accumulation."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-                 topology: str, ps_servers: int, accum_steps: int, clip_grad: float | None,
-                 token_label: bool = False) -> None:  # fmt: skip
-        world = dist.get_world_size()
-        self.name = topology
-        self.model = model
-        self.optimizer = optimizer
-        self.precision = precision
-        self.accum_steps = accum_steps
-        self.clip_grad = clip_grad
-        device_ids = [precision.device.index] if precision.device.type == "cuda" else None
-        wrapped = TrainForward(model) if token_label else model
-        # Exact resume needs one bucket layout for the whole run. DDP reduces a process's first
-        # iteration in one bucket of parameters in reverse order, then rebuilds its buckets in
-        # the order gradients became ready ("Reducer buckets have been rebuilt"): a resumed
-        # process would reduce its first step in the other layout. With 3+ ranks an element's
-        # place in the buffer sets the order in which the ring all-reduce adds the ranks'
-        # values, so the rounding (and every later parameter) would differ from an
-        # uninterrupted run. find_unused_parameters=True keeps DDP's initial size-capped
-        # layout for good (the reducer never rebuilds with it), at the cost of one autograd
-        # graph traversal per iteration (PyTorch DDP notes, "Internal Design").
-        self.ddp = DDP(wrapped, device_ids=device_ids, find_unused_parameters=True)
-        self.comm = CommState(world, server_ranks(world, ps_servers) if topology == "ps" else ())
-        if topology == "ps":
-            # The broadcast runs in the reduce's completion callback, on a communication thread,
-            # while find_unused_parameters makes the reducer all-reduce its used-parameter map
-            # on the default group from the backward thread: on one group the two would be
-            # issued in different orders on different ranks and hang. A group of its own keeps
-            # each stream of collectives in one order.
-            self.comm.group = dist.new_group(backend=dist.get_backend())
-        self.ddp.register_comm_hook(self.comm, ps_hook if topology == "ps" else ring_hook)
-
-    def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
-        """Gradients are exchanged only on the last micro-batch of an accumulation."""
-        return contextlib.nullcontext() if last else self.ddp.no_sync()
-
-    def forward(self, images: torch.Tensor) -> Any:
-        return self.ddp(images)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss = loss / self.accum_steps
-        scaler = self.precision.scaler
-        (scaler.scale(loss) if scaler else loss).backward()
-
-    def step(self) -> None:
-        scaler = self.precision.scaler
-        if self.clip_grad:
-            if scaler:
-                scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
-        if scaler:
-            scaler.step(self.optimizer)
-            scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def comm_seconds(self) -> float:
-        return self.comm.pop()
-
-    pipelined = False
-    counts_eval = True  # every rank evaluates its own shard of the validation set
-
-    def eval_forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model(images)
-
-    def wait_sharded(self) -> None:
-        pass
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.model.state_dict()
-
-    def save_sharded(self, directory: Path) -> None:
-        del directory  # DDP state is replicated: rank 0's file holds it
-
-    def load_sharded(self, directory: Path) -> None:
-        del directory
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.precision.scaler:
-            state["scaler"] = self.precision.scaler.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        match_state_layout(self.optimizer)
-        if self.precision.scaler and "scaler" in state:
-            self.precision.scaler.load_state_dict(state["scaler"])
-
-
-def deepspeed_config(
-    batch_size: int, accum_steps: int, world_size: int, lr: float, weight_decay: float,
-    zero_stage: int, amp_dtype: str | None, clip_grad: float | None,
-) -> dict[str, Any]:  # fmt: skip
-    """A DeepSpeed JSON config generated from our flags (torch AdamW: no JIT-built Adam op)."""
-    return {
-        "train_micro_batch_size_per_gpu": batch_size,
-        "gradient_accumulation_steps": accum_steps,
-        "train_batch_size": batch_size * accum_steps * world_size,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": lr, "weight_decay": weight_decay, "torch_adam": True},
-        },
-        "zero_optimization": {"stage": zero_stage},
-        "bf16": {"enabled": amp_dtype == "bf16"},
-        "fp16": {"enabled": amp_dtype == "fp16"},
-        "gradient_clipping": clip_grad or 0.0,
-        "steps_per_print": 10**9,
-    }
-
-
-class DeepSpeedEngine:
-    """DeepSpeed's engine (ZeRO 0-3) behind the same calls; it scales, clips and accumulates."""
-
-    name = "deepspeed"
-
-    def __init__(self, model: nn.Module, param_groups: list[dict], config: dict[str, Any],
-                 token_label: bool = False) -> None:  # fmt: skip
-        import deepspeed
-
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=param_groups, config=config, dist_init_required=False
-        )
-        self.model = self.engine.module
-        self.token_label = token_label
-        self.dtype = next(self.model.parameters()).dtype
-        self.accum_steps = config["gradient_accumulation_steps"]
-
-    def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()  # DeepSpeed knows the accumulation boundary itself
-
-    def forward(self, images: torch.Tensor) -> Any:
-        if self.token_label:  # ZeRO-3 would need the engine's own forward here
-            return token_label_forward(self.model, images.to(self.dtype))
-        return self.engine(images.to(self.dtype))
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(loss)
-
-    def step(self) -> None:
-        self.engine.step()
-
-    def comm_seconds(self) -> float:
-        return 0.0  # inside DeepSpeed's reducer; not separable here
-
-    pipelined = False
-    counts_eval = True
-
-    def eval_forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model(images.to(self.dtype))
-
-    def wait_sharded(self) -> None:
-        pass
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.model.state_dict()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}  # model and ZeRO partitions are in DeepSpeed's own sharded files
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
-
-    def save_sharded(self, directory: Path) -> None:
-        """Collective: every rank writes its ZeRO partition under directory/deepspeed/."""
-        self.engine.save_checkpoint(str(directory), tag="deepspeed", save_latest=False)
-
-    def load_sharded(self, directory: Path) -> None:
-        self.engine.load_checkpoint(str(directory), tag="deepspeed", load_lr_scheduler_states=False)
-
-
 def parallelize(
     model: nn.Module, optimizer_factory, precision: Precision, cfg, loss_fn: Any = None
-) -> Any:
+) -> Engine:
     """Apply the engine chosen by cfg (ring | ps | deepspeed | mesh) to a model on its device."""
     if cfg.uses_mesh:
-        from vitpod.trainer.mesh_engine import make_mesh_engine
-
         return make_mesh_engine(model, optimizer_factory, precision, cfg, loss_fn)
     if cfg.deepspeed:
         if cfg.deepspeed_config:
@@ -294,8 +33,6 @@ def parallelize(
                 cfg.zero_stage, dtype, cfg.clip_grad,
             )  # fmt: skip
         log.info("gradient engine: deepspeed ZeRO-%s", ds_cfg.get("zero_optimization", {}))
-        from vitpod.trainer.optim import param_groups
-
         return DeepSpeedEngine(
             model, param_groups(model, cfg.weight_decay), ds_cfg, cfg.token_label
         )

@@ -18,15 +18,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from vitpod.registry.models import stage_bounds
+
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
-
-
-def stage_bounds(blocks: int, stages: int) -> list[tuple[int, int]]:
-    """[start, end) block indices of each stage, as even as the count allows."""
-    if stages > blocks:
-        raise ValueError(f"--pp {stages}: the model has only {blocks} blocks; use at most that")
-    cuts = [round(i * blocks / stages) for i in range(stages + 1)]
-    return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
 def split_vit(model: Any, stage: int, stages: int) -> nn.Module:

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from vitpod.registry import runfiles
+from vitpod.registry import io, runfiles
 from vitpod.trainer import checkpoint as ckpt
 from vitpod.trainer import dist as tdist
 from vitpod.trainer.attention import choose_kernel
+from vitpod.trainer.components import (
+    data_config,
+    make_criterion,
+    num_classes,
+    resolve_num_classes,
+)
 from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.engine import Engine
 from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.trainer.mesh import local_param_bytes, max_over_ranks
 from vitpod.trainer.metrics import MetricsLogger, StepTimer, topk_counts
@@ -26,63 +31,9 @@ from vitpod.trainer.optim import create_optimizer, create_schedule, current_lr
 from vitpod.trainer.parallel import parallelize
 from vitpod.trainer.precision import make_precision, prepare_model
 from vitpod.trainer.preempt import Preemption
+from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def reseed_for_step(seed: int, rank: int, step: int, micro: int) -> None:
-    """Model randomness (drop path, MixToken) as a pure function of (seed, rank, step).
-
-    A resumed loader may draw from the global RNG when it starts (torch's DataLoader takes
-    a base seed from it), which an uninterrupted run does not; reseeding after each fetch keeps
-    that one draw from shifting every later drop-path mask.
-    """
-    mixed = ((seed * 1_000_003 + rank) * 1_000_003 + step) * 101 + micro
-    mixed %= 2**32
-    random.seed(mixed)
-    np.random.seed(mixed)
-    torch.manual_seed(mixed)
-
-
-def data_config(cfg: TrainConfig):
-    from vitpod.trainer.data import DataConfig
-
-    return DataConfig(
-        data_dir=cfg.data_dir or "", dataset=cfg.dataset, img_size=cfg.img_size,
-        batch_size=cfg.batch_size, workers=cfg.workers, loader=cfg.loader,
-        crop_pct=cfg.crop_pct or 0.875, scale=(cfg.scale[0], cfg.scale[1]), hflip=cfg.hflip,
-        auto_augment=cfg.aa or None,
-        reprob=cfg.reprob, num_classes=cfg.num_classes, token_label=cfg.token_label,
-        token_label_data=cfg.token_label_data or "",
-        token_label_size=cfg.token_label_size or cfg.img_size // 16,
-        ground_truth=cfg.ground_truth, corrupt=cfg.corrupt, seed=cfg.seed,
-    )  # fmt: skip
-
-
-def resolve_num_classes(cfg: TrainConfig) -> None:
-    """--num-classes not given: count the data set's classes (the model is built before the data).
-
-    An explicit --num-classes is kept as given: load_split checks it against the data and
-    refuses a mismatch naming the flag. cfg is updated, so config.json records the count.
-    """
-    if cfg.num_classes is None:
-        from vitpod.trainer.data.sources import count_classes
-
-        cfg.num_classes = count_classes(data_config(cfg))
-
-
-def make_criterion(cfg: TrainConfig) -> nn.Module:
-    if cfg.token_label:
-        from vitpod.trainer.data.token_label import TokenLabelCriterion
-
-        return TokenLabelCriterion(ground_truth=cfg.ground_truth)
-    return nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
 
 
 class Trainer:
@@ -105,7 +56,7 @@ class Trainer:
         self.attention = choose_kernel(self.model, cfg.attn, self.device, self.precision.dtype)
         self.model = prepare_model(self.model, self.precision, cfg.compile)
         self.criterion = make_criterion(cfg)
-        self.engine = parallelize(
+        self.engine: Engine = parallelize(
             self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
         )
         self.model = self.engine.model  # a pipeline stage or sharded module replaces the model
@@ -142,7 +93,7 @@ class Trainer:
 
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
-        model = create_model(cfg.model, cfg.img_size, _classes(cfg), cfg.drop_path or 0.0)
+        model = create_model(cfg.model, cfg.img_size, num_classes(cfg), cfg.drop_path or 0.0)
         if cfg.finetune:
             reset = load_finetune(model, cfg.finetune, cfg.model)
             log.info("fine-tuning from %s (re-initialised: %s)", cfg.finetune, reset or "none")
@@ -170,7 +121,7 @@ class Trainer:
         cfg = self.cfg
         self.preemption.install()  # main() installed it already; again for Trainers built directly
         if self.env.is_main:
-            ckpt.atomic_write_json(dataclasses.asdict(cfg), _mkdir(self.run_dir) / "config.json")
+            io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, dataclasses.asdict(cfg))
         self._restore()
         if self.preemption.agreed():  # signalled during startup, before any step of this process
             return self._requeue_before_training()
@@ -324,7 +275,7 @@ class Trainer:
     def _state(self, epoch_end: bool) -> dict[str, Any]:
         state: dict[str, Any] = {
             "step": self.step, "epoch": self.epoch, "epoch_end": epoch_end,
-            "rng": ckpt.rng_state(), "loader": self.train_loader.state_dict(),
+            "rng": rng_state(), "loader": self.train_loader.state_dict(),
             "mesh": self.mesh_shape,
         }  # fmt: skip
         if self.env.is_main:
@@ -363,7 +314,7 @@ class Trainer:
         elif not own["epoch_end"]:  # another dp size splits the data differently
             log.warning("mesh %s -> %s: the loader restarts epoch %d from its first batch",
                         own["mesh"], self.mesh_shape, self.epoch)  # fmt: skip
-        ckpt.set_rng_state(own["rng"])
+        set_rng_state(own["rng"])
         log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
 
     def _finish(self) -> None:
@@ -386,8 +337,10 @@ class Trainer:
         corrupt = self._corrupt_images()
         if self.env.is_main:
             cfg = self.cfg
-            manifest = model_manifest(cfg.model, cfg.img_size, _classes(cfg))
+            manifest = model_manifest(cfg.model, cfg.img_size, num_classes(cfg))
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
+            if model_state is None:  # every engine gathers the whole model on rank 0
+                raise RuntimeError("rank 0 received no model state")
             ckpt.save_final(self.run_dir, model_state, manifest)
             self.metrics.summary(
                 {
@@ -424,21 +377,6 @@ def _to_device(targets: Any, device: torch.device) -> Any:
     return targets
 
 
-def _classes(cfg: TrainConfig) -> int:
-    if cfg.num_classes is None:
-        raise RuntimeError("num_classes unresolved: call resolve_num_classes(cfg) first")
-    return cfg.num_classes
-
-
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def startup_errors() -> tuple[type[Exception], ...]:
-    """Errors that mean bad input (exit USAGE), raised while the Trainer is built."""
-    from vitpod.trainer.config import ConfigError
-    from vitpod.trainer.data import DataConfigError, DataSourceError
-    from vitpod.trainer.models import ModelLoadError
-
-    return (ConfigError, DataConfigError, DataSourceError, ModelLoadError)

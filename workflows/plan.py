@@ -17,8 +17,10 @@ from vitpod.registry.decision import (
     Resources,
     engine_named_by_flags,
 )
+from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
-from vitpod.trainer.config import TrainConfig, parse_args, problems
+from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.flags import parse_args
 from vitpod.workflows import preflight, topology
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import Profile, load_profile, profile_path

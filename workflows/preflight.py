@@ -80,7 +80,7 @@ def memory_fit(
     }
     if cfg.fsdp or mesh.tp > 1 or mesh.pp > 1:
         settings.update(mesh=mesh, fsdp=cfg.fsdp, micro_batches=cfg.accum_steps)
-    need = memory.plan(batch=cfg.batch_size, **settings).total * PLAN_MARGIN
+    need = memory.estimate(batch=cfg.batch_size, **settings).total * PLAN_MARGIN
     capacity = node.gpu.memory_bytes
     largest = memory.max_micro_batch((capacity - RESERVE_BYTES) / PLAN_MARGIN, 0, **settings)
     record = {

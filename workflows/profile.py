@@ -122,7 +122,7 @@ class NodeType(Strict):
     @field_validator("fabric")
     @classmethod
     def _fabric(cls, block: dict[str, Any]) -> dict[str, Any]:
-        from vitpod.analysis.commcost import Fabric  # pure arithmetic, no torch
+        from vitpod.analysis.fabric import Fabric  # pure arithmetic, no torch
 
         Fabric.from_mapping(block)
         return block
@@ -144,8 +144,8 @@ class NodeType(Strict):
         return self
 
     def fabric_model(self) -> Any:
-        """The `vitpod.analysis.commcost.Fabric` of this node type (the topology choice uses it)."""
-        from vitpod.analysis.commcost import Fabric
+        """The `vitpod.analysis.fabric.Fabric` of this node type (the topology choice uses it)."""
+        from vitpod.analysis.fabric import Fabric
 
         return Fabric.from_mapping(self.fabric)
 

@@ -7,12 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.analysis.calibrate import Calibration, apply, load_for_profile
-from vitpod.analysis.commcost import (
-    TRAINER_TOPOLOGY,
-    Fabric,
-    choose_step_topology,
-    choose_topology,
-)
+from vitpod.analysis.commcost import TRAINER_TOPOLOGY, choose
+from vitpod.analysis.fabric import Fabric
 from vitpod.registry import models
 from vitpod.registry.decision import Costs, Engine
 
@@ -61,13 +57,11 @@ def choose_engine(
     """
     fab = as_fabric(fabric)
     nbytes = grad_bytes(model, num_classes, img_size)
-    priced_by = "profile fabric"
-    if calibration is None:
-        choice = choose_topology(fab, nbytes, nodes, gpus=gpus)
-    else:
+    priced_by, backend = "profile fabric", None
+    if calibration is not None:
         fab = apply(fab, calibration)
-        priced_by = calibration.label
-        choice = choose_step_topology(fab, nbytes, nodes, gpus=gpus, backend=calibration.backend)
+        priced_by, backend = calibration.label, calibration.backend
+    choice = choose(fab, nbytes, nodes, gpus=gpus, backend=backend)
     if topology == "auto":
         algorithm, source, reason = choice.name, "cost model", choice.reason
     else:

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from vitpod.registry.io import unknown_key_message
+
 DATASETS = ("folder", "cifar10", "cifar100", "digits", "synthetic", "shards")
 LOADERS = ("dali", "torch", "auto")
 CORRUPT_POLICIES = ("skip", "fail")
@@ -119,9 +121,7 @@ class DataConfig:
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - valid)
         if unknown:
-            raise DataConfigError(
-                f"DataConfig: unknown keys {unknown}; valid keys: {sorted(valid)}"
-            )
+            raise DataConfigError(f"DataConfig: {unknown_key_message(unknown, sorted(valid))}")
         return cls(**values)
 
 

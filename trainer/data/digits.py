@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vitpod.registry.io import fsync_dir
+
 MARKER = ".complete"
 DIGITS_CLASSES = 10  # sklearn's digits are the ten classes 0-9
 VAL_EVERY = 5  # every 5th image of a class goes to val: a deterministic ~80/20 split
@@ -38,6 +40,7 @@ def write_digits_jpeg(root: str | os.PathLike[str], size: int = 32) -> Path:
         count = _write_images(tmp, size)
         (tmp / MARKER).write_text(json.dumps({"size": size, "images": count}))
         _publish(tmp, root)
+        fsync_dir(root.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not _is_complete(root, size):

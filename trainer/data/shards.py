@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-INDEX = "index.json"
-SAMPLES = "samples.npy"
-FORMAT = "vitpod-shards-1"
+from vitpod.registry import io as atomic
+from vitpod.trainer.data.config import DataConfig
+from vitpod.trainer.data.shard_reader import FORMAT, INDEX, SAMPLES
+from vitpod.trainer.data.sources import load_split
+
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 
 
@@ -82,8 +83,8 @@ def write_split(split: Any, folder: Path, samples_per_shard: int = 1000,
         name = f"shard-{number:06d}.tar"
         stop = min(start + samples_per_shard, len(split))
         lines = []
-        tmp = folder / (name + ".tmp")
-        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for i in range(start, stop):
                 payload, ext = encode(split, i, resize, quality)
                 label = int(split.labels[i])
@@ -94,16 +95,15 @@ def write_split(split: Any, folder: Path, samples_per_shard: int = 1000,
                 table[i] = (number, offset, len(payload), label)
                 lines.append(f"{ext} {offset} {len(payload)} {key}.{ext} "
                              f"cls {cls_offset} {len(cls)} {key}.cls")  # fmt: skip
-        os.replace(tmp, folder / name)
+        atomic.write_bytes_atomic(folder / name, buffer.getvalue())
         idx = folder / name.replace(".tar", ".idx")
-        idx.write_text(f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n")  # DALI wds2idx format
+        # DALI's wds2idx format.
+        atomic.write_text_atomic(idx, f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n")
         shards.append({"name": name, "index": idx.name, "samples": stop - start})
     np.save(folder / SAMPLES, table)
     index = {"format": FORMAT, "split": split.name, "classes": list(split.classes),
              "num_samples": len(split), "shards": shards, "resize": resize}  # fmt: skip
-    tmp_index = folder / (INDEX + ".tmp")
-    tmp_index.write_text(json.dumps(index, indent=1) + "\n")
-    os.replace(tmp_index, folder / INDEX)
+    atomic.write_text_atomic(folder / INDEX, json.dumps(index, indent=1) + "\n")
     return index
 
 
@@ -111,57 +111,10 @@ def write_shards(data_dir: str, out: str, dataset: str = "folder", samples_per_s
                  resize: int | None = None,
                  splits: tuple[str, ...] = ("train", "val")) -> Path:  # fmt: skip
     """Pack DATA (ImageNet layout, CIFAR pickles or digits) into OUT/<split>/ shards."""
-    from vitpod.trainer.data.config import DataConfig
-    from vitpod.trainer.data.sources import load_split
-
     cfg = DataConfig(data_dir=data_dir, dataset=dataset, loader="torch")
     for name in splits:
         write_split(load_split(cfg, name), Path(out) / name, samples_per_shard, resize)
     return Path(out)
-
-
-class ShardReader:
-    """Random access to a split's samples by index, one open file per shard and process."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
-        self.index = json.loads((self.folder / INDEX).read_text())
-        if self.index.get("format") != FORMAT:
-            raise ValueError(f"{self.folder / INDEX}: not a {FORMAT} index")
-        self.table = np.load(self.folder / SAMPLES)
-        self.names = [s["name"] for s in self.index["shards"]]
-        self._files: dict[int, Any] = {}
-        self._pid = os.getpid()
-        self.opens = 0  # files opened by this process (the metadata cost the shards save)
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    @property
-    def labels(self) -> np.ndarray:
-        return self.table[:, 3].copy()
-
-    def path(self, index: int) -> str:
-        return f"{self.folder / self.names[int(self.table[index, 0])]}:{index:09d}"
-
-    def read(self, index: int) -> bytes:
-        shard, offset, size, _ = (int(v) for v in self.table[index])
-        if os.getpid() != self._pid:  # a forked worker must not share the parent's offsets
-            self._files, self._pid = {}, os.getpid()
-        fh = self._files.get(shard)
-        if fh is None:
-            fh = self._files[shard] = open(self.folder / self.names[shard], "rb")
-            self.opens += 1
-        fh.seek(offset)
-        return fh.read(size)
-
-    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers get no open files
-        return {**self.__dict__, "_files": {}}
-
-    def close(self) -> None:
-        for fh in self._files.values():
-            fh.close()
-        self._files = {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.digits import DIGITS_CLASSES, write_digits_jpeg
+from vitpod.trainer.data.shard_reader import INDEX, ShardReader
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 SPLITS = ("train", "val")
@@ -129,8 +130,6 @@ def folder_split(root: Path, split: str) -> Split:
 
 def shard_split(root: Path, split: str) -> Split:
     """`root/split/` written by `make shards` (index.json, samples.npy, shard-*.tar)."""
-    from vitpod.trainer.data.shards import INDEX, ShardReader
-
     if not (root / split / INDEX).is_file():
         raise DataSourceError(
             f"{root / split / INDEX} is missing: write shards with `make shards DATA=... OUT=...`"

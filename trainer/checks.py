@@ -1,0 +1,147 @@
+"""Inconsistent or impossible TrainConfig settings, each named by its flag with the fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from vitpod.registry import models, runfiles
+from vitpod.trainer.config import TrainConfig
+
+
+def known_model(name: str) -> bool:
+    """In the registry, or a timm ViT name (checked against timm where timm is installed: a
+    login node without timm accepts the name and the job's own check refuses a wrong one)."""
+    if models.known(name):
+        return True
+    if not name.startswith("vit_"):
+        return False
+    try:
+        import timm
+    except ImportError:
+        return True
+    return name in timm.list_models("vit_*")
+
+
+def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
+    """Every inconsistency in cfg, each naming its flag and the fix (empty list = valid)."""
+    out: list[str] = []
+    if not known_model(cfg.model):
+        out.append(
+            f"--model {cfg.model}: unknown; use volo_d1..volo_d5, volo_tiny or a timm vit_* name"
+        )
+    if cfg.img_size <= 0 or cfg.img_size % 16:
+        out.append(f"--img-size {cfg.img_size}: must be a positive multiple of 16")
+    if cfg.token_label:
+        expected = cfg.img_size // 16
+        if cfg.token_label_size != expected:
+            out.append(
+                f"--token-label-size {cfg.token_label_size} does not match --img-size"
+                f" {cfg.img_size} / 16 = {expected}; pass --token-label-size {expected} or omit it"
+            )
+        if not cfg.model.startswith("volo"):
+            out.append(f"--token-label needs a VOLO model, not --model {cfg.model}")
+    for name in (
+        "batch_size",
+        "accum_steps",
+        "epochs",
+        "num_classes",
+        "lr_base_size",
+        "ps_servers",
+    ):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:  # num_classes None: counted from the data later
+            out.append(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.lr is not None and cfg.lr <= 0:
+        out.append(f"--lr {cfg.lr}: must be positive")
+    if cfg.warmup_epochs < 0 or cfg.warmup_epochs >= cfg.epochs and cfg.warmup_epochs > 0:
+        out.append(f"--warmup-epochs {cfg.warmup_epochs}: must be in [0, --epochs {cfg.epochs})")
+    if cfg.topology == "ps" and (cfg.ps_servers or 1) > cfg.world_size:
+        out.append(
+            f"--ps-servers {cfg.ps_servers} exceeds the {cfg.world_size} rank(s); use at most that"
+        )
+    if cfg.deepspeed and cfg.topology == "ps":
+        out.append("--deepspeed and --topology ps both choose the gradient path; drop one")
+    if not 0 <= cfg.zero_stage <= 3:
+        out.append(f"--zero-stage {cfg.zero_stage}: must be 0, 1, 2 or 3")
+    out += _mesh_problems(cfg)
+    if cfg.resume not in ("auto", "none") and for_training and not os.path.exists(cfg.resume):
+        out.append(f"--resume {cfg.resume}: no such checkpoint; use auto, none or an existing path")
+    if for_training:
+        out += _path_problems(cfg)
+    if cfg.log_wandb and for_training and importlib.util.find_spec("wandb") is None:
+        out.append(
+            "--log-wandb: the wandb package is not installed in this environment; install it "
+            "(pip install wandb, part of vitpod's [train] extra) or drop --log-wandb"
+        )
+    if cfg.finetune:
+        out += _finetune_problems(cfg)
+    return out
+
+
+def _mesh_problems(cfg: TrainConfig) -> list[str]:
+    """A layout the mesh cannot hold, named by its flag (the GPUs-per-node check is the planner's:
+    vitpod.analysis.layout.check_layout; here only what one job's world size decides)."""
+    out: list[str] = []
+    for name in ("tp", "pp"):
+        if getattr(cfg, name) < 1:
+            out.append(f"--{name} {getattr(cfg, name)}: must be at least 1")
+    if out:
+        return out
+    if cfg.world_size % (cfg.tp * cfg.pp):
+        out.append(
+            f"--tp {cfg.tp} x --pp {cfg.pp} = {cfg.tp * cfg.pp} does not divide the"
+            f" {cfg.world_size} rank(s); pick tp x pp dividing the world size"
+        )
+    if cfg.uses_mesh and cfg.deepspeed:
+        out.append("--deepspeed and --fsdp/--tp/--pp both shard the model; drop one")
+    if cfg.uses_mesh and cfg.topology == "ps":
+        out.append("--topology ps applies to DDP only; drop it with --fsdp/--tp/--pp")
+    if (cfg.tp > 1 or cfg.pp > 1) and not cfg.model.startswith(("vit_", "volo")):
+        out.append(f"--tp/--pp: no parallel plan for --model {cfg.model}; use a vit_* or volo_*")
+    if cfg.pp > 1 and not cfg.model.startswith("vit_"):
+        out.append(f"--pp {cfg.pp}: pipeline stages are defined for vit_* models; use --tp/--fsdp")
+    if cfg.pp > 1 and cfg.accum_steps < cfg.pp and (cfg.batch_size * cfg.accum_steps) % cfg.pp:
+        out.append(
+            f"--pp {cfg.pp} with --accum-steps {cfg.accum_steps}: the step's batch"
+            f" ({cfg.batch_size} x {cfg.accum_steps}) is split into {cfg.pp} micro-batches and must"
+            f" divide by it; pass -b a multiple of {cfg.pp} or --accum-steps {cfg.pp}"
+        )
+    if cfg.pp > 1 and cfg.token_label:
+        out.append("--token-label with --pp: the token-label loss is not staged; drop one")
+    return out
+
+
+def _finetune_problems(cfg: TrainConfig) -> list[str]:
+    """A saved model's manifest names its architecture: refuse another before any rank starts."""
+    path = Path(cfg.finetune or "")
+    for manifest in (path / runfiles.FINAL / runfiles.MANIFEST, path.parent / runfiles.MANIFEST,
+                     path / runfiles.MANIFEST):  # fmt: skip
+        if manifest.is_file():
+            saved = json.loads(manifest.read_text()).get("model")
+            if saved and saved != cfg.model:
+                return [f"--finetune {cfg.finetune}: checkpoint is a {saved}, not --model "
+                        f"{cfg.model}; pass --model {saved} or another checkpoint"]  # fmt: skip
+            return []
+    return []
+
+
+def _path_problems(cfg: TrainConfig) -> list[str]:
+    out: list[str] = []
+    needs_dir = cfg.dataset in ("folder", "shards")
+    if needs_dir and not cfg.data_dir:
+        out.append("DATA_DIR missing: pass the dataset root as the first argument")
+    elif needs_dir and not os.path.isdir(str(cfg.data_dir)):
+        out.append(f"DATA_DIR {cfg.data_dir}: no such directory; pass the dataset root")
+    checks = (
+        ("token_label_data", cfg.token_label and cfg.dataset == "folder"),
+        ("finetune", cfg.finetune is not None),
+        ("deepspeed_config", cfg.deepspeed_config is not None),
+    )
+    for name, needed in checks:
+        value = getattr(cfg, name)
+        if needed and (not value or not os.path.exists(value)):
+            out.append(f"--{name.replace('_', '-')} {value}: no such path; pass an existing one")
+    return out

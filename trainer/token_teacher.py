@@ -1,0 +1,87 @@
+"""Run a teacher over a training split and store its top-k per-token class scores."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import nn
+
+from vitpod.trainer.data.config import DataConfig
+from vitpod.trainer.data.sources import Split, folder_split
+from vitpod.trainer.data.token_label import FORMAT, TokenLabelError
+from vitpod.trainer.data.transforms import eval_transform
+from vitpod.trainer.token_forward import dense_logits
+from vitpod.trainer.torchsave import atomic_torch_save
+
+
+@torch.no_grad()
+def generate_token_labels(
+    model_or_checkpoint: nn.Module | str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    img_size: int,
+    topk: int = 5,
+    batch_size: int = 64,
+) -> Path:
+    """Run the teacher over `data_dir/train` and write its top-k token scores to `out_path`.
+
+    The teacher is a module or a file saved with `torch.save(model)`. The file is written
+    under a temporary name, fsynced and renamed, so readers never see a partial one.
+    """
+    teacher = _load_teacher(model_or_checkpoint).eval()
+    split = folder_split(Path(data_dir), "train")
+    if len(split.classes) != _teacher_classes(teacher):
+        raise TokenLabelError(
+            f"teacher predicts {_teacher_classes(teacher)} classes, {data_dir} has "
+            f"{len(split.classes)}: use a teacher trained on these classes"
+        )
+    transform = eval_transform(DataConfig(data_dir=str(data_dir), img_size=img_size, crop_pct=1.0))
+    values, indices = [], []
+    for images in image_batches(split, transform, batch_size):
+        probs = dense_logits(teacher, images).float().softmax(dim=1)
+        top = probs.topk(min(topk, probs.shape[1]), dim=1)
+        values.append(top.values.half())
+        indices.append(top.indices.to(torch.int16 if probs.shape[1] < 2**15 else torch.int32))
+    data = {
+        "format": FORMAT,
+        "num_classes": len(split.classes),
+        "classes": split.classes,
+        "img_size": img_size,
+        "index": {split.relpath(i): i for i in range(len(split))},
+        "values": torch.cat(values),
+        "indices": torch.cat(indices),
+    }
+    atomic_torch_save(data, Path(out_path))
+    return Path(out_path)
+
+
+def _load_teacher(model_or_checkpoint: nn.Module | str | os.PathLike[str]) -> nn.Module:
+    if isinstance(model_or_checkpoint, nn.Module):
+        return model_or_checkpoint
+    loaded = torch.load(model_or_checkpoint, map_location="cpu", weights_only=False)
+    if not isinstance(loaded, nn.Module):
+        raise TokenLabelError(
+            f"{model_or_checkpoint} holds a {type(loaded).__name__}, not a model: pass the teacher "
+            "module, or a file written by torch.save(model)"
+        )
+    return loaded
+
+
+def _teacher_classes(model: Any) -> int:
+    head = getattr(model, "aux_head", None) or model.head
+    return int(head.out_features)
+
+
+def image_batches(split: Split, transform: Any, batch_size: int) -> Iterator[torch.Tensor]:
+    assert split.files is not None
+    for start in range(0, len(split), batch_size):
+        images = []
+        for path in split.files[start : start + batch_size]:
+            with Image.open(path) as img:
+                images.append(transform(img.convert("RGB")))
+        yield torch.stack(images)
