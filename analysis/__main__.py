@@ -1,4 +1,4 @@
-"""Command line: `python -m vitpod.analysis report STUDY_DIR` and `... memory ...`."""
+"""Command line: `python -m vitpod.analysis report STUDY_DIR` (or several run directories)."""
 
 from __future__ import annotations
 
@@ -37,10 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--mode", choices=MODES, default="strong", help="for loose run dirs")
     report.add_argument("--out", type=Path, default=None, help="output dir (default STUDY/report)")
     report.set_defaults(func=report_main)
-    from vitpod.analysis.planner_cli import add_layout_parser, add_memory_parser
-
-    add_memory_parser(sub)
-    add_layout_parser(sub)
     return parser
 
 

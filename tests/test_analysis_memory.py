@@ -6,10 +6,9 @@ import json
 import pytest
 
 from vitpod.analysis import memory
-from vitpod.analysis.__main__ import main
 from vitpod.analysis.memcheck import compare, saved_tensor_bytes, timm_param_count
-from vitpod.analysis.planner_cli import profile_numbers
 from vitpod.registry import models
+from vitpod.workflows.planners import main, profile_numbers
 
 MODELS = [(name, 32 if name == "volo_tiny" else 224) for name in models.MODELS]
 

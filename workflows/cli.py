@@ -30,6 +30,8 @@ COMMANDS = {
     "scaling": "vitpod.workflows.scaling:main",
     "calibrate": "vitpod.workflows.calibrate:main",
     "token-labels": "vitpod.workflows.labels:main",
+    "memory": "vitpod.workflows.planners:memory_cli",
+    "layouts": "vitpod.workflows.planners:layouts_cli",
 }
 
 

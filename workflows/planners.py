@@ -1,9 +1,10 @@
-"""The planners' command line: `memory` and `layouts`, with a profile's GPU memory and fabric."""
+"""`vitpod memory|layouts`: the analysis planners, fed a profile's GPU memory and fabric."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from vitpod.analysis.fabric import Fabric
@@ -17,13 +18,12 @@ from vitpod.analysis.memory import (
     max_micro_batch,
 )
 from vitpod.registry.models import MODELS
+from vitpod.workflows.profile import load_profile
 
 
 def profile_numbers(profile: str, stage: str = "pretrain") -> tuple[int, Fabric]:
-    """(gpu.memory_bytes, Fabric) of the node type a profile's stage runs on, read by the
-    workflows' profile loader (imported here only: the planners take numbers, not profiles)."""
-    from vitpod.workflows.profile import load_profile
-
+    """(gpu.memory_bytes, Fabric) of the node type a profile's stage runs on (the planners in
+    analysis/ take numbers, not profiles)."""
     node = load_profile(profile).node_type(stage)
     memory = node.gpu.memory_bytes if node.gpu else 0
     if not memory:
@@ -123,3 +123,24 @@ def layouts_main(args: Any) -> int:
                            precision=args.precision)  # fmt: skip
     print("cheapest that fits: " + " ".join(best.flags()))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vitpod", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_memory_parser(sub)
+    add_layout_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ValueError as err:
+        print(f"{args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+def memory_cli(argv: list[str]) -> int:
+    return main(["memory", *argv])
+
+
+def layouts_cli(argv: list[str]) -> int:
+    return main(["layouts", *argv])
