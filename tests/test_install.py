@@ -167,10 +167,6 @@ def test_vitpod_train_help_prints_the_usage(venv, shared_torch):
     assert done.stdout.startswith("usage:") and "--topology" in done.stdout, done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trainer/__main__.py imports vitpod.trainer.dist (import torch) before parse_args",
-)
 def test_vitpod_train_help_needs_no_torch(venv):
     """--help is argparse only; the launcher should not import torch before parsing."""
     done = venv.run(str(venv.root / "bin" / "vitpod-train"), "--help")

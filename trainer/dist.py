@@ -8,9 +8,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported where it is used: `vitpod-train --help` needs none
+    import torch
 
 DEFAULT_PORT = 29500
 
@@ -66,6 +67,8 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
 
 
 def device_for(env: DistEnv) -> torch.device:
+    import torch
+
     if torch.cuda.is_available():
         return torch.device("cuda", env.local_rank % torch.cuda.device_count())
     return torch.device("cpu")
@@ -73,6 +76,9 @@ def device_for(env: DistEnv) -> torch.device:
 
 def init(env: DistEnv, timeout_s: int = 600) -> torch.device:
     """Join the process group (NCCL on GPU, gloo on CPU); returns this rank's device."""
+    import torch
+    import torch.distributed as dist
+
     device = device_for(env)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -93,6 +99,8 @@ def init(env: DistEnv, timeout_s: int = 600) -> torch.device:
 
 def teardown() -> None:
     """Barrier, then destroy the group; callers drop DDP/optimizer first (gloo may abort)."""
+    import torch.distributed as dist
+
     gc.collect()
     if dist.is_initialized():
         dist.barrier()
@@ -101,5 +109,7 @@ def teardown() -> None:
 
 def teardown_quietly() -> None:
     """After a startup error: leave the group without a barrier other ranks may never reach."""
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.destroy_process_group()
