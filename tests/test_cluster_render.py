@@ -19,7 +19,7 @@ from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
 from vitpod.workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
 from vitpod.workflows.recipe import load_recipe
-from vitpod.workflows.spec import build_spec, launch_plan
+from vitpod.workflows.spec import build_spec, launch_for
 from vitpod.workflows.templating import render as render_template
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def test_local_profile_renders_a_torchrun_script(tmp_path, capsys):
 def test_launch_plan_is_the_one_source_for_script_and_submitit(tmp_path):
     profile, recipe = load_profile("dgxpod"), load_recipe("volo_d1")
     spec = build_spec(profile, recipe, "pretrain", run_dir=tmp_path / "run", nodes=2)
-    plan = launch_plan(spec)
+    plan = launch_for(spec)
     assert all(isinstance(a, str) and a.startswith("--") for a in plan.srun_args)
     assert shlex.split(plan.python_command) == ["bash", str(tmp_path / "run" / "bind.sh"), "python"]
     assert plan.argv[: len(plan.launcher)] == plan.launcher
@@ -156,13 +156,13 @@ def test_launch_plan_is_the_one_source_for_script_and_submitit(tmp_path):
         line.startswith("MASTER_ADDR=$(scontrol show hostnames") for line in plan.setup_lines
     )
     assert "export NCCL_DEBUG=WARN" in plan.setup_lines
-    text = render_template("sbatch.sh.j2", {"spec": spec, "plan": plan})
+    text = render_template("sbatch.sh.j2", {"spec": spec, "launch": plan})
     for line in plan.setup_lines:
         assert line in text.splitlines()
     for arg in plan.srun_args:
         assert f"  {shlex.quote(arg)} \\" in text.splitlines()
     assert plan.write_bind_script().read_text() == plan.bind_script
-    slurm = launch_plan(
+    slurm = launch_for(
         build_spec(load_profile("localslurm"), recipe, "pretrain", run_dir=tmp_path, nodes=2)
     )
     assert f"--chdir={REPO}" in slurm.srun_args and "--mpi=pmi2" in slurm.srun_args
@@ -229,7 +229,7 @@ def test_unknown_command_and_lazy_dispatch(capsys):
     assert known in capsys.readouterr().err
     assert set(cli.COMMANDS) == {
         "render", "preflight", "submit", "pipeline", "demo", "status", "scaling", "calibrate",
-        "token-labels",
+        "token-labels", "memory", "layouts",
     }  # fmt: skip
     assert cli._load("render") is cli.render_main
 

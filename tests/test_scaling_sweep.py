@@ -125,11 +125,11 @@ def test_hostile_paths_and_args_are_quoted(tmp_path):
 
 def test_sweep_shares_the_requeue_rule_and_marker(tmp_path):
     from vitpod.workflows.scaling import build_parser, prepare
-    from vitpod.workflows.spec import launch_plan
+    from vitpod.workflows.spec import launch_for
 
     ns = build_parser().parse_args([*BASE, "--study-dir", str(tmp_path / "study"), "--gpus", "2"])
     sweep = prepare(ns)
-    teardown = launch_plan(sweep.spec).teardown_lines
+    teardown = launch_for(sweep.spec).teardown_lines
     assert "\n".join(teardown) in sweep.script  # the same lines as job.sbatch, after srun
     marker = f"{tmp_path / 'study'}/logs/" + '"requeue-${SLURM_JOB_ID}'
     assert any(line.startswith("if ") and marker in line for line in teardown)

@@ -23,7 +23,7 @@ class TrainerTask:
     """What submitit runs on every task: the trainer as a child process, logged per rank/restart.
 
     On Slurm the task already runs under the binding step (bind.sh is submitit's `python`), so
-    ranks, binding, MASTER_ADDR/PORT and the requeue rule come from the same LaunchPlan as the
+    ranks, binding, MASTER_ADDR/PORT and the requeue rule come from the same Launch as the
     sbatch path: exit 75 (trainer/exitcodes.py REQUEUE) ends the task with 75, bind.sh leaves the
     requeue marker and the batch script's teardown requeues the job. Without Slurm the trainer is
     restarted here (`--resume auto`).

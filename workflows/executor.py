@@ -1,4 +1,4 @@
-"""submitit executors for a planned job: LocalExecutor, or SlurmExecutor from its LaunchPlan."""
+"""submitit executors for a planned job: LocalExecutor, or SlurmExecutor from its Launch."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from vitpod.workflows.quantities import slurm_minutes
 
 
 def make_executor(job: JobPlan, dependency: str | None) -> submitit.Executor:
-    """A LocalExecutor (local profile) or a SlurmExecutor filled from the job's LaunchPlan."""
+    """A LocalExecutor (local profile) or a SlurmExecutor filled from the job's Launch."""
     spec, plan = job.spec, job.launch
     folder = Path(spec.run_dir) / runfiles.SUBMITIT
     if spec.profile.scheduler == "local":

@@ -32,7 +32,7 @@ from vitpod.workflows.rundir import (
     new_run_path,
     runs_root,
 )
-from vitpod.workflows.spec import Entry, JobSpec, LaunchPlan, build_spec, launch_plan
+from vitpod.workflows.spec import Entry, JobSpec, Launch, build_spec, launch_for
 from vitpod.workflows.templating import render
 
 TRAINER_ARGV_START = 3  # command = (python, -m, trainer, DATA_DIR, flags...)
@@ -67,7 +67,7 @@ class JobPlan:
     profile: Profile
     recipe: Recipe
     spec: JobSpec
-    launch: LaunchPlan
+    launch: Launch
     trainer: dict[str, Any] | None
     """The trainer's resolved configuration from its own parser (None: ranks run no trainer)."""
     decision: Decision | None
@@ -177,13 +177,13 @@ def plan_job(req: Request) -> JobPlan:
                 finetune_from=spec.finetune_from,
             ),
         )  # fmt: skip
-    launch = launch_plan(spec)
+    launch = launch_for(spec)
     template, script_name = (
         ("sbatch.sh.j2", runfiles.SBATCH)
         if profile.scheduler == "slurm"
         else ("local.sh.j2", runfiles.LOCAL_SCRIPT)
     )
-    script = render(template, {"spec": spec, "plan": launch})
+    script = render(template, {"spec": spec, "launch": launch})
     return JobPlan(
         request=req, profile=profile, recipe=recipe, spec=spec, launch=launch,
         trainer=_config_record(cfg) if cfg else None, decision=decision, memory=memory,

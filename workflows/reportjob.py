@@ -19,7 +19,7 @@ from vitpod.registry import runfiles
 from vitpod.workflows import jobstate
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.rundir import write_atomic
-from vitpod.workflows.spec import JobSpec, launch_plan
+from vitpod.workflows.spec import JobSpec, launch_for
 from vitpod.workflows.study import record_states, report
 from vitpod.workflows.submission import sbatch
 from vitpod.workflows.templating import render
@@ -46,7 +46,7 @@ def render_script(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
     ]
     # Same srun flags as the sweep (container image, mounts, working directory), so the report
     # runs with the code and Python that trained the points.
-    srun_args = launch_plan(spec).srun_args
+    srun_args = launch_for(spec).srun_args
     body = render(
         "report.sh.j2",
         {"study_dir": str(study_dir), "array_job_id": array_job_id,

@@ -30,7 +30,7 @@ from vitpod.workflows.rundir import (
     write_atomic,
     write_json,
 )
-from vitpod.workflows.spec import JobSpec, launch_plan
+from vitpod.workflows.spec import JobSpec, launch_for
 from vitpod.workflows.study import (
     SCRIPT_NAME,
     STAGE,
@@ -191,7 +191,7 @@ def prepare(ns: argparse.Namespace) -> Sweep:
         assert plan.decision is not None  # sweep points run the trainer
         # bind.sh leaves its requeue marker where the array script's teardown (rendered from the
         # study's spec) looks for it: the study's logs/.
-        launch = launch_plan(dataclasses.replace(plan.spec, log_dir=str(study_dir / runfiles.LOGS)))
+        launch = launch_for(dataclasses.replace(plan.spec, log_dir=str(study_dir / runfiles.LOGS)))
         points.append(
             SweepPoint(
                 index=index, gpus=n, nodes=nodes, per_node=ranks, batch_size=batches[n],
@@ -225,7 +225,7 @@ def render_script(
         line.replace("/sbatch-%j.", "/sweep-%A_%a.") if line.startswith("#SBATCH --") else line
         for line in lines
     ]
-    context = {"spec": spec, "plan": launch_plan(spec), "points": points, "mode": mode}
+    context = {"spec": spec, "launch": launch_for(spec), "points": points, "mode": mode}
     return "\n".join(lines) + "\n" + render(TEMPLATE, context)
 
 

@@ -1,4 +1,4 @@
-"""A stage's frozen JobSpec (resources, command) and the one LaunchPlan (srun, env, binding)."""
+"""A stage's frozen JobSpec (resources, command) and the one Launch (srun, env, binding)."""
 
 from __future__ import annotations
 
@@ -97,12 +97,12 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
+class Launch:
     """How each rank is started, for both the sbatch template and submitit.
 
     Submitit use (the orchestrator):
-        plan = launch_plan(spec); plan.write_bind_script()
-        SlurmExecutor(folder, python=plan.python_command)
+        launch = launch_for(spec); launch.write_bind_script()
+        SlurmExecutor(folder, python=launch.python_command)
         executor.update_parameters(
             srun_args=list(plan.srun_args),
             setup=list(plan.setup_lines),
@@ -316,7 +316,7 @@ def _container_args(spec: JobSpec, env_names: list[str]) -> list[str]:
     return container.srun_args(spec.profile.container, env_names, extra)
 
 
-def launch_plan(spec: JobSpec) -> LaunchPlan:
+def launch_for(spec: JobSpec) -> Launch:
     """The single source of srun flags, environment and per-rank binding for one job."""
     profile = spec.profile
     env = environment(spec)
@@ -341,7 +341,7 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
             "marker_env": REQUEUE_MARKER_ENV,
         },
     )
-    return LaunchPlan(
+    return Launch(
         srun_args=tuple(srun_args),
         env=env,
         setup_lines=tuple(setup),
