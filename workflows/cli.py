@@ -31,6 +31,8 @@ COMMANDS = {
     "scaling": "vitpod.workflows.scaling:main",
     "calibrate": "vitpod.workflows.calibrate:main",
     "token-labels": "vitpod.workflows.labels:main",
+    "profile": "vitpod.workflows.profile_cli:main",
+    "doctor": "vitpod.workflows.doctor_cli:main",
 }
 
 
