@@ -197,6 +197,8 @@ def create(ns: argparse.Namespace) -> Path:
 def check(ns: argparse.Namespace) -> int:
     profile = load_profile(ns.check)
     asked = [profile.partition(s).name for s in STAGES if s in profile.partitions]
+    # ranks a CPU-only node runs is a choice, not a fact the nodes report
+    ns.tasks_per_node = ns.tasks_per_node or profile.node_type(STAGES[0]).tasks_per_node
     found = discover_site(ns, asked, {"storage": profile.storage.model_dump()})
     lines = disagreements(profile, found)
     for line in lines:
