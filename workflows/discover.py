@@ -1,4 +1,4 @@
-"""What Slurm says about a site (one sinfo, one scontrol per kind) and one probe job per node type."""
+"""A site as Slurm reports it (one sinfo, one scontrol per kind); one probe job per node type."""
 
 from __future__ import annotations
 

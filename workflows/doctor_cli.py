@@ -75,7 +75,9 @@ def node_verdicts(profile: Profile, ns: argparse.Namespace, nodes: list[str]) ->
     for node in nodes:
         checks = results.get(node)
         if checks is None:
-            verdicts.append(Verdict(node, [f"no answer from the doctor: {out.stderr.strip()[-300:]}"]))
+            verdicts.append(
+                Verdict(node, [f"no answer from the doctor: {out.stderr.strip()[-300:]}"])
+            )
             continue
         bad = [f"{c['check']}: {c['detail']}" for c in checks if c["status"] == "bad"]
         verdicts.append(Verdict(node, bad))
@@ -86,8 +88,8 @@ def calibration_line(cluster: str) -> str:
     path = calibration_path(profile_path(cluster))
     if not path.is_file():
         return f"doctor: all-reduce: skipped: no calibration for this profile ({path.name})"
-    return (f"doctor: all-reduce: skipped: {path.name} exists but this version does not time an "
-            f"all-reduce against it; re-measure with `make calibrate CLUSTER={cluster}`")  # fmt: skip
+    return (f"doctor: all-reduce: skipped: {path.name} exists, but the doctor does not time an "
+            f"all-reduce yet; re-measure with `make calibrate CLUSTER={cluster}`")  # fmt: skip
 
 
 def run(ns: argparse.Namespace) -> list[Verdict]:
@@ -138,6 +140,8 @@ def main(argv: list[str]) -> int:
     if ns.auto_exclude:
         resubmit(ns, bad)
         return 0
+    good = min(len(verdicts) - len(bad), load_profile(ns.cluster).partition(ns.stage).nodes)
+    flags = shlex.quote(f"--auto-exclude --nodes {good}") if good else "--auto-exclude"
     print(f"resubmit without them: make doctor CLUSTER={shlex.quote(ns.cluster)} "
-          f"STAGE={ns.stage} ARGS=--auto-exclude   (sbatch --exclude={','.join(bad)})")  # fmt: skip
+          f"STAGE={ns.stage} ARGS={flags}   (sbatch --exclude={','.join(bad)})")  # fmt: skip
     return 1

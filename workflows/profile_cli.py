@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vitpod.workflows profile", description=__doc__)
     p.add_argument("--name", default="", help="the new profile's name (NAME=)")
     p.add_argument("--partitions", default="", help="pretrain[,finetune] partitions (PARTITIONS=)")
-    p.add_argument("--out", default="", help="file to write (default: workflows/profiles/NAME.yaml)")
+    p.add_argument(
+        "--out", default="", help="file to write (default: workflows/profiles/NAME.yaml)"
+    )
     p.add_argument("--base", default="", help="profile whose site settings (storage, env, "
                    "container, mpi, exclusive, preemption, python) the new one copies")  # fmt: skip
     p.add_argument("--python", default="", help="interpreter of the ranks (no container)")
@@ -82,14 +84,16 @@ def probe_paths(ns: argparse.Namespace, base: dict[str, Any]) -> list[str]:
     return [str(resolve_path(p)) for p in paths] + ["/tmp"]
 
 
-def discover_site(ns: argparse.Namespace, partitions: list[str], base: dict[str, Any]) -> Discovered:
+def discover_site(
+    ns: argparse.Namespace, partitions: list[str], base: dict[str, Any]
+) -> Discovered:
     """Slurm's facts, then one probe per node type of the chosen partitions."""
     site = discover.site()
     found = Discovered()
     kinds: dict[tuple[object, ...], str] = {}
     storage = set(words(ns.storage_hca))
     python = ns.python or base.get("python") or sys.executable
-    for stage, name in zip(STAGES, stage_partitions(site, partitions)):
+    for stage, name in zip(STAGES, stage_partitions(site, partitions), strict=True):
         part = site[name]
         groups = discover.node_types(part)
         if not groups:
@@ -187,7 +191,11 @@ def create(ns: argparse.Namespace) -> Path:
     except ValidationError as exc:
         raise describe(exc, "discovered profile (nothing written)") from None
     names = [p["name"] for p in found.partitions.values()]
-    write_new(out, header(found, names) + yaml.safe_dump(data, sort_keys=False, width=100, default_flow_style=None))
+    write_new(
+        out,
+        header(found, names)
+        + yaml.safe_dump(data, sort_keys=False, width=100, default_flow_style=None),
+    )
     load_profile(str(out))  # the file as written reads back
     for line in found.unknown:
         print(f"not determined: {line}")

@@ -141,8 +141,8 @@ def cpu_binding(cpu: topo.CpuTopology, tasks: int) -> list[dict[str, Any]]:
     nodes = sorted(cpu.numa_cpus)
     if not nodes:
         return []
-    return [{"local_rank": i, "numa": nodes[i % len(nodes)], "cpus": cpu.numa_cpus[nodes[i % len(nodes)]]}
-            for i in range(tasks)]  # fmt: skip
+    numa = [nodes[i % len(nodes)] for i in range(tasks)]
+    return [{"local_rank": i, "numa": n, "cpus": cpu.numa_cpus[n]} for i, n in enumerate(numa)]
 
 
 def placeholder_fabric(ranks: int, hcas: dict[str, int], ports: list[dict[str, str]]) -> dict:

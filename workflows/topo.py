@@ -56,10 +56,9 @@ def _add_gpu_row(
 ) -> None:
     gpu, values, rest = words[0], words[1 : 1 + len(cols)], words[1 + len(cols) :]
     topo.gpus.append(gpu)
-    topo.distance[gpu] = {
-        legend.get(col, col): value for col, value in zip(cols, values) if not _is_gpu(col)
-    }
-    extra = dict(zip(trailing, rest))
+    pairs = zip(cols, values, strict=False)
+    topo.distance[gpu] = {legend.get(c, c): v for c, v in pairs if not _is_gpu(c)}
+    extra = dict(zip(trailing, rest, strict=False))  # N/A columns may be short
     topo.cpu_affinity[gpu] = extra.get("CPU Affinity", "")
     numa = extra.get("NUMA Affinity", "")
     topo.numa_affinity[gpu] = int(numa) if numa.isdigit() else None
