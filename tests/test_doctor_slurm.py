@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import REPO
+from vitpod.analysis import calibrate as fitting
 from vitpod.workflows.doctor import volatile_uncorrectable
+from vitpod.workflows.doctor_allreduce import verdict
 from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.profile import PROFILE_DIR
 
@@ -67,6 +69,26 @@ def test_ecc_counts_only_volatile_uncorrectable_errors():
             SRAM Uncorrectable            : 40
     """  # the layout of `nvidia-smi -q -d ECC` (NVIDIA nvidia-smi documentation, -q output)
     assert volatile_uncorrectable(text) == 3
+
+
+def calibration(bw: float, latency: float = 1e-5, overhead: float = 1e-4):
+    """A stored fit of a 4-rank, 2-node world all-reduce (the local Slurm's layout)."""
+    return fitting.Calibration(
+        cluster="t", job_id="0", date="2026-11-23T00:00:00+00:00", backend="gloo", world_size=4,
+        nodes=2, ranks_per_node=2, call_overhead=overhead, partition="pretrain",
+        levels={"world": fitting.LevelFit(4, 2, latency, bw, 0.0)},
+    )  # fmt: skip
+
+
+def test_allreduce_is_flagged_only_past_the_factor():
+    cal = calibration(bw=1e9)  # 1 MiB: 0.1 ms + 6 x 10 us + 1.5 MiB / 1 GB/s = 1.73 ms
+    bench = {"sizes": [2**20], "world_size": 4, "levels": {"world": {"median_s": {}}}}
+    bench["levels"]["world"]["median_s"]["all_reduce"] = [3e-3]
+    assert verdict(cal, bench) == (False, verdict(cal, bench)[1])
+    assert "1.73 ms" in verdict(cal, bench)[1]
+    bench["levels"]["world"]["median_s"]["all_reduce"] = [6e-3]
+    slow, line = verdict(cal, bench)
+    assert slow and line.endswith("3.5x > 3x")
 
 
 def test_doctor_true_runs_the_checks_on_every_node_before_the_ranks(tmp_path):
@@ -145,3 +167,19 @@ def test_a_doctor_true_job_fails_early_naming_the_bad_node(local_slurm, full_nod
     assert re.search(r"doctor: node1: bad: disk ENROOT_CACHE_PATH", text), text
     assert "doctor: node2: bad" not in text and "a node failed its checks" in text
     assert not list(logs.glob("train-*")), "no rank may start after a failed check"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_an_allreduce_slower_than_the_calibration_is_flagged(local_slurm, tmp_path):
+    profile = tmp_path / "fast.yaml"
+    profile.write_text((PROFILE_DIR / "localslurm.yaml").read_text())
+    # A fit no network reaches (100 TB/s, 1 ns hops): the measured all-reduce must be flagged.
+    fitting.save(calibration(bw=1e14, latency=1e-9, overhead=1e-7),
+                 fitting.calibration_path(profile))  # fmt: skip
+    env = {"VITPOD_RUN_ROOT": str(tmp_path / "runs")}
+    done = make("doctor", f"CLUSTER={profile}", "ARGS=--min-free-gb 0.1", env=env)
+    assert done.returncode != 0, done.stdout
+    assert re.search(r"doctor: all-reduce: SLOW: 1 MiB over 4 ranks took [\d.]+ ms, calibrated",
+                     done.stdout), done.stdout + done.stderr  # fmt: skip
+    assert "doctor: 2 node(s) fine; the all-reduce is slow" in done.stdout

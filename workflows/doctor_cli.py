@@ -9,13 +9,12 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 
-from vitpod.analysis.calibrate import calibration_path
 from vitpod.workflows import discover
 from vitpod.workflows.doctor import PREFIX
 from vitpod.workflows.doctor_step import doctor_argv
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
-from vitpod.workflows.profile import Profile, load_profile, profile_path
+from vitpod.workflows.profile import Profile, load_profile
 from vitpod.workflows.rundir import runs_root
 
 DOCTOR_TIME = "00:05:00"
@@ -84,16 +83,23 @@ def node_verdicts(profile: Profile, ns: argparse.Namespace, nodes: list[str]) ->
     return verdicts
 
 
-def calibration_line(cluster: str) -> str:
-    path = calibration_path(profile_path(cluster))
-    if not path.is_file():
-        return f"doctor: all-reduce: skipped: no calibration for this profile ({path.name})"
-    return (f"doctor: all-reduce: skipped: {path.name} exists, but the doctor does not time an "
-            f"all-reduce yet; re-measure with `make calibrate CLUSTER={cluster}`")  # fmt: skip
+def allreduce(ns: argparse.Namespace, part_nodes: int, verdicts: list[Verdict]) -> bool:
+    """The all-reduce check on the good nodes; True when it is flagged slow."""
+    from vitpod.workflows import doctor_allreduce
+
+    bad = [v.node for v in verdicts if v.bad]
+    good = min(part_nodes, len(verdicts) - len(bad))
+    if good < 1:
+        print("doctor: all-reduce: skipped: no good node")
+        return False
+    slow, line = doctor_allreduce.check(ns, bad, good)
+    print(f"doctor: all-reduce: {'SLOW: ' if slow else ''}{line}")
+    return slow
 
 
-def run(ns: argparse.Namespace) -> list[Verdict]:
-    """Every node of the stage's partition: Slurm's state first, then the checks on the rest."""
+def run(ns: argparse.Namespace) -> tuple[list[Verdict], bool]:
+    """Every node of the stage's partition: Slurm's state first, then the checks on the rest;
+    then the all-reduce on the good ones (True: flagged slow)."""
     profile = load_profile(ns.cluster)
     if profile.scheduler != "slurm":
         raise ConfigError(f"CLUSTER={profile.name}: the doctor checks Slurm nodes; use a Slurm "
@@ -106,8 +112,7 @@ def run(ns: argparse.Namespace) -> list[Verdict]:
     usable = [n.name for n in nodes if n.usable]
     if usable:
         verdicts += node_verdicts(profile, ns, usable)
-    print(calibration_line(ns.cluster))
-    return verdicts
+    return verdicts, allreduce(ns, part.nodes, verdicts)
 
 
 def resubmit(ns: argparse.Namespace, bad: list[str]) -> str:
@@ -128,14 +133,16 @@ def resubmit(ns: argparse.Namespace, bad: list[str]) -> str:
 
 def main(argv: list[str]) -> int:
     ns = parse(argv)
-    verdicts = run(ns)
+    verdicts, slow = run(ns)
     bad = [v.node for v in verdicts if v.bad]
     for v in verdicts:
         for line in v.bad or ["all checks passed"]:
             print(f"doctor: {v.node}: {'BAD' if v.bad else 'ok'}: {line}")
     if not bad:
-        print(f"doctor: {len(verdicts)} node(s) fine")
-        return 0
+        print(
+            f"doctor: {len(verdicts)} node(s) fine" + ("; the all-reduce is slow" if slow else "")
+        )
+        return 1 if slow else 0
     print(f"doctor: bad node(s): {','.join(bad)}")
     if ns.auto_exclude:
         resubmit(ns, bad)
