@@ -132,7 +132,8 @@ def make(*argv: str, env: dict | None = None, timeout: float = 180) -> subproces
 @pytest.fixture
 def discovered(local_slurm, tmp_path) -> Path:
     out = tmp_path / "site.yaml"
-    done = make("profile", "NAME=site", f"ARGS=--out {out} --base localslurm --tasks-per-node 2")
+    done = make("profile", "NAME=site", "PARTITIONS=pretrain,finetune",
+                f"ARGS=--out {out} --base localslurm --tasks-per-node 2")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(out)
     return out
@@ -146,9 +147,19 @@ def test_profile_is_written_from_the_nodes_and_says_what_it_could_not_tell(disco
     assert node.gpus_per_node == 0 and node.cpus_per_node == lscpu.cpus  # nvidia-smi: not found
     assert [b.cpus for b in node.binding] == [lscpu.numa_cpus[0]] * 2
     assert profile.partition("pretrain").max_nodes == 2 and profile.backend == "gloo"
+    assert profile.partition("finetune").name == "finetune"
+    assert profile.partition("finetune").node_type == profile.partition("pretrain").node_type
     text = discovered.read_text()
     assert "fabric: conservative PLACEHOLDERS" in text and "make calibrate" in text
     assert re.search(r"#   - .*nvidia-smi reports none", text)
+
+
+@pytest.mark.slurm
+def test_an_unknown_partition_is_refused_naming_the_known_ones(local_slurm, tmp_path):
+    out = tmp_path / "x.yaml"
+    done = make("profile", "NAME=x", "PARTITIONS=nosuch", f"ARGS=--out {out}")
+    assert "PARTITIONS=nosuch: give one or two of ['finetune', 'pretrain']" in done.stderr
+    assert not out.exists() and done.returncode != 0
 
 
 @pytest.mark.slurm

@@ -143,15 +143,17 @@ def probe_command(python: str, code: Path, paths: list[str]) -> list[str]:
 
 
 def run_probe(
-    partition: str, node: str, paths: list[str], python: str = sys.executable,
+    partition: str, node: NodeInfo, paths: list[str], python: str = sys.executable,
     code: Path | None = None, timeout: float = 300,
 ) -> dict[str, object]:  # fmt: skip
-    """One short job on `node`: the probe's facts, or ConfigError with what srun said."""
+    """One short job on `node`: the probe's facts, or ConfigError with what srun said. It asks
+    for the node's GPUs: where Slurm constrains devices, a job sees only the GPUs it asked for."""
     code = code or Path(__file__).resolve().parent.parent
-    argv = ["srun", "-N1", "-n1", "-p", partition, "-w", node, f"--time={PROBE_TIME}",
-            "--job-name=vitpod-probe", *probe_command(python, code, paths)]  # fmt: skip
+    gres = [f"--gres=gpu:{node.gpus}"] if node.gpus else []
+    argv = ["srun", "-N1", "-n1", "-p", partition, "-w", node.name, f"--time={PROBE_TIME}",
+            "--job-name=vitpod-probe", *gres, *probe_command(python, code, paths)]  # fmt: skip
     out = slurm(argv, timeout=timeout)
     for line in out.splitlines():
         if line.startswith(PREFIX):
             return json.loads(line[len(PREFIX) :])  # type: ignore[no-any-return]
-    raise ConfigError(f"probe on {node} printed no facts: {out[-500:]}")
+    raise ConfigError(f"probe on {node.name} printed no facts: {out[-500:]}")

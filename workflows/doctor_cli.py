@@ -56,12 +56,13 @@ def slurm_verdicts(nodes: list[discover.NodeInfo]) -> list[Verdict]:
 
 def node_verdicts(profile: Profile, ns: argparse.Namespace, nodes: list[str]) -> list[Verdict]:
     """One srun over `nodes` (one task each) running vitpod.workflows.doctor."""
-    part = profile.partition(ns.stage)
-    argv = doctor_argv(profile, profile.node_type(ns.stage),
+    part, node = profile.partition(ns.stage), profile.node_type(ns.stage)
+    gres = [f"--gres=gpu:{node.gpus_per_node}"] if node.gpus_per_node else []  # see every GPU
+    argv = doctor_argv(profile, node,
                        str(runs_root(profile, ns.run_root)), ns.min_free_gb)  # fmt: skip
     cmd = ["srun", "-p", part.name, "-w", ",".join(nodes), f"-N{len(nodes)}",
            "--ntasks-per-node=1", f"--time={DOCTOR_TIME}", "--kill-on-bad-exit=0",
-           "--job-name=vitpod-doctor", *argv]  # fmt: skip
+           "--job-name=vitpod-doctor", *gres, *argv]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     results = {}
     for line in out.stdout.splitlines():

@@ -118,7 +118,7 @@ def probe_one(partition: str, nodes: list[discover.NodeInfo], paths: list[str], 
     usable = [n for n in nodes if n.usable]
     if not usable:
         raise ConfigError(f"partition {partition}: no usable node to probe ({nodes[0].state})")
-    facts = discover.run_probe(partition, usable[0].name, paths, python=python)
+    facts = discover.run_probe(partition, usable[0], paths, python=python)
     for tool in ("pyxis", "enroot"):
         if facts.get(tool) in (NOT_FOUND, False):
             found.unknown.append(f"{usable[0].name}: {tool} not found (no container runs)")
