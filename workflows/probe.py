@@ -61,10 +61,14 @@ def pyxis_loaded() -> bool | str:
 
 
 def fs_types(paths: list[str]) -> dict[str, str]:
-    """findmnt's file-system type of the mount holding each path."""
+    """findmnt's file-system type of the mount holding each path (a path not made yet: its
+    nearest existing parent's)."""
     out = {}
     for path in paths:
-        found = tool(["findmnt", "-n", "-o", "FSTYPE", "-T", path])
+        where = Path(path)
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        found = tool(["findmnt", "-n", "-o", "FSTYPE", "-T", str(where)])
         out[path] = found.strip().splitlines()[0] if found.strip() else NOT_FOUND
     return out
 

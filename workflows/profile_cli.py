@@ -31,6 +31,9 @@ from vitpod.workflows.profile_writer import Discovered, node_type, partition_ent
 from vitpod.workflows.schema import describe
 
 STAGES = ("pretrain", "finetune")
+# findmnt FSTYPEs of file systems every node shares (storage paths on others are reported).
+SHARED_FS = {"lustre", "nfs", "nfs4", "gpfs", "wekafs", "beegfs", "cifs", "ceph", "fuse.weka",
+             "panfs", "virtiofs", "9p"}  # fmt: skip
 # Keys discovery decides; a --base profile gives every other (storage, env, container, mpi ...).
 DISCOVERED_KEYS = {"name", "description", "scheduler", "partitions", "node_types", "nodes",
                    "backend", *NODE_FIELDS}  # fmt: skip
@@ -119,9 +122,14 @@ def probe_one(partition: str, nodes: list[discover.NodeInfo], paths: list[str], 
     if not usable:
         raise ConfigError(f"partition {partition}: no usable node to probe ({nodes[0].state})")
     facts = discover.run_probe(partition, usable[0], paths, python=python)
+    node = usable[0].name
     for tool in ("pyxis", "enroot"):
         if facts.get(tool) in (NOT_FOUND, False):
-            found.unknown.append(f"{usable[0].name}: {tool} not found (no container runs)")
+            found.unknown.append(f"{node}: {tool} not found (no container runs)")
+    for path, fstype in dict(facts.get("fstype") or {}).items():
+        if fstype not in SHARED_FS and path != "/tmp":
+            found.unknown.append(f"{node}: {path} is on {fstype}, not a shared file system "
+                                 "type; check every node sees the same files there")  # fmt: skip
     return facts
 
 
@@ -155,9 +163,18 @@ def header(found: Discovered, partitions: list[str]) -> str:
         "file>` next;",
         "# the topology choice then uses the measured fit (<name>.calibration.json beside it).",
     ]
+    for key, facts in found.facts.items():
+        fs = ", ".join(f"{p} {t}" for p, t in dict(facts.get("fstype") or {}).items())
+        pyxis = _pyxis(facts.get("pyxis"))
+        lines.append(f"# {key} (probed on {facts.get('node')}): pyxis {pyxis}, "
+                     f"enroot {facts.get('enroot') or NOT_FOUND}; file systems: {fs}")  # fmt: skip
     lines += ["# Not determined (check these):"] if found.unknown else []
     unknown = dict.fromkeys(found.unknown)
     return "\n".join([*lines, *(f"#   - {u}" for u in unknown)]) + "\n"
+
+
+def _pyxis(value: Any) -> str:
+    return {True: "loaded", False: "not loaded"}.get(value, str(value))  # type: ignore[call-overload]
 
 
 def write_new(path: Path, text: str) -> None:
