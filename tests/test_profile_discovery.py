@@ -115,9 +115,12 @@ def test_check_lists_each_disagreement_with_the_profile():
         [slurm_node(256)], facts("dgx_a100"), {"mlx5_4", "mlx5_5"}, None, unknown
     )
     found.node_types["dgxa100"]["binding"][2]["hca"] = "mlx5_9:1"  # the node disagrees
-    found.partitions["pretrain"] = {"name": "dgxa100", "node_type": "dgxa100", "max_nodes": 5}
+    found.partitions["pretrain"] = {"name": "dgxa100", "node_type": "dgxa100", "max_nodes": 4}
+    found.max_minutes["pretrain"] = 24 * 60
     assert disagreements(profile, found) == [
-        "node_types.dgxa100.binding[2].hca: profile mlx5_2:1, node mlx5_9:1"
+        "partitions.pretrain.nodes: profile 5, Slurm 4",
+        "partitions.pretrain.time: profile 2-00:00:00, Slurm MaxTime 1440 min",
+        "node_types.dgxa100.binding[2].hca: profile mlx5_2:1, node mlx5_9:1",
     ]
 
 
@@ -178,13 +181,16 @@ def test_an_existing_profile_is_never_overwritten(discovered):
 def test_check_finds_an_entry_made_wrong_on_purpose(discovered, tmp_path):
     data = yaml.safe_load(discovered.read_text())
     data["node_types"]["cpu8"]["cpus_per_node"] = 64
+    data["partitions"]["finetune"]["name"] = "nosuch"
+    data["partitions"]["finetune"]["node_type"] = "cpu8"
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text(yaml.safe_dump(data))
     done = make("profile", f"ARGS=--check {wrong}")
     assert done.returncode != 0, done.stderr  # make exits 2 when the command fails
     lscpu_cpus = load_profile(str(discovered)).node_type("pretrain").cpus_per_node
     assert f"node_types.cpu8.cpus_per_node: profile 64, node {lscpu_cpus}" in done.stdout
-    assert "1 disagreement(s)" in done.stdout
+    assert "partitions.finetune.name: profile nosuch, Slurm has no such partition" in done.stdout
+    assert "2 disagreement(s)" in done.stdout
     assert make("profile", f"ARGS=--check {discovered}").returncode == 0
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from vitpod.workflows.profile import Profile
 from vitpod.workflows.profile_writer import Discovered
+from vitpod.workflows.quantities import slurm_minutes
 
 NODE_KEYS = ("gpus_per_node", "cpus_per_node")
 BINDING_KEYS = ("numa", "cpus", "hca")
@@ -20,8 +21,12 @@ def disagreements(profile: Profile, found: Discovered) -> list[str]:
         if got is None:
             continue
         field = f"partitions.{stage}"
-        if part.max_nodes is not None and part.max_nodes > got["max_nodes"]:
-            out.append(f"{field}.max_nodes: profile {part.max_nodes}, Slurm {got['max_nodes']}")
+        if part.node_limit > got["max_nodes"]:
+            key = "max_nodes" if part.max_nodes else "nodes"
+            out.append(f"{field}.{key}: profile {part.node_limit}, Slurm {got['max_nodes']}")
+        limit = found.max_minutes.get(stage)
+        if limit is not None and slurm_minutes(part.time) > limit:
+            out.append(f"{field}.time: profile {part.time}, Slurm MaxTime {limit} min")
         if part.node_type in seen:
             continue
         seen.add(part.node_type)

@@ -27,7 +27,13 @@ from vitpod.workflows.profile import (
     resolve_path,
 )
 from vitpod.workflows.profile_check import disagreements
-from vitpod.workflows.profile_writer import Discovered, node_type, partition_entry, type_name
+from vitpod.workflows.profile_writer import (
+    Discovered,
+    max_minutes,
+    node_type,
+    partition_entry,
+    type_name,
+)
 from vitpod.workflows.schema import describe
 
 STAGES = ("pretrain", "finetune")
@@ -88,10 +94,11 @@ def probe_paths(ns: argparse.Namespace, base: dict[str, Any]) -> list[str]:
 
 
 def discover_site(
-    ns: argparse.Namespace, partitions: list[str], base: dict[str, Any]
-) -> Discovered:
+    ns: argparse.Namespace, partitions: list[str], base: dict[str, Any],
+    site: dict[str, discover.PartitionInfo] | None = None,
+) -> Discovered:  # fmt: skip
     """Slurm's facts, then one probe per node type of the chosen partitions."""
-    site = discover.site()
+    site = site if site is not None else discover.site()
     found = Discovered()
     kinds: dict[tuple[object, ...], str] = {}
     storage = set(words(ns.storage_hca))
@@ -113,6 +120,7 @@ def discover_site(
                 nodes, found.facts[key], storage, ns.tasks_per_node, found.unknown
             )
         found.partitions[stage] = partition_entry(part, kinds[nodes[0].kind], found.unknown)
+        found.max_minutes[stage] = max_minutes(part.max_time)
     return found
 
 
@@ -221,11 +229,16 @@ def create(ns: argparse.Namespace) -> Path:
 
 def check(ns: argparse.Namespace) -> int:
     profile = load_profile(ns.check)
-    asked = [profile.partition(s).name for s in STAGES if s in profile.partitions]
+    site = discover.site()
+    names = {s: p.name for s, p in profile.partitions.items()}
+    lines = [f"partitions.{s}.name: profile {n}, Slurm has no such partition ({sorted(site)})"
+             for s, n in names.items() if n not in site]  # fmt: skip
+    asked = [n for s, n in sorted(names.items(), key=lambda i: STAGES.index(i[0])) if n in site]
     # ranks a CPU-only node runs is a choice, not a fact the nodes report
     ns.tasks_per_node = ns.tasks_per_node or profile.node_type(STAGES[0]).tasks_per_node
-    found = discover_site(ns, asked, {"storage": profile.storage.model_dump()})
-    lines = disagreements(profile, found)
+    if asked:
+        found = discover_site(ns, asked, {"storage": profile.storage.model_dump()}, site)
+        lines += disagreements(profile, found)
     for line in lines:
         print(line)
     print(f"{len(lines)} disagreement(s) between {ns.check} and the nodes")

@@ -9,6 +9,7 @@ from typing import Any
 from vitpod.workflows import topo
 from vitpod.workflows.discover import NodeInfo, PartitionInfo
 from vitpod.workflows.probe import NOT_FOUND
+from vitpod.workflows.quantities import slurm_minutes
 
 DEFAULT_TIME = "24:00:00"  # when the partition has no MaxTime
 # Placeholders until `make calibrate` measures the fabric: low on purpose, so a topology
@@ -26,6 +27,8 @@ class Discovered:
     unknown: list[str] = field(default_factory=list)
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Each node type's probe facts (for --check and the profile's comments)."""
+    max_minutes: dict[str, int | None] = field(default_factory=dict)
+    """Each stage partition's MaxTime in minutes (None: unlimited)."""
 
 
 def type_name(nodes: list[NodeInfo], taken: set[str]) -> str:
@@ -36,6 +39,12 @@ def type_name(nodes: list[NodeInfo], taken: set[str]) -> str:
     while name in taken:
         name, k = f"{base}-{k}", k + 1
     return name
+
+
+def max_minutes(max_time: str) -> int | None:
+    if max_time in ("UNLIMITED", "INFINITE", ""):
+        return None
+    return slurm_minutes(max_time)
 
 
 def time_limit(part: PartitionInfo, unknown: list[str]) -> str:
