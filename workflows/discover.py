@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.partitions import _gres_gpus
 from vitpod.workflows.probe import PREFIX
 
 BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "MAINT", "FUTURE", "POWER")
@@ -33,16 +32,11 @@ class NodeInfo:
 
     @property
     def gpus(self) -> int:
-        return _gres_gpus(self.gres)
+        return gres_gpu(self.gres)[1]
 
     @property
     def gpu_type(self) -> str:
-        """'gpu:a100:8(S:0-1)' -> 'a100'; '' when the Gres names no type."""
-        for item in self.gres.split(","):
-            parts = item.split("(")[0].split(":")
-            if parts[0] == "gpu" and len(parts) == 3:
-                return parts[1]
-        return ""
+        return gres_gpu(self.gres)[0]
 
     @property
     def usable(self) -> bool:
@@ -61,6 +55,15 @@ class PartitionInfo:
     max_nodes: str
     default: bool
     nodes: list[NodeInfo] = field(default_factory=list)
+
+
+def gres_gpu(gres: str) -> tuple[str, int]:
+    """'gpu:a100:8(S:0-1)' -> ('a100', 8); 'gpu:2' -> ('', 2); '(null)' -> ('', 0)."""
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            return (parts[1] if len(parts) == 3 else ""), int(parts[-1])
+    return "", 0
 
 
 def slurm(argv: list[str], timeout: float = 60) -> str:

@@ -18,6 +18,7 @@ from vitpod.workflows.profile import Profile, load_profile
 from vitpod.workflows.rundir import runs_root
 
 DOCTOR_TIME = "00:05:00"
+SRUN_WAIT_S = 300  # queueing included: busy nodes make the doctor wait for them
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,11 @@ def node_verdicts(profile: Profile, ns: argparse.Namespace, nodes: list[str]) ->
     cmd = ["srun", "-p", part.name, "-w", ",".join(nodes), f"-N{len(nodes)}",
            "--ntasks-per-node=1", f"--time={DOCTOR_TIME}", "--kill-on-bad-exit=0",
            "--job-name=vitpod-doctor", *gres, *argv]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SRUN_WAIT_S)
+    except subprocess.TimeoutExpired:
+        why = f"no answer in {SRUN_WAIT_S} s (the nodes are busy, or srun hangs)"
+        return [Verdict(node, [why]) for node in nodes]
     results = {}
     for line in out.stdout.splitlines():
         if line.startswith(PREFIX):
