@@ -131,9 +131,9 @@ def probe_one(partition: str, nodes: list[discover.NodeInfo], paths: list[str], 
         raise ConfigError(f"partition {partition}: no usable node to probe ({nodes[0].state})")
     facts = discover.run_probe(partition, usable[0], paths, python=python)
     node = usable[0].name
-    for tool in ("pyxis", "enroot"):
-        if facts.get(tool) in (NOT_FOUND, False):
-            found.unknown.append(f"{node}: {tool} not found (no container runs)")
+    if facts.get("pyxis") is not True or facts.get("enroot") == NOT_FOUND:
+        found.unknown.append(f"{node}: pyxis {_pyxis(facts.get('pyxis'))}, enroot "
+                             f"{facts.get('enroot')}: containers cannot run there")  # fmt: skip
     for path, fstype in dict(facts.get("fstype") or {}).items():
         if fstype not in SHARED_FS and path != "/tmp":
             found.unknown.append(f"{node}: {path} is on {fstype}, not a shared file system "
@@ -222,7 +222,7 @@ def create(ns: argparse.Namespace) -> Path:
         + yaml.safe_dump(data, sort_keys=False, width=100, default_flow_style=None),
     )
     load_profile(str(out))  # the file as written reads back
-    for line in found.unknown:
+    for line in dict.fromkeys(found.unknown):
         print(f"not determined: {line}")
     return out
 
