@@ -1,5 +1,4 @@
-"""Run on a node (srun): print what its tools report (GPUs, NUMA, HCAs, pyxis, enroot, file
-systems) as one JSON line; standard library only, so any python3 on the node can run it."""
+"""On a node: its GPUs, NUMA, HCAs, pyxis, enroot and file systems as one JSON line (stdlib only)."""
 
 from __future__ import annotations
 
