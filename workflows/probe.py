@@ -1,4 +1,4 @@
-"""On a node: its GPUs, NUMA, HCAs, pyxis, enroot and file systems as one JSON line (stdlib only)."""
+"""On a node: its GPUs, NUMA, HCAs, pyxis, enroot and file systems as a JSON line (stdlib only)."""
 
 from __future__ import annotations
 
