@@ -1,5 +1,4 @@
-"""`make doctor` on the real local Slurm: a full enroot path on node1 and a drained node2 are
-named; --auto-exclude submits without the bad node; `doctor: true` ends a job before training."""
+"""`make doctor` on the local Slurm: full enroot path, drained node, --auto-exclude, doctor."""
 
 from __future__ import annotations
 

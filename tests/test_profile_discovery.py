@@ -1,5 +1,4 @@
-"""`make profile`: topology parsing on DGX A100/H100/DGX-2 outputs, and live on the local Slurm:
-the written profile validates, passes the preflight, trains; `--check` finds a wrong entry."""
+"""`make profile`: DGX A100/H100/DGX-2 topologies; live: validates, preflights, trains; --check."""
 
 from __future__ import annotations
 

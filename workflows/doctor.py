@@ -1,5 +1,4 @@
-"""Run on each node of an allocation: GPU health, InfiniBand links, free space, the image; prints
-one line per check and exits 1 when the node is bad (standard library only)."""
+"""On each node: GPU health, InfiniBand links, free space, the image; exit 1 if bad (stdlib)."""
 
 from __future__ import annotations
 

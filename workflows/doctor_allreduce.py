@@ -1,5 +1,4 @@
-"""The doctor's all-reduce check: a short commbench job on the good nodes, timed against the
-profile's calibration (flagged when slower than SLOW_FACTOR)."""
+"""The doctor's all-reduce: a short commbench job on the good nodes against the calibration."""
 
 from __future__ import annotations
 

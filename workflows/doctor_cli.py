@@ -1,5 +1,4 @@
-"""`make doctor CLUSTER=...`: check each node of a stage's partition before training; name the bad
-ones, offer (or, with --auto-exclude, make) a submission that leaves them out."""
+"""`make doctor CLUSTER=...`: check a partition's nodes, name bad ones, submit without them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Slurm facts + probe facts -> a profile's node types and partitions (validated), and --check."""
+"""Slurm facts + probe facts -> a discovered profile's node types and partitions."""
 
 from __future__ import annotations
 
