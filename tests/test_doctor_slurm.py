@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import yaml
 
 from tests.fixtures_slurm import REPO
 from vitpod.analysis import calibrate as fitting
-from vitpod.workflows.doctor import volatile_uncorrectable
+from vitpod.workflows.doctor import image_check, volatile_uncorrectable
 from vitpod.workflows.doctor_allreduce import verdict
 from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.profile import PROFILE_DIR
@@ -68,6 +69,20 @@ def test_ecc_counts_only_volatile_uncorrectable_errors():
             SRAM Uncorrectable            : 40
     """  # the layout of `nvidia-smi -q -d ECC` (NVIDIA nvidia-smi documentation, -q output)
     assert volatile_uncorrectable(text) == 3
+
+
+@pytest.mark.skipif(shutil.which("mksquashfs") is None, reason="needs squashfs-tools")
+def test_the_image_must_exist_and_read_as_squashfs(tmp_path):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "hello").write_text("hi")
+    good = tmp_path / "good.sqsh"
+    subprocess.run(["mksquashfs", str(tmp_path / "root"), str(good), "-quiet"], check=True)
+    broken = tmp_path / "broken.sqsh"
+    broken.write_bytes(b"not a squashfs image" * 100)
+    assert image_check(str(good))["status"] == "ok"
+    assert image_check(str(broken))["status"] == "bad"
+    assert image_check(str(tmp_path / "missing.sqsh"))["detail"].endswith("no such file")
+    assert image_check("nvcr.io#nvidia/pytorch:24.05-py3")["status"] == "skipped"
 
 
 def calibration(bw: float, latency: float = 1e-5, overhead: float = 1e-4):
