@@ -78,21 +78,39 @@ def ib_checks(hcas: list[str]) -> list[dict[str, str]]:
     return out
 
 
-def enroot_paths() -> dict[str, str]:
-    """ENROOT_*_PATH from the environment, else enroot.conf, else enroot's defaults; values may
-    name variables (${SLURMD_NODENAME} gives each node its own path)."""
+def enroot_info() -> dict[str, str]:
+    """The paths `enroot info` resolves (its config file, with the environment's overrides)."""
+    out = {}
+    for line in tool(["enroot", "info"]).splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key in ENROOT_PATHS:
+            out[key] = value
+    return out
+
+
+def enroot_conf() -> dict[str, str]:
     conf = {}
     if ENROOT_CONF.is_file():
         for line in ENROOT_CONF.read_text().splitlines():
             key, _, value = line.strip().partition(" ")
             if key in ENROOT_PATHS and value.strip():
                 conf[key] = value.strip()
+    return conf
+
+
+def enroot_paths() -> dict[str, str]:
+    """ENROOT_*_PATH as `enroot info` reports them, else from the environment, enroot.conf or
+    enroot's defaults; variables left in them are expanded (${SLURMD_NODENAME}: per node)."""
+    conf = enroot_info()
+    if not conf:
+        conf = enroot_conf()
+        conf.update({k: os.environ[k] for k in ENROOT_PATHS if os.environ.get(k)})
     home = os.path.expanduser("~")
     env = {"XDG_RUNTIME_DIR": f"/run/user/{os.getuid()}", "XDG_CACHE_HOME": f"{home}/.cache",
            "XDG_DATA_HOME": f"{home}/.local/share", **os.environ}  # fmt: skip
     out = {}
     for key, default in ENROOT_PATHS.items():
-        raw = os.environ.get(key) or conf.get(key) or default
+        raw = conf.get(key) or default
         out[key] = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m[1] or m[2], ""), raw)
     return out
 
