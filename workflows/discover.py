@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.probe import PREFIX
@@ -148,7 +149,7 @@ def probe_command(python: str, code: Path, paths: list[str]) -> list[str]:
 def run_probe(
     partition: str, node: NodeInfo, paths: list[str], python: str = sys.executable,
     code: Path | None = None, timeout: float = 300,
-) -> dict[str, object]:  # fmt: skip
+) -> dict[str, Any]:  # fmt: skip
     """One short job on `node`: the probe's facts, or ConfigError with what srun said. It asks
     for the node's GPUs: where Slurm constrains devices, a job sees only the GPUs it asked for."""
     code = code or Path(__file__).resolve().parent.parent

@@ -49,16 +49,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def slurm_verdicts(nodes: list[discover.NodeInfo]) -> list[Verdict]:
     """Nodes Slurm already knows are drained or down: named from scontrol, never run on."""
-    return [Verdict(n.name, [f"slurm state {n.state}" + (f" (reason: {n.reason})" if n.reason
-                                                         else "") + "; not run on it"])
-            for n in nodes if not n.usable]  # fmt: skip
+    out = []
+    for n in nodes:
+        if not n.usable:
+            reason = f" (reason: {n.reason})" if n.reason else ""
+            out.append(Verdict(n.name, [f"slurm state {n.state}{reason}; not run on it"]))
+    return out
 
 
 def node_verdicts(profile: Profile, ns: argparse.Namespace, nodes: list[str]) -> list[Verdict]:
     """One srun over `nodes` (one task each) running vitpod.workflows.doctor."""
-    part, node = profile.partition(ns.stage), profile.node_type(ns.stage)
-    gres = [f"--gres=gpu:{node.gpus_per_node}"] if node.gpus_per_node else []  # see every GPU
-    argv = doctor_argv(profile, node,
+    part, kind = profile.partition(ns.stage), profile.node_type(ns.stage)
+    gres = [f"--gres=gpu:{kind.gpus_per_node}"] if kind.gpus_per_node else []  # see every GPU
+    argv = doctor_argv(profile, kind,
                        str(runs_root(profile, ns.run_root)), ns.min_free_gb)  # fmt: skip
     cmd = ["srun", "-p", part.name, "-w", ",".join(nodes), f"-N{len(nodes)}",
            "--ntasks-per-node=1", f"--time={DOCTOR_TIME}", "--kill-on-bad-exit=0",
