@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitpod.workflows.doctor_step import CODE_DIR
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.probe import PREFIX
 
@@ -152,7 +153,7 @@ def run_probe(
 ) -> dict[str, Any]:  # fmt: skip
     """One short job on `node`: the probe's facts, or ConfigError with what srun said. It asks
     for the node's GPUs: where Slurm constrains devices, a job sees only the GPUs it asked for."""
-    code = code or Path(__file__).resolve().parent.parent
+    code = code or CODE_DIR
     gres = [f"--gres=gpu:{node.gpus}"] if node.gpus else []
     argv = ["srun", "-N1", "-n1", "-p", partition, "-w", node.name, f"--time={PROBE_TIME}",
             "--job-name=vitpod-probe", *gres, *probe_command(python, code, paths)]  # fmt: skip

@@ -99,12 +99,11 @@ def enroot_conf() -> dict[str, str]:
 
 
 def enroot_paths() -> dict[str, str]:
-    """ENROOT_*_PATH as `enroot info` reports them, else from the environment, enroot.conf or
-    enroot's defaults; variables left in them are expanded (${SLURMD_NODENAME}: per node)."""
-    conf = enroot_info()
-    if not conf:
-        conf = enroot_conf()
-        conf.update({k: os.environ[k] for k in ENROOT_PATHS if os.environ.get(k)})
+    """ENROOT_*_PATH: the environment's, else as `enroot info` resolves them, else enroot.conf's
+    or enroot's defaults; variables left in them are expanded (${SLURMD_NODENAME}: per node)."""
+    conf = enroot_info() or enroot_conf()
+    # enroot's own rule: a variable in the environment overrides its configuration file
+    conf.update({k: os.environ[k] for k in ENROOT_PATHS if os.environ.get(k)})
     home = os.path.expanduser("~")
     env = {"XDG_RUNTIME_DIR": f"/run/user/{os.getuid()}", "XDG_CACHE_HOME": f"{home}/.cache",
            "XDG_DATA_HOME": f"{home}/.local/share", **os.environ}  # fmt: skip

@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import vitpod
 from vitpod.workflows.container import sqsh_path
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.templating import render
 
-CODE_DIR = Path(__file__).resolve().parent.parent  # the checkout holding vitpod/ (shared storage)
+# The directory that holds the `vitpod` package (a checkout or site-packages, on shared storage):
+# PYTHONPATH for the node-side modules, which need nothing but the standard library.
+CODE_DIR = Path(vitpod.__file__).resolve().parent.parent
 BAD_NODE_EXIT = 3  # the job's status when a node fails its checks before training
 
 
