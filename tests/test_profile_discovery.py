@@ -16,7 +16,7 @@ from vitpod.workflows import topo
 from vitpod.workflows.discover import gres_gpu, node_info, records
 from vitpod.workflows.profile import PROFILE_DIR, load_profile
 from vitpod.workflows.profile_check import disagreements
-from vitpod.workflows.profile_writer import Discovered, node_type
+from vitpod.workflows.profile_writer import Discovered, compute_hcas, node_type
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # `scontrol show node --oneliner` as this machine's local Slurm printed it (blanks inside OS=).
@@ -93,6 +93,24 @@ def test_a_down_link_and_a_storage_hca_are_never_bound():
     hcas = [b["hca"] for b in got["binding"]]
     assert hcas[:2] == ["mlx5_1:1", "mlx5_1:1"] and not {"mlx5_0:1", "mlx5_4:1"} & set(hcas)
     assert any("mlx5_0" in line and "no active" in line for line in unknown)
+
+
+def test_roce_ports_are_the_fabric_when_no_port_is_infiniband():
+    ports = [
+        {
+            "device": d,
+            "port": "1",
+            "state": "4: ACTIVE",
+            "rate": "400 Gb/sec (4X NDR)",
+            "link_layer": layer,
+        }
+        for d, layer in (("mlx5_0", "Ethernet"), ("mlx5_1", "Ethernet"))
+    ]
+    unknown: list[str] = []
+    assert compute_hcas(ports, {"mlx5_1"}, unknown, "n1") == {"mlx5_0": 1} and unknown == []
+    ports.append({**ports[0], "device": "mlx5_2", "link_layer": "InfiniBand"})
+    assert compute_hcas(ports, set(), unknown, "n1") == {"mlx5_2": 1}
+    assert unknown == ["n1: HCAs ['mlx5_0', 'mlx5_1'] have no active InfiniBand port; left out"]
 
 
 def test_scontrol_records_keep_values_with_blanks():

@@ -129,19 +129,19 @@ def gpu_list(text: Any) -> list[tuple[str, int]]:
 def compute_hcas(
     ports: list[dict[str, str]], storage: set[str], unknown: list[str], where: str
 ) -> dict[str, int]:
-    """HCA -> its first active InfiniBand port; storage HCAs (--storage-hca) and HCAs without an
-    active InfiniBand port are not compute HCAs."""
+    """HCA -> its first active port on the compute fabric: InfiniBand when any port is, else
+    Ethernet (a RoCE cluster). Storage HCAs (--storage-hca) and the others are left out."""
+    active = [p for p in ports if p["state"].endswith("ACTIVE") and p["port"].isdigit()
+              and p["device"] not in storage]  # fmt: skip
+    layers = {p.get("link_layer") for p in active}
+    fabric = "InfiniBand" if "InfiniBand" in layers or not layers else "Ethernet"
     out: dict[str, int] = {}
-    for p in ports:
-        dev = p["device"]
-        if dev in storage or dev in out:
-            continue
-        active = p["state"].endswith("ACTIVE") and p.get("link_layer") != "Ethernet"
-        if active and p["port"].isdigit():
-            out[dev] = int(p["port"])
-    down = sorted({p["device"] for p in ports} - set(out) - storage)
-    if down:
-        unknown.append(f"{where}: HCAs {down} have no active InfiniBand port; left out")
+    for p in active:
+        if p.get("link_layer", fabric) == fabric:
+            out.setdefault(p["device"], int(p["port"]))
+    left = sorted({p["device"] for p in ports} - set(out) - storage)
+    if left:
+        unknown.append(f"{where}: HCAs {left} have no active {fabric} port; left out")
     return out
 
 
