@@ -25,8 +25,10 @@ TESTS ?= tests
 FOLLOW ?=
 DATA ?=
 OUT ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT VENV
-export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS DATA OUT
+NAME ?=
+PARTITIONS ?=
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS VENV
+export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -40,11 +42,11 @@ FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
-        container slurm-up slurm-down bench calibrate token-labels shards
+        container slurm-up slurm-down bench calibrate token-labels shards profile doctor
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels shards container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards)"
+	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile)"
 
 setup:
 	bash scripts/setup.sh
@@ -97,6 +99,17 @@ report:
 # (ARGS: trainer.commbench flags, e.g. ARGS="--sizes '4K 1M 16M' --iters 20").
 calibrate:
 	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES" --args="$$ARGS"
+
+# Discover a site: Slurm's partitions and nodes, one probe job per node type -> a new profile
+# (never overwrites). ARGS: more flags, e.g. ARGS="--base localslurm --storage-hca mlx5_4,mlx5_5",
+# or ARGS="--check <profile>" to list where an existing profile disagrees with the nodes.
+profile:
+	$(WF) profile --name "$$NAME" --partitions "$$PARTITIONS" --args="$$ARGS"
+
+# Check the nodes of CLUSTER's STAGE partition (GPUs, InfiniBand, free space, image); names bad
+# nodes (ARGS="--auto-exclude": then submits STAGE without them).
+doctor:
+	$(WF) doctor --cluster "$$CLUSTER" --stage "$$STAGE" --nodes "$$NODES" --args="$$ARGS"
 
 container:
 	bash containers/build.sh

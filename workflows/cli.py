@@ -32,6 +32,8 @@ COMMANDS = {
     "token-labels": "vitpod.workflows.labels:main",
     "memory": "vitpod.workflows.planners:memory_cli",
     "layouts": "vitpod.workflows.planners:layouts_cli",
+    "profile": "vitpod.workflows.profile_cli:main",
+    "doctor": "vitpod.workflows.doctor_cli:main",
 }
 
 

@@ -246,6 +246,9 @@ class Profile(Strict):
     backend: Literal["nccl", "gloo"] = "nccl"
     default_model: str | None = Field(default=None, description="recipe used when MODEL is empty")
     python: str | None = Field(default=None, description="interpreter when no container")
+    doctor: bool = Field(
+        default=False, description="check every node (vitpod.workflows.doctor) before training"
+    )
 
     @model_validator(mode="before")
     @classmethod

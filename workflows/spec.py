@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import REQUEUE
-from vitpod.workflows import container
+from vitpod.workflows import container, doctor_step
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.recipe import Recipe, StageRecipe, check_token_label_size
@@ -332,6 +332,7 @@ def launch_for(spec: JobSpec) -> Launch:
         "master_port": master_port_expr(),
     }
     setup = render("partials/env.sh.j2", context).strip("\n").splitlines()
+    setup += doctor_step.setup_lines(profile, spec.stage, spec.run_dir)
     teardown = render("partials/teardown.sh.j2", {"spec": spec}).strip("\n").splitlines()
     bind = render(
         "bind.sh.j2",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,11 @@ from vitpod.workflows.plan import JobPlan
 from vitpod.workflows.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
 
 
-def sbatch(script: Path) -> str:
-    """`sbatch --parsable SCRIPT` from the script's directory; returns the job id."""
+def sbatch(script: Path, extra: Sequence[str] = ()) -> str:
+    """`sbatch --parsable [EXTRA] SCRIPT` from the script's directory; returns the job id.
+    `extra`: options that override the script's #SBATCH lines (the doctor's --exclude)."""
     out = subprocess.run(
-        ["sbatch", "--parsable", str(script)],
+        ["sbatch", "--parsable", *extra, str(script)],
         capture_output=True,
         text=True,
         cwd=script.parent,
@@ -27,10 +29,10 @@ def sbatch(script: Path) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def sbatch_run(script: Path) -> str:
+def sbatch_run(script: Path, extra: Sequence[str] = ()) -> str:
     """sbatch a run directory's script; if sbatch rejects it, the run directory goes too."""
     try:
-        return sbatch(script)
+        return sbatch(script, extra)
     except ConfigError:
         remove_run_dir(script.parent)
         raise

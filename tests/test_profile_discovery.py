@@ -1,0 +1,232 @@
+"""`make profile`: DGX A100/H100/DGX-2 topologies; live: validates, preflights, trains; --check."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures_slurm import REPO
+from vitpod.workflows import topo
+from vitpod.workflows.discover import gres_gpu, node_info, records
+from vitpod.workflows.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.profile_check import disagreements
+from vitpod.workflows.profile_writer import Discovered, compute_hcas, node_type
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# `scontrol show node --oneliner` as this machine's local Slurm printed it (blanks inside OS=).
+SCONTROL_NODE = (
+    "NodeName=node1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=3.38 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:2 NodeAddr=127.0.0.1 NodeHostName=vm "
+    "Port=17001 Version=22.05.8 OS=Linux 6.18.44-fc-v782 #1 SMP PREEMPT_DYNAMIC @0  "
+    "RealMemory=4000 AllocMem=0 FreeMem=15333 Sockets=8 Boards=1 State=IDLE ThreadsPerCore=1 "
+    "TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=pretrain,finetune  "
+    "BootTime=2026-11-23T22:28:45 CfgTRES=cpu=8,mem=4000M,billing=8 AllocTRES="
+)
+MACHINES = {  # fixture stem -> (GPU query line, storage HCAs, the bundled profile's node type)
+    "dgx_a100": ("A100-SXM4-80GB, 81920", {"mlx5_4", "mlx5_5"}, ("dgxpod", "dgxa100")),
+    "dgx_h100": ("H100 80GB HBM3, 81559", {"mlx5_1", "mlx5_2", "mlx5_7", "mlx5_8"},
+                 ("h100pod", None)),
+    "dgx2": ("Tesla V100-SXM3-32GB, 32510", {"mlx5_4", "mlx5_5"}, ("dgxpod", "dgx2")),
+}  # fmt: skip
+
+
+def fixture(name: str) -> str:
+    text = (FIXTURES / name).read_text()
+    assert text.startswith("# source: "), f"{name}: first line must name its source"
+    return text
+
+
+def facts(machine: str, down: tuple[str, ...] = ()) -> dict:
+    gpu_line, _, _ = MACHINES[machine]
+    gpu_topo = fixture(f"nvidia_smi_topo_{machine}.txt")
+    gpus = len(topo.parse_topo(gpu_topo).gpus)
+    nics = topo.parse_topo(gpu_topo).nics
+    ports = [{"device": n, "port": "1", "state": "1: DOWN" if n in down else "4: ACTIVE",
+              "rate": "200 Gb/sec (4X HDR)", "link_layer": "InfiniBand"} for n in nics]  # fmt: skip
+    return {
+        "gpus": "\n".join(f"{i}, NVIDIA {gpu_line}, 0000:{i:02x}:00.0" for i in range(gpus)),
+        "topo": gpu_topo,
+        "lscpu": fixture(f"lscpu_{machine}.txt"),
+        "infiniband": ports,
+    }
+
+
+def bundled_binding(profile: str, node: str | None) -> list[dict]:
+    data = yaml.safe_load((PROFILE_DIR / f"{profile}.yaml").read_text())
+    return (data["node_types"][node] if node else data)["binding"]
+
+
+def slurm_node(cpus: int):
+    return node_info({"NodeName": "n1", "CPUTot": str(cpus), "Gres": "gpu:8", "State": "IDLE"})
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_derived_map_equals_the_bundled_profile(machine):
+    _, storage, (profile, node) = MACHINES[machine]
+    unknown: list[str] = []
+    cpus = topo.parse_lscpu(fixture(f"lscpu_{machine}.txt")).cpus
+    got = node_type([slurm_node(cpus)], facts(machine), storage, None, unknown)
+    assert got["binding"] == bundled_binding(profile, node)
+    assert got["gpus_per_node"] == len(got["binding"]) and got["cpus_per_node"] == cpus
+    assert got["fabric"]["nics_per_node"] == len({b["hca"] for b in got["binding"]})
+    assert unknown == []
+
+
+def test_old_drivers_numa_comes_from_cpu_affinity_and_new_drivers_nic_legend_is_read():
+    dgx2 = topo.parse_topo(fixture("nvidia_smi_topo_dgx2.txt"))
+    assert dgx2.numa_affinity["GPU9"] is None and dgx2.cpu_affinity["GPU9"] == "24-47,72-95"
+    h100 = topo.parse_topo(fixture("nvidia_smi_topo_dgx_h100.txt"))
+    assert h100.nics[3] == "mlx5_3" and h100.distance["GPU1"]["mlx5_3"] == "PIX"
+    assert topo.parse_lscpu(fixture("lscpu_dgx_a100.txt")).numa_cpus[3] == "48-63,176-191"
+
+
+def test_a_down_link_and_a_storage_hca_are_never_bound():
+    unknown: list[str] = []
+    got = node_type([slurm_node(256)], facts("dgx_a100", down=("mlx5_0",)), {"mlx5_4", "mlx5_5"},
+                    None, unknown)  # fmt: skip
+    hcas = [b["hca"] for b in got["binding"]]
+    assert hcas[:2] == ["mlx5_1:1", "mlx5_1:1"] and not {"mlx5_0:1", "mlx5_4:1"} & set(hcas)
+    assert any("mlx5_0" in line and "no active" in line for line in unknown)
+
+
+def test_roce_ports_are_the_fabric_when_no_port_is_infiniband():
+    ports = [
+        {
+            "device": d,
+            "port": "1",
+            "state": "4: ACTIVE",
+            "rate": "400 Gb/sec (4X NDR)",
+            "link_layer": layer,
+        }
+        for d, layer in (("mlx5_0", "Ethernet"), ("mlx5_1", "Ethernet"))
+    ]
+    unknown: list[str] = []
+    assert compute_hcas(ports, {"mlx5_1"}, unknown, "n1") == {"mlx5_0": 1} and unknown == []
+    ports.append({**ports[0], "device": "mlx5_2", "link_layer": "InfiniBand"})
+    assert compute_hcas(ports, set(), unknown, "n1") == {"mlx5_2": 1}
+    assert unknown == ["n1: HCAs ['mlx5_0', 'mlx5_1'] have no active InfiniBand port; left out"]
+
+
+def test_scontrol_records_keep_values_with_blanks():
+    node = node_info(records(SCONTROL_NODE)[0])
+    assert (node.name, node.cpus, node.sockets, node.real_memory_mb) == ("node1", 8, 8, 4000)
+    assert node.gpus == 2 and node.partitions == ("pretrain", "finetune") and node.usable
+    assert gres_gpu("gpu:a100:8(S:0-1),shard:0") == ("a100", 8) and gres_gpu("(null)") == ("", 0)
+
+
+def test_a_topology_without_gpus_is_an_error():
+    with pytest.raises(ValueError, match="GPU0"):
+        topo.parse_topo("No devices were found\n")
+
+
+def test_check_lists_each_disagreement_with_the_profile():
+    profile = load_profile("dgxpod")
+    found = Discovered()
+    unknown: list[str] = []
+    found.node_types["dgxa100"] = node_type(
+        [slurm_node(256)], facts("dgx_a100"), {"mlx5_4", "mlx5_5"}, None, unknown
+    )
+    found.node_types["dgxa100"]["binding"][2]["hca"] = "mlx5_9:1"  # the node disagrees
+    found.partitions["pretrain"] = {"name": "dgxa100", "node_type": "dgxa100", "max_nodes": 4}
+    found.max_minutes["pretrain"] = 24 * 60
+    assert disagreements(profile, found) == [
+        "partitions.pretrain.nodes: profile 5, Slurm 4",
+        "partitions.pretrain.time: profile 2-00:00:00, Slurm MaxTime 1440 min",
+        "node_types.dgxa100.binding[2].hca: profile mlx5_2:1, node mlx5_9:1",
+    ]
+
+
+# --------------------------------------------------------------------------- live: local Slurm
+
+
+def make(*argv: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+
+
+@pytest.fixture
+def discovered(local_slurm, tmp_path) -> Path:
+    out = tmp_path / "site.yaml"
+    done = make("profile", "NAME=site", "PARTITIONS=pretrain,finetune",
+                f"ARGS=--out {out} --base localslurm --tasks-per-node 2")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(out)
+    return out
+
+
+@pytest.mark.slurm
+def test_profile_is_written_from_the_nodes_and_says_what_it_could_not_tell(discovered):
+    profile = load_profile(str(discovered))
+    node = profile.node_type("pretrain")
+    lscpu = topo.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)
+    assert node.gpus_per_node == 0 and node.cpus_per_node == lscpu.cpus  # nvidia-smi: not found
+    assert [b.cpus for b in node.binding] == [lscpu.numa_cpus[0]] * 2
+    assert profile.partition("pretrain").max_nodes == 2 and profile.backend == "gloo"
+    assert profile.partition("finetune").name == "finetune"
+    assert profile.partition("finetune").node_type == profile.partition("pretrain").node_type
+    text = discovered.read_text()
+    assert "fabric: conservative PLACEHOLDERS" in text and "make calibrate" in text
+    assert re.search(r"#   - .*nvidia-smi reports none", text)
+    tmp_fs = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", "/tmp"], capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    assert re.search(rf"# cpu8 \(probed on node\d\): pyxis (loaded|not loaded|not found), "
+                     rf"enroot .*; file systems: /tmp {tmp_fs}", text), text  # fmt: skip
+
+
+@pytest.mark.slurm
+def test_an_unknown_partition_is_refused_naming_the_known_ones(local_slurm, tmp_path):
+    out = tmp_path / "x.yaml"
+    done = make("profile", "NAME=x", "PARTITIONS=nosuch", f"ARGS=--out {out}")
+    assert "PARTITIONS=nosuch: give one or two of ['finetune', 'pretrain']" in done.stderr
+    assert not out.exists() and done.returncode != 0
+
+
+@pytest.mark.slurm
+def test_an_existing_profile_is_never_overwritten(discovered):
+    before = discovered.read_text()
+    again = make("profile", "NAME=site", f"ARGS=--out {discovered} --base localslurm")
+    assert again.returncode != 0 and f"{discovered} exists; never overwritten" in again.stderr
+    assert discovered.read_text() == before
+
+
+@pytest.mark.slurm
+def test_check_finds_an_entry_made_wrong_on_purpose(discovered, tmp_path):
+    data = yaml.safe_load(discovered.read_text())
+    data["node_types"]["cpu8"]["cpus_per_node"] = 64
+    data["partitions"]["finetune"]["name"] = "nosuch"
+    data["partitions"]["finetune"]["node_type"] = "cpu8"
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(yaml.safe_dump(data))
+    done = make("profile", f"ARGS=--check {wrong}")
+    assert done.returncode != 0, done.stderr  # make exits 2 when the command fails
+    lscpu_cpus = load_profile(str(discovered)).node_type("pretrain").cpus_per_node
+    assert f"node_types.cpu8.cpus_per_node: profile 64, node {lscpu_cpus}" in done.stdout
+    assert "partitions.finetune.name: profile nosuch, Slurm has no such partition" in done.stdout
+    assert "2 disagreement(s)" in done.stdout
+    assert make("profile", f"ARGS=--check {discovered}").returncode == 0
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_discovered_profile_passes_the_preflight_and_pretrains(discovered, local_slurm, tmp_path):
+    from vitpod.trainer.data.digits import write_digits_jpeg
+
+    write_digits_jpeg(REPO / "data" / "digits", size=32)  # localslurm's storage.data
+    env = {"VITPOD_RUN_ROOT": str(tmp_path / "runs")}
+    cluster = f"CLUSTER={discovered}"
+    pre = make("preflight", cluster, "MODEL=volo_tiny", env=env)
+    assert pre.returncode == 0 and "preflight passed" in pre.stdout, pre.stderr
+    args = "ARGS=--max-steps 2 --epochs 1 --workers 0 --loader torch"
+    sub = make("pretrain", cluster, "MODEL=volo_tiny", args, env=env)
+    assert sub.returncode == 0, sub.stderr
+    job = re.search(r"submitted batch job (\d+)", sub.stdout)[1]
+    assert local_slurm.wait(job, timeout=300) == "COMPLETED"
+    run_dir = Path(sub.stdout.strip().splitlines()[-1]).parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["steps"] == 2

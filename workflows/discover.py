@@ -1,0 +1,164 @@
+"""A site as Slurm reports it (one sinfo, one scontrol per kind); one probe job per node type."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitpod.workflows.doctor_step import CODE_DIR
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.probe import PREFIX
+
+BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "MAINT", "FUTURE", "POWER")
+PROBE_TIME = "00:05:00"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as `scontrol show node` reports it."""
+
+    name: str
+    cpus: int
+    sockets: int
+    real_memory_mb: int
+    gres: str
+    features: str
+    state: str
+    reason: str
+    partitions: tuple[str, ...]
+
+    @property
+    def gpus(self) -> int:
+        return gres_gpu(self.gres)[1]
+
+    @property
+    def gpu_type(self) -> str:
+        return gres_gpu(self.gres)[0]
+
+    @property
+    def usable(self) -> bool:
+        return not any(bad in self.state for bad in BAD_STATES)
+
+    @property
+    def kind(self) -> tuple[object, ...]:
+        """Nodes with equal hardware facts are one node type."""
+        return (self.cpus, self.sockets, self.real_memory_mb, self.gres, self.features)
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    max_time: str
+    max_nodes: str
+    default: bool
+    nodes: list[NodeInfo] = field(default_factory=list)
+
+
+def gres_gpu(gres: str) -> tuple[str, int]:
+    """'gpu:a100:8(S:0-1)' -> ('a100', 8); 'gpu:2' -> ('', 2); '(null)' -> ('', 0)."""
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            return (parts[1] if len(parts) == 3 else ""), int(parts[-1])
+    return "", 0
+
+
+def slurm(argv: list[str], timeout: float = 60) -> str:
+    """A Slurm command's stdout; ConfigError naming the command when it fails."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise ConfigError(f"{argv[0]} is not on PATH: run this on a Slurm login node") from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"`{shlex.join(argv)}` did not answer in {timeout:.0f} s") from None
+    if out.returncode != 0:
+        raise ConfigError(f"`{shlex.join(argv)}` failed: {out.stderr.strip()[-500:]}")
+    return out.stdout
+
+
+def records(text: str) -> list[dict[str, str]]:
+    """`scontrol show ... --oneliner` -> one dict per line. Values may hold blanks (OS=Linux 6.1
+    #1 SMP): a word without '=' belongs to the value before it."""
+    out = []
+    for line in text.splitlines():
+        fields: dict[str, str] = {}
+        last = ""
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if sep and key.replace("_", "").replace(":", "").isalnum():
+                fields[key], last = value, key
+            elif last:
+                fields[last] += " " + word
+        if fields:
+            out.append(fields)
+    return out
+
+
+def node_info(fields: dict[str, str]) -> NodeInfo:
+    return NodeInfo(
+        name=fields["NodeName"],
+        cpus=int(fields.get("CPUTot", "0")),
+        sockets=int(fields.get("Sockets", "1")),
+        real_memory_mb=int(fields.get("RealMemory", "0")),
+        gres=fields.get("Gres", "(null)"),
+        features=fields.get("AvailableFeatures", "(null)"),
+        state=fields.get("State", "UNKNOWN"),
+        reason=fields.get("Reason", ""),
+        partitions=tuple(p for p in fields.get("Partitions", "").split(",") if p),
+    )
+
+
+def all_nodes() -> list[NodeInfo]:
+    return [node_info(r) for r in records(slurm(["scontrol", "show", "node", "--oneliner"]))]
+
+
+def site() -> dict[str, PartitionInfo]:
+    """Every partition with its nodes: one sinfo (default partition), one scontrol each kind."""
+    default = {line.strip().rstrip("*") for line in slurm(["sinfo", "-h", "-o", "%P"]).split()
+               if line.strip().endswith("*")}  # fmt: skip
+    nodes = all_nodes()
+    parts = {}
+    for rec in records(slurm(["scontrol", "show", "partition", "--oneliner"])):
+        name = rec["PartitionName"]
+        parts[name] = PartitionInfo(
+            name=name,
+            max_time=rec.get("MaxTime", "UNLIMITED"),
+            max_nodes=rec.get("MaxNodes", "UNLIMITED"),
+            default=name in default,
+            nodes=[n for n in nodes if name in n.partitions],
+        )
+    return parts
+
+
+def node_types(part: PartitionInfo) -> list[list[NodeInfo]]:
+    """A partition's nodes grouped by their hardware facts."""
+    groups: dict[tuple[object, ...], list[NodeInfo]] = {}
+    for node in part.nodes:
+        groups.setdefault(node.kind, []).append(node)
+    return list(groups.values())
+
+
+def probe_command(python: str, code: Path, paths: list[str]) -> list[str]:
+    return ["env", f"PYTHONPATH={code}", python, "-m", "vitpod.workflows.probe", *paths]
+
+
+def run_probe(
+    partition: str, node: NodeInfo, paths: list[str], python: str = sys.executable,
+    code: Path | None = None, timeout: float = 300,
+) -> dict[str, Any]:  # fmt: skip
+    """One short job on `node`: the probe's facts, or ConfigError with what srun said. It asks
+    for the node's GPUs: where Slurm constrains devices, a job sees only the GPUs it asked for."""
+    code = code or CODE_DIR
+    gres = [f"--gres=gpu:{node.gpus}"] if node.gpus else []
+    argv = ["srun", "-N1", "-n1", "-p", partition, "-w", node.name, f"--time={PROBE_TIME}",
+            "--job-name=vitpod-probe", *gres, *probe_command(python, code, paths)]  # fmt: skip
+    out = slurm(argv, timeout=timeout)
+    for line in out.splitlines():
+        if line.startswith(PREFIX):
+            return json.loads(line[len(PREFIX) :])  # type: ignore[no-any-return]
+    raise ConfigError(f"probe on {node.name} printed no facts: {out[-500:]}")
