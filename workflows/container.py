@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from vitpod.workflows import registryref
 from vitpod.workflows.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +56,10 @@ class Container(Protocol):
     def mount_home(self) -> bool: ...
     @property
     def name(self) -> str | None: ...
+    @property
+    def credentials(self) -> Any: ...
+    @property
+    def start_once(self) -> bool: ...
 
 
 class Profile(Protocol):
@@ -98,6 +103,7 @@ def check_container_static(profile: Profile) -> None:
     if container is None:
         return
     _check_image(container.image)
+    _check_credentials(profile)
     for i, mount in enumerate(container.mounts):
         for side in ("src", "dst"):
             _check_mount_side(f"container.mounts[{i}].{side}", getattr(mount, side))
@@ -130,11 +136,36 @@ def _check_image(image: str) -> None:
         raise ConfigError(
             f"container.image: {image!r}: an image cannot be empty or contain blanks or ','"
         )
+    if not image.endswith(_SQUASHFS_SUFFIXES):
+        registryref.parse(image)
     if not is_file_image(image) and image.endswith(_SQUASHFS_SUFFIXES):
         raise ConfigError(
             f"container.image: {image!r} is not a file to pyxis: it reads an image as a squashfs "
             f"file only when starting with '/' or './' and would try to pull {image!r} from a "
             f"registry; write './{image}' (relative to the repository) or an absolute path"
+        )
+
+
+def _check_credentials(profile: Profile) -> None:
+    container = profile.container
+    assert container is not None
+    if container.start_once and container.name:
+        raise ConfigError(
+            "container.start_once names the container itself (one per job); remove container.name"
+        )
+    if container.credentials is None:
+        return
+    ref = registryref.parse(container.image)
+    name = container.credentials.password
+    if ref is None or not ref.user:
+        raise ConfigError(
+            f"container.credentials: the image {container.image!r} must be a registry reference "
+            "naming its user (USER@REGISTRY#REPO@sha256:...): enroot logs in only as that user"
+        )
+    if name not in profile.secrets:
+        raise ConfigError(
+            f"container.credentials.password: {name} is not listed under `secrets`; add it there "
+            "(its value is passed by name, never written)"
         )
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import REQUEUE
-from vitpod.workflows import container
+from vitpod.workflows import container, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.recipe import Recipe, StageRecipe, check_token_label_size
@@ -330,9 +330,13 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
         "secrets": profile.secrets,
         "slurm": profile.scheduler == "slurm",
         "master_port": master_port_expr(),
+        "enroot_credentials": _enroot_credentials(spec),
     }
     setup = render("partials/env.sh.j2", context).strip("\n").splitlines()
-    teardown = render("partials/teardown.sh.j2", {"spec": spec}).strip("\n").splitlines()
+    teardown = render(
+        "partials/teardown.sh.j2", {"spec": spec, "enroot_dir": runfiles.ENROOT_CONFIG}
+    )
+    teardown_lines = teardown.strip("\n").splitlines()
     bind = render(
         "bind.sh.j2",
         {
@@ -345,13 +349,26 @@ def launch_plan(spec: JobSpec) -> LaunchPlan:
         srun_args=tuple(srun_args),
         env=env,
         setup_lines=tuple(setup),
-        teardown_lines=tuple(teardown),
+        teardown_lines=tuple(teardown_lines),
         bind_script=bind,
         bind_path=spec.bind_path,
         python=spec.python,
         argv=("bash", spec.bind_path, *spec.command),
         container_env=tuple(env_names),
     )
+
+
+def _enroot_credentials(spec: JobSpec) -> dict[str, str] | None:
+    """The job's enroot credentials file: where, and its one line (the password by NAME)."""
+    c = spec.profile.container
+    ref = registryref.parse(c.image) if c is not None and c.credentials is not None else None
+    if c is None or c.credentials is None or ref is None:
+        return None
+    return {
+        "dir": str(Path(spec.run_dir) / runfiles.ENROOT_CONFIG),
+        "line": registryref.credentials_line(ref, c.credentials.password),
+        "password": c.credentials.password,
+    }
 
 
 def _bindings(node: NodeType) -> list[dict[str, Any]]:
