@@ -64,12 +64,12 @@ if [ "$PUSH_REF" != - ]; then
   if [ "$PUSH_BASE" = - ] || [ "$PUSH_VAR" = - ]; then
     die "profile $PROFILE_NAME: PUSH=1 needs USER@ in container.image and container.credentials"
   fi
-  IMAGE_DEFAULT=$REPO/.cache/images/$PROFILE_NAME.pushed.sqsh  # the lock and record name only
+  IMAGE=$REPO/.cache/images/$PROFILE_NAME.pushed  # the lock and record name only (.json)
 elif [ "${PUSH:-}" = 1 ]; then
   die "PUSH=1: profile $PROFILE_NAME's image is a .sqsh file; name a registry image (USER@REGISTRY#REPO) in its container.image"
 fi
 IMAGE=${IMAGE:-$IMAGE_DEFAULT}
-case "$IMAGE" in
+[ "$PUSH_REF" != - ] || case "$IMAGE" in
   /*.sqsh) ;;
   ./*.sqsh) IMAGE=$REPO/${IMAGE#./} ;;
   *) die "IMAGE=$IMAGE must be a .sqsh path starting with / or ./ (pyxis reads only those as files)" ;;

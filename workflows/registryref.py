@@ -61,11 +61,6 @@ class RegistryRef:
     def manifest_url(self) -> str:
         return f"https://{self.registry}/v2/{self.repository}/manifests/{self.reference}"
 
-    def pinned(self, digest: str) -> str:
-        """pyxis's form of this image at `digest`, e.g. `u@127.0.0.1:5000#vitpod/local@sha256:..`."""
-        user = f"{self.user}@" if self.user else ""
-        return f"{user}{self.registry}#{self.repository}@{digest}"
-
 
 def parse(image: str) -> RegistryRef | None:
     """The reference pyxis would pull, or None for a squashfs file ('/' or '.'); ConfigError
