@@ -260,3 +260,28 @@ def test_a_node_that_cannot_pull_stops_the_job_before_any_rank(pushed, registry_
     assert not list((script.parent / "logs").glob("train-*"))
     assert not (script.parent / "enroot").exists()
     assert password_anywhere(tmp_path, registry_env) == []
+
+
+def test_the_registry_scripts_are_shellcheck_clean():
+    push = REPO / "containers" / "push.sh"
+    subprocess.run(["shellcheck", str(REGISTRY_SH), str(push)], check=True)
+
+
+@pytest.mark.slurm
+def test_the_registry_stops_and_starts_on_its_own_idempotently(registry_env, pyxis_slurm):
+    def run(action: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(REGISTRY_SH), action], capture_output=True, text=True)
+
+    pidfile = pyxis_slurm.state / "registry" / "registry.pid"
+    assert run("stop").returncode == 0 and run("stop").returncode == 0
+    assert run("status").returncode != 0 and not pidfile.exists()
+    assert run("start").returncode == 0
+    pid = pidfile.read_text()
+    again = run("start")
+    assert again.returncode == 0 and pidfile.read_text() == pid  # the same daemon, not a second
+    assert run("status").returncode == 0
+    # The password is unchanged: registry.env still opens the registry.
+    values = dict(
+        re.findall(r"^export (\w+)=(\S+)$", (pyxis_slurm.state / "registry.env").read_text(), re.M)
+    )
+    assert values["VITPOD_REGISTRY_PASSWORD"] == registry_env["VITPOD_REGISTRY_PASSWORD"]
