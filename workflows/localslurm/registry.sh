@@ -29,6 +29,7 @@ SYSTEM_CA=/usr/local/share/ca-certificates/vitpod-local-registry.crt
 
 log() { echo "registry: $*" >&2; }
 die() { echo "registry: error: $*" >&2; exit 1; }
+export PATH=$PATH:/usr/sbin  # update-ca-certificates
 
 alive() {
   [ -s "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null \
@@ -104,6 +105,7 @@ trust_on_nodes() {
 }
 
 start() {
+  [ "$(id -u)" = 0 ] || die "must run as root (it adds the local CA to the system store)"
   for tool in docker-registry htpasswd openssl curl update-ca-certificates; do
     command -v "$tool" >/dev/null || die "$tool not found; run 'make setup' (docker-registry, apache2-utils)"
   done
