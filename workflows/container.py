@@ -335,5 +335,7 @@ def _push_record(profile: Profile) -> dict[str, Any] | None:
     pushed = record.get("registry") if record else None
     if ref is None or not isinstance(pushed, dict):
         return None
-    same = pushed.get("manifest_digest") == ref.digest if ref.digest else ref.tag is not None
-    return record if same else None
+    if ref.digest:
+        return record if pushed.get("manifest_digest") == ref.digest else None
+    tag = f"{ref.registry}/{ref.repository}:{ref.reference}"
+    return record if pushed.get("tag") == tag else None
