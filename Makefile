@@ -17,6 +17,7 @@ GPUS ?= 1 2 4
 BATCH ?=
 ACCUM ?= 1
 IMAGE ?=
+PUSH ?=
 TEACHER ?=
 TEACHER_CKPT ?=
 SHARDS ?=
@@ -27,8 +28,8 @@ DATA ?=
 OUT ?=
 NAME ?=
 PARTITIONS ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS VENV
-export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS VENV
+export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -46,7 +47,7 @@ STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile)"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile)"
 
 setup:
 	bash scripts/setup.sh

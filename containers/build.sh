@@ -6,6 +6,11 @@
 #   make container                          # CLUSTER's image (localpyxis's when it has none)
 #   make container CLUSTER=dgxpod           # NGC base, training stack in the image
 #   make container IMAGE=/shared/images/vitpod.sqsh
+#   make container CLUSTER=localregistry PUSH=1   # push to the profile's registry (push.sh)
+#
+# A profile whose image is a registry reference (USER@REGISTRY#REPO[:TAG|@sha256:..]) is built
+# and pushed instead (PUSH=1): no .sqsh; the last line is USER@REGISTRY#REPO@sha256:<manifest
+# digest>, recorded in .cache/images/<profile>.pushed.json.
 #
 # The image's digest is the sha256 of its inputs (base, Dockerfile, target, build arguments,
 # copied files, interpreter); it is baked into the image as /etc/vitpod-image.json with the
@@ -33,21 +38,38 @@ log() { echo "container: $*" >&2; }
 sha() { sha256sum | cut -d' ' -f1; }
 
 # ---- what to build: the profile's image path, its stack, and (venv) the environment's python
-read -r IMAGE_DEFAULT STACK VENV_PY < <("$PY" - "${CLUSTER:-local}" <<'PYEOF'
+read -r IMAGE_DEFAULT STACK VENV_PY PROFILE_NAME PUSH_REF PUSH_BASE PUSH_VAR < <("$PY" - "${CLUSTER:-local}" <<'PYEOF'
 import sys
 from pathlib import Path
 from vitpod.workflows.profile import load_profile
 from vitpod.workflows.container import host_path, sqsh_path
+from vitpod.workflows.registryref import parse
 profile = load_profile(sys.argv[1])
 if profile.container is None:
     profile = load_profile("localpyxis")
 c = profile.container
 venv = Path(host_path(str(Path(c.python).parent))).parent if c.stack == "venv" else "-"
-print(sqsh_path(c.image) or "-", c.stack, venv)
+ref = parse(c.image)
+push = ["-", "-", "-"]
+if ref is not None:
+    tag = ref.tag or "latest"
+    base = f"{ref.user}@{ref.registry}#{ref.repository}" if ref.user else "-"
+    var = c.credentials.password if c.credentials else "-"
+    push = [f"{ref.registry}/{ref.repository}:{tag}", base, var]
+print(sqsh_path(c.image) or "-", c.stack, venv, profile.name, *push)
 PYEOF
 ) || die "cannot read profile ${CLUSTER:-local}"
+if [ "$PUSH_REF" != - ]; then
+  [ "${PUSH:-}" = 1 ] || die "profile $PROFILE_NAME's image is a registry reference: build and push it with PUSH=1"
+  if [ "$PUSH_BASE" = - ] || [ "$PUSH_VAR" = - ]; then
+    die "profile $PROFILE_NAME: PUSH=1 needs USER@ in container.image and container.credentials"
+  fi
+  IMAGE=$REPO/.cache/images/$PROFILE_NAME.pushed  # the lock and record name only (.json)
+elif [ "${PUSH:-}" = 1 ]; then
+  die "PUSH=1: profile $PROFILE_NAME's image is a .sqsh file; name a registry image (USER@REGISTRY#REPO) in its container.image"
+fi
 IMAGE=${IMAGE:-$IMAGE_DEFAULT}
-case "$IMAGE" in
+[ "$PUSH_REF" != - ] || case "$IMAGE" in
   /*.sqsh) ;;
   ./*.sqsh) IMAGE=$REPO/${IMAGE#./} ;;
   *) die "IMAGE=$IMAGE must be a .sqsh path starting with / or ./ (pyxis reads only those as files)" ;;
@@ -132,10 +154,28 @@ PYEOF
 DIGEST="sha256:$(sha <"$WORK/inputs.json")"
 log "inputs digest $DIGEST (target $STACK, base $BASE_REF)"
 
+# The pushed image's reference when the registry still has its manifest (authenticated HEAD;
+# the password goes to curl through a pipe, never a file or its command line).
+still_pushed() {
+  local ref host
+  ref=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["registry"]["ref"])' "$1" 2>/dev/null) || return 1
+  host=${PUSH_REF%%/*}
+  curl -sfI -o /dev/null --netrc-file <(printf 'machine %s login %s password %s\n' "${host%:*}" \
+    "${PUSH_BASE%%@*}" "${!PUSH_VAR:-}") -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+    "https://$host/v2/$("$PY" -c 'import sys; print(sys.argv[1].split("/",1)[1].rsplit(":",1)[0])' "$PUSH_REF")/manifests/${ref##*@}" \
+    || return 1
+  echo "$ref"
+}
+
 # ---- one import at a time per .sqsh; a second run waits here, then reuses the first's import
 exec 9>"$IMAGE.lock"
 flock -w 3600 9 || die "timed out waiting for $IMAGE.lock"
 recorded=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("digest",""))' "$IMAGE.json" 2>/dev/null || true)
+if [ "$PUSH_REF" != - ] && [ "$recorded" = "$DIGEST" ] && pushed=$(still_pushed "$IMAGE.json"); then
+  log "$PUSH_REF already holds $DIGEST (inputs unchanged): not rebuilt"
+  echo "$pushed"
+  exit 0
+fi
 if [ -s "$IMAGE" ] && [ "$recorded" = "$DIGEST" ] && unsquashfs -l "$IMAGE" >/dev/null 2>&1; then
   log "$IMAGE already holds $DIGEST (inputs unchanged): not rebuilt"
   echo "$IMAGE"
@@ -176,6 +216,12 @@ log "docker build --target $STACK -t $TAG"
 DOCKER_BUILDKIT=1 docker build --quiet --network=host --target "$STACK" \
   --build-arg "BASE_IMAGE=$BASE_REF" -t "$TAG" "$CTX" >/dev/null || die "docker build failed"
 
+if [ "$PUSH_REF" != - ]; then
+  PY=$PY bash "$HERE/push.sh" "$TAG" "$PUSH_REF" "$PUSH_BASE" "$PUSH_VAR" "$IMAGE.json" \
+    "$CTX/vitpod-image.json"
+  docker image rm "$TAG" >/dev/null 2>&1 || true
+  exit 0
+fi
 tmp="$IMAGE.importing.$$"
 log "enroot import dockerd://$TAG"
 ENROOT_TEMP_PATH=$WORK enroot import --output "$tmp" "dockerd://$TAG" >"$WORK/import.log" 2>&1 \

@@ -9,10 +9,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   # chromium: the report test renders report.html in a real headless browser. The second line:
   # the container runtime of the local Slurm (pyxis and enroot build from the vendored sources;
-  # docker.io's private dockerd and mmdebstrap make the local image).
+  # docker.io's private dockerd and mmdebstrap make the local image; docker-registry and
+  # apache2-utils (htpasswd) the local authenticated registry).
   for p in slurmctld slurmd slurm-client slurmdbd munge mariadb-server shellcheck numactl squashfs-tools chromium \
     libslurm-dev build-essential libcap-dev jq parallel bsdmainutils pigz gawk zstd curl libcap2-bin \
-    busybox-static docker.io mmdebstrap; do
+    busybox-static docker.io mmdebstrap docker-registry apache2-utils ca-certificates openssl; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then

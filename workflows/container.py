@@ -9,7 +9,7 @@ Two kinds of checks, so a bad profile fails before anything is submitted:
 - `check_container_paths`: what pyxis and enroot check only on the compute node, in slurmstepd
   (mount sources exist, the .sqsh exists and is readable). Needs the shared file system.
 Every error is a ConfigError naming the profile field and the fix. No torch, no subprocess
-except `unsquashfs -cat` in `image_digest`.
+except `unsquashfs -cat` in `image_provenance`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from vitpod.workflows import registryref
 from vitpod.workflows.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +56,10 @@ class Container(Protocol):
     def mount_home(self) -> bool: ...
     @property
     def name(self) -> str | None: ...
+    @property
+    def credentials(self) -> Any: ...
+    @property
+    def start_once(self) -> bool: ...
 
 
 class Profile(Protocol):
@@ -98,6 +103,7 @@ def check_container_static(profile: Profile) -> None:
     if container is None:
         return
     _check_image(container.image)
+    _check_credentials(profile)
     for i, mount in enumerate(container.mounts):
         for side in ("src", "dst"):
             _check_mount_side(f"container.mounts[{i}].{side}", getattr(mount, side))
@@ -130,11 +136,36 @@ def _check_image(image: str) -> None:
         raise ConfigError(
             f"container.image: {image!r}: an image cannot be empty or contain blanks or ','"
         )
+    if not image.endswith(_SQUASHFS_SUFFIXES):
+        registryref.parse(image)
     if not is_file_image(image) and image.endswith(_SQUASHFS_SUFFIXES):
         raise ConfigError(
             f"container.image: {image!r} is not a file to pyxis: it reads an image as a squashfs "
             f"file only when starting with '/' or './' and would try to pull {image!r} from a "
             f"registry; write './{image}' (relative to the repository) or an absolute path"
+        )
+
+
+def _check_credentials(profile: Profile) -> None:
+    container = profile.container
+    assert container is not None
+    if container.start_once and container.name:
+        raise ConfigError(
+            "container.start_once names the container itself (one per job); remove container.name"
+        )
+    if container.credentials is None:
+        return
+    ref = registryref.parse(container.image)
+    name = container.credentials.password
+    if ref is None or not ref.user:
+        raise ConfigError(
+            f"container.credentials: the image {container.image!r} must be a registry reference "
+            "naming its user (USER@REGISTRY#REPO@sha256:...): enroot logs in only as that user"
+        )
+    if name not in profile.secrets:
+        raise ConfigError(
+            f"container.credentials.password: {name} is not listed under `secrets`; add it there "
+            "(its value is passed by name, never written)"
         )
 
 
@@ -229,15 +260,36 @@ def srun_args(
 
 
 def image_digest(profile: Profile) -> str | None:
-    """The digest baked into the profile's image (/etc/vitpod-image.json), as recorded beside
-    the .sqsh by `make container` when the file is unchanged since, else read from the .sqsh
-    with `unsquashfs -cat`; None for a registry image or when neither can tell."""
+    """The digest baked into the profile's image (/etc/vitpod-image.json); None, with the reason
+    from `digest_missing`, when it cannot be told."""
+    return image_provenance(profile)[0]
+
+
+def image_provenance(profile: Profile) -> tuple[str | None, str | None]:
+    """(digest, None), or (None, why it is missing). The digest comes from the record
+    `make container` wrote beside the .sqsh (or, for a registry image, from its push) when it
+    still describes the image, else from the .sqsh itself with `unsquashfs -cat`."""
+    container = profile.container
+    if container is None:
+        return None, "the profile runs no container"
     record = image_record(profile)
-    if record is not None:
-        return str(record.get("digest") or "") or None
-    path = profile.container and sqsh_path(profile.container.image)
-    if not path or not os.path.isfile(path) or shutil.which("unsquashfs") is None:
-        return None
+    if record is not None and record.get("digest"):
+        return str(record["digest"]), None
+    path = sqsh_path(container.image)
+    if path is None:
+        return None, (
+            f"no record of a push of {container.image} by `make container PUSH=1` "
+            f"({pushed_record_path(profile)}); the ranks log the image's own digest"
+        )
+    return _digest_in_sqsh(path)
+
+
+def _digest_in_sqsh(path: str) -> tuple[str | None, str | None]:
+    fix = f"{path}.json is missing or describes another file; run `make container`"
+    if not os.path.isfile(path):
+        return None, f"{path} does not exist; run `make container`"
+    if shutil.which("unsquashfs") is None:
+        return None, f"{fix} (unsquashfs, which could read it from the image, is not installed)"
     try:
         out = subprocess.run(
             ["unsquashfs", "-cat", path, PROVENANCE.lstrip("/")],
@@ -245,16 +297,25 @@ def image_digest(profile: Profile) -> str | None:
             text=True,
             timeout=60,
         )
-        return str(json.loads(out.stdout)["digest"]) if out.returncode == 0 else None
+        if out.returncode == 0:
+            return str(json.loads(out.stdout)["digest"]), None
     except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
-        return None
+        pass
+    return None, f"{fix} (the image has no readable {PROVENANCE})"
+
+
+def pushed_record_path(profile: Profile) -> str:
+    """Where `make container PUSH=1` records a registry image's push (containers/push.sh)."""
+    return str(REPO_ROOT / ".cache" / "images" / f"{profile.name}.pushed.json")
 
 
 def image_record(profile: Profile) -> dict[str, Any] | None:
     """`<image>.json` written by `make container`, if it still describes the .sqsh beside it."""
-    path = profile.container and sqsh_path(profile.container.image)
-    if not path:
+    if profile.container is None:
         return None
+    path = sqsh_path(profile.container.image)
+    if path is None:
+        return _push_record(profile)
     try:
         record = json.loads(Path(path + ".json").read_text())
         st = os.stat(path)
@@ -264,3 +325,17 @@ def image_record(profile: Profile) -> dict[str, Any] | None:
     if sqsh.get("bytes") != st.st_size or sqsh.get("mtime_ns") != st.st_mtime_ns:
         return None
     return record
+
+
+def _push_record(profile: Profile) -> dict[str, Any] | None:
+    """The push record when the profile's image is what was pushed (its digest, or its tag)."""
+    assert profile.container is not None
+    record = registryref.push_record(pushed_record_path(profile))
+    ref = registryref.parse(profile.container.image)
+    pushed = record.get("registry") if record else None
+    if ref is None or not isinstance(pushed, dict):
+        return None
+    if ref.digest:
+        return record if pushed.get("manifest_digest") == ref.digest else None
+    tag = f"{ref.registry}/{ref.repository}:{ref.reference}"
+    return record if pushed.get("tag") == tag else None

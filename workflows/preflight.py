@@ -10,6 +10,7 @@ from vitpod.analysis import layout, memory
 from vitpod.analysis.mesh import Mesh
 from vitpod.registry import models, runfiles
 from vitpod.trainer import labelset
+from vitpod.workflows import containerpreflight
 from vitpod.workflows.container import check_container_paths
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.partitions import cluster_partitions, partition_info
@@ -164,10 +165,11 @@ def check(
             )
         done += check_partition(plan)
     problems = path_problems(plan, chained, labels_pending)
-    if problems:
-        raise ConfigError("; ".join(problems))
+    container_problems, container_done = containerpreflight.check(spec.profile)
+    if problems or container_problems:
+        raise ConfigError("; ".join(problems + container_problems))
     done.append("paths exist: data, code, token-label data, finetune source, image")
-    return done
+    return done + container_done
 
 
 def check_partition(plan: Planned) -> list[str]:

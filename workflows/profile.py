@@ -180,11 +180,27 @@ class Mount(Strict):
         return value
 
 
+class Credentials(Strict):
+    """How enroot logs in to the image's registry: the NAME of the variable holding the password
+    (also listed under `secrets`); the user is the image's USER@ (pyxis/enroot syntax)."""
+
+    password: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="a variable NAME")
+
+
 class Container(Strict):
     """The enroot image each rank runs in (through pyxis); vitpod.workflows.container checks it."""
 
     image: str = Field(
-        description="squashfs path (/abs or ./rel) or a registry ref (nvcr.io#nvidia/pytorch:TAG)"
+        description="squashfs path (/abs or ./rel) or a registry ref "
+        "([USER@]REGISTRY#REPO@sha256:DIGEST, or :TAG)"
+    )
+    credentials: Credentials | None = Field(
+        default=None, description="registry login for the image (password by variable NAME)"
+    )
+    start_once: bool = Field(
+        default=False,
+        description="start the container once per node per job (a named container that every "
+        "srun step reuses) and record its cold/warm start in container_start.json",
     )
     mounts: list[Mount] = []
     workdir: str = "."

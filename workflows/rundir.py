@@ -7,11 +7,12 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import io, runfiles
-from vitpod.workflows.container import image_digest, image_record, sqsh_path
+from vitpod.workflows.container import image_provenance, image_record, sqsh_path
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import REPO_ROOT, UNSAFE_PATH, Profile, resolve_path
 
@@ -84,15 +85,23 @@ def git_info() -> dict[str, Any]:
 
 def image_info(profile: Profile) -> dict[str, Any] | None:
     """The profile's image, the digest baked into it (/etc/vitpod-image.json; each rank logs the
-    same as `container: <digest>`) and the .sqsh's sha256 recorded by `make container`."""
+    same as `container: <digest>`), the .sqsh's sha256 recorded by `make container` or the
+    registry's manifest digest of a push. A digest that cannot be told is null with the reason
+    in `digest_missing`, and a warning line names the fix."""
     if profile.container is None:
         return None
     record = image_record(profile) or {}
+    digest, missing = image_provenance(profile)
+    if missing:
+        print(f"warning: container image digest unknown: {missing}", file=sys.stderr)
+    pushed = record.get("registry") or {}
     return {
         "image": profile.container.image,
         "path": sqsh_path(profile.container.image),
-        "digest": image_digest(profile),
+        "digest": digest,
+        **({"digest_missing": missing} if missing else {}),
         "sha256": record.get("sqsh", {}).get("sha256"),
+        "manifest_digest": pushed.get("manifest_digest"),
         "git": record.get("git"),
         "built": record.get("built"),
     }

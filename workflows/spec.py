@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import REQUEUE
-from vitpod.workflows import container, doctor_step
+from vitpod.workflows import container, doctor_step, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.recipe import Recipe, StageRecipe, check_token_label_size
@@ -104,9 +104,9 @@ class Launch:
         launch = launch_for(spec); launch.write_bind_script()
         SlurmExecutor(folder, python=launch.python_command)
         executor.update_parameters(
-            srun_args=list(plan.srun_args),
-            setup=list(plan.setup_lines),
-            teardown=list(plan.teardown_lines),
+            srun_args=list(launch.srun_args),
+            setup=list(launch.setup_lines),
+            teardown=list(launch.teardown_lines),
         )
     `srun_args` are complete single arguments (submitit and the template quote them);
     `setup_lines` are shell lines run once in the batch script before srun (environment,
@@ -330,10 +330,14 @@ def launch_for(spec: JobSpec) -> Launch:
         "secrets": profile.secrets,
         "slurm": profile.scheduler == "slurm",
         "master_port": master_port_expr(),
+        "enroot_credentials": _enroot_credentials(spec),
     }
     setup = render("partials/env.sh.j2", context).strip("\n").splitlines()
     setup += doctor_step.setup_lines(profile, spec.stage, spec.run_dir)
-    teardown = render("partials/teardown.sh.j2", {"spec": spec}).strip("\n").splitlines()
+    teardown = render(
+        "partials/teardown.sh.j2", {"spec": spec, "enroot_dir": runfiles.ENROOT_CONFIG}
+    )
+    teardown_lines = teardown.strip("\n").splitlines()
     bind = render(
         "bind.sh.j2",
         {
@@ -346,13 +350,26 @@ def launch_for(spec: JobSpec) -> Launch:
         srun_args=tuple(srun_args),
         env=env,
         setup_lines=tuple(setup),
-        teardown_lines=tuple(teardown),
+        teardown_lines=tuple(teardown_lines),
         bind_script=bind,
         bind_path=spec.bind_path,
         python=spec.python,
         argv=("bash", spec.bind_path, *spec.command),
         container_env=tuple(env_names),
     )
+
+
+def _enroot_credentials(spec: JobSpec) -> dict[str, str] | None:
+    """The job's enroot credentials file: where, and its one line (the password by NAME)."""
+    c = spec.profile.container
+    ref = registryref.parse(c.image) if c is not None and c.credentials is not None else None
+    if c is None or c.credentials is None or ref is None:
+        return None
+    return {
+        "dir": str(Path(spec.run_dir) / runfiles.ENROOT_CONFIG),
+        "line": registryref.credentials_line(ref, c.credentials.password),
+        "password": c.credentials.password,
+    }
 
 
 def _bindings(node: NodeType) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ stop() {
   rm -f "$pidfile"
 }
 
+bash "$HERE/registry.sh" stop
 for f in "$STATE"/run/slurmd-*.pid; do stop "$f"; done
 stop "$STATE/run/slurmctld.pid"
 stop "$STATE/run/slurmdbd.pid"

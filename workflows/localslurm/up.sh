@@ -82,7 +82,13 @@ case $rt_rc in
        printf '#!/bin/sh\nVITPOD_ENROOT_NODE=%s exec %s "$@"\n' "$n" "$RUNTIME_PREFIX/bin/enroot" \
          >"$RUNTIME_PREFIX/var/nodes/$n/bin/enroot"
        chmod 0755 "$RUNTIME_PREFIX/var/nodes/$n/bin/enroot"
-     done ;;
+     done
+     # Job steps (not pyxis) find enroot on the job's PATH, as on a site's nodes: a job removes
+     # its named container with `enroot remove` (container.start_once). The node is the step's.
+     # shellcheck disable=SC2016  # expanded by the wrapper, at each call
+     printf '#!/bin/sh\nVITPOD_ENROOT_NODE=${SLURMD_NODENAME:-host} exec %s "$@"\n' \
+       "$RUNTIME_PREFIX/bin/enroot" >/usr/local/bin/enroot.tmp
+     chmod 0755 /usr/local/bin/enroot.tmp && mv -f /usr/local/bin/enroot.tmp /usr/local/bin/enroot ;;
   3) log "no pyxis/enroot: container jobs are not available on this cluster" ;;
   *) die "building pyxis/enroot failed (see above)" ;;
 esac
@@ -249,6 +255,12 @@ nodes_idle() {
 }
 wait_for "nodes idle" nodes_idle
 wait_for "sacct" sacct -n -X -S now-1minute
+# The container registry jobs pull from (profile localregistry): registry.sh says why it cannot.
+if command -v docker-registry >/dev/null; then
+  bash "$HERE/registry.sh" start
+else
+  log "no docker-registry (make setup installs it): profile localregistry is not available"
+fi
 log "cluster '$CLUSTER' up: $(sinfo -h -o '%P %D %t' | tr '\n' ';')"
 if [ -n "$PLUGSTACK_LINE" ]; then
   srun --help 2>/dev/null | grep -q -- '--container-image' \
