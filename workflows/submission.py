@@ -12,7 +12,6 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import JobPlan
 from vitpod.workflows.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
 
-
 SBATCH_TIMEOUT_S = 60
 
 
