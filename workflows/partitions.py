@@ -99,8 +99,8 @@ def partition_info(name: str) -> PartitionInfo | None:
     return PartitionInfo(
         name=name,
         total_nodes=int(fields.get("TotalNodes", "0")),
-        max_nodes=_limit(fields.get("MaxNodes"), int),
-        max_minutes=_limit(fields.get("MaxTime"), slurm_minutes),
+        max_nodes=None if _unlimited(fields.get("MaxNodes")) else int(fields["MaxNodes"]),
+        max_minutes=None if _unlimited(fields.get("MaxTime")) else slurm_minutes(fields["MaxTime"]),
         nodes=partition_nodes(name),
     )
 
@@ -123,21 +123,18 @@ def associations(user: str | None = None) -> set[tuple[str, str]] | None:
     user = user or getpass.getuser()
     argv = ["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account,qos"]
     try:
-        out = query(argv, missing_ok="accounting_storage/none")
+        out = query(argv) or ""
     except SlurmSilent:
         return None  # no slurmdbd: Slurm itself cannot hold accounts against the job
     pairs = set()
-    for line in (out or "").splitlines():
+    for line in out.splitlines():
         account, _, qos = line.partition("|")
-        for q in qos.split(",") or [""]:
-            pairs.add((account.strip(), q.strip()))
-    return pairs if out is not None else None
+        pairs |= {(account.strip(), q.strip()) for q in qos.split(",")}
+    return pairs
 
 
-def _limit(value: str | None, parse: type[int] | object) -> int | None:
-    if value in (None, "UNLIMITED", "INFINITE"):
-        return None
-    return parse(value)  # type: ignore[operator, no-any-return]
+def _unlimited(value: str | None) -> bool:
+    return value in (None, "UNLIMITED", "INFINITE")
 
 
 def _int(text: str) -> int:
