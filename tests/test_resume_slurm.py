@@ -129,7 +129,7 @@ def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, i
         log = run / "logs" / f"train-{job}-restart{restart}-rank0.log"
         _wait_until(f"restart {restart} of job {job}", log.is_file)
         landed = _preempted_at(run / "logs" / f"train-{job}-restart{restart - 1}-rank0.log")
-        assert landed[0] == sig and step <= landed[1] <= step + AGREEMENT_WINDOW, (
+        assert landed[0] == f"SIG{sig}" and step <= landed[1] <= step + AGREEMENT_WINDOW, (
             f"{sig} sent once step {step} was recorded; the preemption checkpoint is at step "
             f"{landed[1]} (window {AGREEMENT_WINDOW})"
         )
