@@ -28,7 +28,8 @@ DATA ?=
 OUT ?=
 NAME ?=
 PARTITIONS ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS VENV
+OFFLINE ?=
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE VENV
 export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
@@ -40,6 +41,8 @@ endif
 WF := $(PY) -m vitpod.workflows
 # FOLLOW=1 (any value but empty or 0): live view until the run ends (workflows/follow.py).
 FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
+# OFFLINE=1: render/preflight without asking Slurm (a submission refuses it).
+OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
 .PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
@@ -47,13 +50,13 @@ STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile)"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight: 1 = skip the Slurm checks)"
 
 setup:
 	bash scripts/setup.sh
 
 test:
-	$(PY) -m pytest -q $(TESTS)
+	$(PY) -m pytest -q -rs $(TESTS)
 
 lint:
 	$(PY) -m ruff check vitpod workflows trainer analysis registry tests benchmarks
@@ -64,16 +67,16 @@ lint:
 	$(PY) -m mypy .cache/typecheck/vitpod
 
 render:
-	$(WF) render --stage "$$STAGE" $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
+	$(WF) render --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 preflight:
-	$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
+	$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 pretrain:
-	$(WF) submit --stage pretrain $(STAGE_ARGS)
+	$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG)
 
 finetune:
-	$(WF) submit --stage finetune $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
+	$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 pipeline:
 	$(WF) pipeline $(STAGE_ARGS) --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT"

@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.fixtures_data",
     "tests.fixtures_slurm",
     "tests.fixtures_container",
+    "tests.ci_skips",
 ]

@@ -9,6 +9,7 @@ from vitpod.analysis import memory
 from vitpod.analysis.memcheck import compare, saved_tensor_bytes, timm_param_count
 from vitpod.registry import models
 from vitpod.workflows.planners import main, profile_numbers
+from vitpod.workflows.preflight import PLAN_MARGIN
 
 MODELS = [(name, 32 if name == "volo_tiny" else 224) for name in models.MODELS]
 
@@ -73,7 +74,11 @@ def test_activation_formula_matches_autograd_saved_tensors(model, img_size, batc
 
 
 @pytest.mark.slow
-def test_planner_within_25_percent_of_measured_peak():
+def test_planner_within_the_preflight_margin_of_measured_peak():
+    """The preflight multiplies the plan by PLAN_MARGIN (1.15): the measured peak must stay
+    under that, so the plan may be at most 13% low (1 - 1/1.15), and it may be at most 15% high
+    (more would refuse batches that fit). Measured here: volo_tiny -7.7%, volo_d1 -1.5% (total);
+    an H100 bf16 step was 6.6-10.8% above the plan (docs/benchmarks.md)."""
     for model, img_size, batch, classes in (("volo_tiny", 32, 64, 10), ("volo_d1", 224, 2, 1000)):
         got = compare(model, img_size, batch, classes)
         print(
@@ -84,8 +89,9 @@ def test_planner_within_25_percent_of_measured_peak():
             f"{got['measured_activations'] / 2**20:.1f} MiB, error "
             f"{100 * got['activation_error']:+.1f}%"
         )
-        assert abs(got["total_error"]) <= 0.25, got
-        assert abs(got["activation_error"]) <= 0.25, got
+        assert got["measured_total"] <= got["planned_total"] * PLAN_MARGIN, got
+        assert got["planned_total"] <= got["measured_total"] * PLAN_MARGIN, got
+        assert abs(got["activation_error"]) <= PLAN_MARGIN - 1, got
 
 
 def test_cli_memory_json(capsys):

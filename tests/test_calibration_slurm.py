@@ -34,7 +34,11 @@ def profile(tmp_path):
     return path
 
 
-def test_make_calibrate_then_predicted_comm_within_25_percent(local_slurm, profile, tmp_path):  # noqa: F811
+def test_make_calibrate_then_predicted_comm_within_factor_4_and_beats_profile(
+    local_slurm,  # noqa: F811
+    profile,
+    tmp_path,
+):
     env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs"), "MAKEFLAGS": ""}
     out = subprocess.run(
         ["make", "-s", "calibrate", f"CLUSTER={profile}", f"ARGS={BENCH_ARGS}"],

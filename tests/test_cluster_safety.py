@@ -105,7 +105,7 @@ def test_header_and_env_part_run_without_evaluating_anything(tmp_path, capsys):
     )
     assert out.returncode == 0, out.stderr
     assert not canary.exists()
-    assert result.read_text() == f"{script.parent}|node1|{20000 + 4242}"
+    assert result.read_text() == f"{script.parent}|node1|{10000 + 4242}"
     sbatch_log = script.parent / "logs" / "sbatch-4242-restart0.log"
     assert "vitpod: job 4242 restart 0" in sbatch_log.read_text()
 

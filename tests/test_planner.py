@@ -138,7 +138,10 @@ def test_gpus_the_partition_lacks_are_refused(local_slurm, tmp_path):
     path = tmp_path / "gpus.yaml"
     path.write_text(yaml.safe_dump(data))
     done = make(tmp_path, "preflight", f"CLUSTER={path}")
-    assert done.returncode == 2 and "offers 2 (gres gpu)" in done.stderr
+    assert (
+        done.returncode == 2
+        and "needs 4 gres gpu but partition 'pretrain' offers at most 2" in done.stderr
+    )
 
 
 def test_preflight_checks_the_paths_the_ranks_will_read(tmp_path, capsys):

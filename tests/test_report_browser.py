@@ -18,6 +18,7 @@ import struct
 import subprocess
 
 import pytest
+from PIL import Image
 
 from tests.test_analysis_report import FABRIC, write_run, write_study
 from vitpod.analysis import report, scaling
@@ -37,18 +38,28 @@ FLAGS = [
     "--virtual-time-budget=5000",  # let the load event (images decoded) happen before the dump
 ]
 # Appended to a copy of the report: after load, record the viewport, the document's scroll
-# width, each table's box and each image's decoded size.
+# width, each table's box and each image's decoded size, and their rectangles on the page.
 MEASURE = """<script>
 window.addEventListener("load", () => {
   const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.right]; };
+  const rect = (e) => {
+    const r = e.getBoundingClientRect(), y = window.scrollY;
+    return [r.left, r.top + y, r.right, r.bottom + y];
+  };
   const m = {inner: window.innerWidth, doc: document.documentElement.scrollWidth,
-             tables: {}, lastHeader: {}, images: []};
+             tables: {}, lastHeader: {}, images: [], rects: {}, lastHeaderRect: {},
+             imageRects: []};
   for (const t of document.querySelectorAll("table")) {
     m.tables[t.id] = box(t);
+    m.rects[t.id] = rect(t);
     const ths = t.querySelectorAll("th");
     m.lastHeader[t.id] = box(ths[ths.length - 1]);
+    m.lastHeaderRect[t.id] = rect(ths[ths.length - 1]);
   }
-  for (const i of document.images) m.images.push([i.complete, i.naturalWidth, box(i)[1]]);
+  for (const i of document.images) {
+    m.images.push([i.complete, i.naturalWidth, box(i)[1]]);
+    m.imageRects.push(rect(i));
+  }
   document.body.setAttribute("data-measure", JSON.stringify(m));
 });
 </script>
@@ -123,3 +134,21 @@ def test_report_screenshot_shows_the_whole_table(study_with_long_failure, tmp_pa
     # Both number tables end inside the captured width, so the screenshot shows every column.
     assert m["doc"] <= WIDTH and {"throughput", "breakdown"} <= set(m["tables"]), m
     assert max(right for _, right in m["tables"].values()) <= WIDTH
+    # And the pixels show them: text (dark pixels) in each table and in its last header cell,
+    # and every plot drawn (not one flat colour) where the DOM laid it out.
+    pixels = Image.open(shot).convert("L")
+    for name in ("throughput", "breakdown"):
+        assert dark_pixels(pixels, m["rects"][name]) > 500, (name, m["rects"][name])
+        assert dark_pixels(pixels, m["lastHeaderRect"][name]) > 20, (name, "last header")
+    plots = [r for r in m["imageRects"] if r[3] <= 2400]
+    assert plots, m["imageRects"]
+    for box in plots:
+        low, high = pixels.crop(tuple(round(v) for v in box)).getextrema()
+        assert high - low > 100, ("a blank plot", box)
+    assert dark_pixels(pixels, [0, 0, WIDTH, 2400]) < 0.5 * WIDTH * 2400, "a dark page"
+
+
+def dark_pixels(image: Image.Image, box: list[float]) -> int:
+    """How many pixels of the box are darker than mid-grey (text, lines)."""
+    region = image.crop(tuple(round(v) for v in box))
+    return sum(region.point(lambda v: 255 if v < 128 else 0).histogram()[255:])

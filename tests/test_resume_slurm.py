@@ -30,8 +30,16 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # volo_tiny on digits at 32 px, 2 epochs of 23 steps (1433 images, 4 ranks x 16): every
 # random augmentation of the recipe on (random resized crop, flip, RandAugment, CutOut).
-COMMON = "--workers 1 --log-interval 1000 --epochs 2 --warmup-epochs 1 --drop-path 0.1"
+# --log-interval 1: every step's record reaches metrics/ when it ends, so the test sees the
+# step it signals at (with 1000 the records wait for a checkpoint, and a "step 2" signal
+# landed at step 5 or later).
+COMMON = "--workers 1 --log-interval 1 --epochs 2 --warmup-epochs 1 --drop-path 0.1"
 STEPS_PER_EPOCH = 23
+AGREEMENT_WINDOW = 2
+"""Ranks agree on a preemption at the next step boundary (trainer/preempt.py): the signal sent
+once step s is recorded lands during step s+1 (or, polled late, s+2); the preemption's
+checkpoint is at a step in [s, s + AGREEMENT_WINDOW]."""
+_PREEMPTED = re.compile(r"preempted \((\w+)\): checkpointed at step (\d+)")
 # loader -> (ARGS, events): (signal, at or after this step). "KILL" is SIGKILL to one rank.
 JOBS = {
     # USR2 in the first steps of epoch 0, SIGTERM at the end of epoch 0 (lands in the last
@@ -120,7 +128,19 @@ def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, i
         restart += 1
         log = run / "logs" / f"train-{job}-restart{restart}-rank0.log"
         _wait_until(f"restart {restart} of job {job}", log.is_file)
+        landed = _preempted_at(run / "logs" / f"train-{job}-restart{restart - 1}-rank0.log")
+        assert landed[0] == f"SIG{sig}" and step <= landed[1] <= step + AGREEMENT_WINDOW, (
+            f"{sig} sent once step {step} was recorded; the preemption checkpoint is at step "
+            f"{landed[1]} (window {AGREEMENT_WINDOW})"
+        )
     return slurm.wait(job, timeout=900)
+
+
+def _preempted_at(log: Path) -> tuple[str, int]:
+    """(signal, step) of the preemption checkpoint a rank-0 log reports."""
+    found = _PREEMPTED.findall(log.read_text())
+    assert len(found) == 1, f"{log}: no single preemption line: {found}"
+    return found[0][0], int(found[0][1])
 
 
 def _losses(run: Path) -> dict[tuple[int, int], float]:

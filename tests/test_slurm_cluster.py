@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import preempted_once_python
+from vitpod.workflows.masterport import master_port
 from vitpod.workflows.profile import PROFILE_DIR
 from vitpod.workflows.rankinfo import PREFIX
 
@@ -59,7 +60,7 @@ def test_two_nodes_by_two_tasks_report_ranks_and_binding(local_slurm, tmp_path):
     assert [f["SLURM_NODEID"] for f in facts] == ["0", "0", "1", "1"]
     assert [f["SLURMD_NODENAME"] for f in facts] == ["node1", "node1", "node2", "node2"]
     assert {f["MASTER_ADDR"] for f in facts} == {"node1"}
-    assert {f["MASTER_PORT"] for f in facts} == {str(20000 + int(job) % 20000)}
+    assert {f["MASTER_PORT"] for f in facts} == {str(master_port(int(job)))}
     assert [f["RANK"] for f in facts] == ["0", "1", "2", "3"] and {
         f["WORLD_SIZE"] for f in facts
     } == {"4"}

@@ -210,3 +210,37 @@ def test_an_empty_shard_is_written_and_a_bad_teacher_is_a_usage_error(
     part = torch.load(labelset.shard_path(out, 0, 2000), weights_only=True)
     assert part["values"].shape == (0, 5, 2, 2)
     assert label.main([*argv[:2], str(tmp_path / "no-such-run"), *argv[3:]]) == 2
+
+
+def test_labels_belong_to_their_teacher(labels, digits_dir, teacher_run, tmp_path):
+    from vitpod.workflows import labels as wlabels
+    from vitpod.workflows.chain import Chain
+
+    weights = teacher_run / "final" / "model.pt"
+    made = labelset.weights_digest(weights)
+    assert labelset.read_manifest(labels)["teacher"]["weights_sha256"] == made
+    other = tmp_path / "other-teacher"
+    torch.manual_seed(1)
+    model = create_model("volo_tiny", 32, 10, 0.0)
+    save_final(other, model.state_dict(), model_manifest("volo_tiny", 32, 10))
+    theirs = labelset.weights_digest(other / "final" / "model.pt")
+    assert theirs != made
+    args = f"--token-label --token-label-data {labels}"  # no --token-label-size: img_size/16
+    stages = {"pretrain_args": args, "run_root": str(tmp_path / "runs")}
+    Chain("local", "volo_tiny", teacher=str(teacher_run), **stages).plan()  # same teacher: reused
+    with pytest.raises(ConfigError, match=rf"teacher sha256 {made[:12]} .* sha256 {theirs[:12]}"):
+        Chain("local", "volo_tiny", teacher=str(other), **stages).plan()
+    job = wlabels.prepare("local", "volo_tiny", teacher=str(other), run_dir=tmp_path / "lab")
+    assert job.label_dir.name == f"volo_tiny-pretrain-t{theirs[:12]}"
+    assert job.teacher_sha256 == theirs and "--teacher-sha256" in job.plan.spec.command
+    mine = wlabels.prepare(
+        "local", "volo_tiny", teacher=str(teacher_run), run_dir=tmp_path / "lab2",
+        args=f"--label-dir {labels} --img-size 32",
+    )  # fmt: skip
+    assert wlabels.existing_problems(mine) == []
+    theirs_job = wlabels.prepare(
+        "local", "volo_tiny", teacher=str(other), run_dir=tmp_path / "lab3",
+        args=f"--label-dir {labels} --img-size 32",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="not by the requested teacher"):
+        wlabels.submit(theirs_job)

@@ -1,5 +1,7 @@
 """Sharded (DCP) checkpoints: exact resume, loading into another mesh, fine-tuning from one."""
 
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -57,10 +59,35 @@ def test_resume_mid_epoch_is_exact(tp_run: Path, digits_dir: Path) -> None:
     assert_same(final(run), final(tp_run))
 
 
+def trained_after_load(source: Path, work: Path, digits: Path, *flags: str) -> None:
+    """Load `source`'s step-5 checkpoint into the mesh of `flags` and train steps 6-10 there;
+    the reference is the same load stopped at step 8 and resumed (same mesh: exact), which
+    must end bit for bit where the uninterrupted one does."""
+    every = ("--checkpoint-every", "2")
+    straight = from_checkpoint(source, 5, work / "straight")
+    train(4, straight, digits, 10, *flags, *every)
+    assert "loader restarts epoch 0" in logs(work / "logs-straight")  # another mesh was loaded
+    steps = [r for r in records(straight) if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [6, 7, 8, 9, 10]
+    assert all(math.isfinite(r["loss"]) for r in steps)
+    reference = from_checkpoint(source, 5, work / "reference")
+    train(4, reference, digits, 8, *flags, *every)
+    train(4, reference, digits, 10, *flags, *every)
+    assert_same(final(straight), final(reference))
+    assert [r["loss"] for r in records(reference) if r["kind"] == "step"][-2:] == [
+        r["loss"] for r in steps[-2:]
+    ]
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics" / "rank0.jsonl").read_text().splitlines()]
+
+
 def test_tp2_dp2_checkpoint_loads_into_fsdp_dp4(tp_run: Path, digits_dir: Path) -> None:
     run = from_checkpoint(tp_run, 10, tp_run.parent / "as_dp4")
-    train(4, run, digits_dir, 10, "--fsdp")  # resumes at step 10: nothing left to train
+    train(4, run, digits_dir, 10, "--fsdp")  # at step 10: the loaded weights are the final ones
     assert_same(final(run), final(tp_run))
+    trained_after_load(tp_run, tp_run.parent / "dp4_after", digits_dir, "--fsdp")
 
 
 def test_fsdp_dp4_checkpoint_loads_into_tp2_dp2(tp_run: Path, digits_dir: Path) -> None:
@@ -69,6 +96,7 @@ def test_fsdp_dp4_checkpoint_loads_into_tp2_dp2(tp_run: Path, digits_dir: Path) 
     run = from_checkpoint(source, 10, tp_run.parent / "as_tp2")
     train(4, run, digits_dir, 10, "--tp", "2")
     assert_same(final(run), final(source))
+    trained_after_load(source, tp_run.parent / "tp2_after", digits_dir, "--tp", "2")
 
 
 def test_finetune_starts_from_a_sharded_checkpoint(tp_run: Path, digits_dir: Path) -> None:

@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher", required=True, help="vitpod run dir, weights file, or timm name")
     p.add_argument("--teacher-checkpoint", default="", help="weights for a timm-name teacher")
     p.add_argument("--teacher-model", default="", help="model name of a weights-file teacher")
+    p.add_argument("--teacher-sha256", default="", help="weights digest (make token-labels)")
     p.add_argument("--label-dir", required=True, help="token-label directory (shared storage)")
     p.add_argument("--img-size", type=int, default=224, help="labeling resolution (grid = /16)")
     p.add_argument("--topk", type=int, default=5, help="classes kept per token (VOLO: 5)")
@@ -76,6 +77,8 @@ def teacher_record(ns: argparse.Namespace) -> dict[str, Any]:
         "weights": str(file.resolve()),
         "weights_bytes": stat.st_size,
         "weights_mtime": int(stat.st_mtime),
+        # The login node hashes once and passes it; computed here only when run by hand.
+        "weights_sha256": ns.teacher_sha256 or labelset.weights_digest(file),
     }
 
 

@@ -3,7 +3,8 @@
 A token-label directory holds `manifest.json` and `shards/shard-<i>-of-<n>.pt`. Each shard is
 the torch file `vitpod.trainer.data.token_label` reads (top-k teacher scores per token of a
 contiguous slice of the sorted training-sample names). The manifest is written when the last
-shard lands; it records what the labels are valid for: the teacher, the labeling resolution, the
+shard lands; it records what the labels are valid for: the teacher (and the sha256 of its
+weights: labels of another teacher never serve), the labeling resolution, the
 grid (one label per 16x16 pixels: 14 at 224, 32 at 512), k, and the data set (path, sample count
 and a checksum of the sorted sample names). The login node checks a manifest against a data set
 and a stage with `problems()` before anything is queued; the trainer makes the same check on
@@ -54,6 +55,27 @@ def names_digest(names: list[str]) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()
 
 
+def weights_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of a teacher's weights file: labels belong to the teacher that made them."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def teacher_problem(manifest: dict[str, Any], where: str, teacher_sha256: str) -> str | None:
+    """Labels made by another teacher (or by one whose digest was not recorded) never serve."""
+    made = (manifest.get("teacher") or {}).get("weights_sha256")
+    if made == teacher_sha256:
+        return None
+    return (
+        f"{where}: labels made by teacher sha256 {str(made)[:12] if made else '(not recorded)'}"
+        f" ({(manifest.get('teacher') or {}).get('teacher')}), not by the requested teacher "
+        f"sha256 {teacher_sha256[:12]}"
+    )
+
+
 def grid_of(img_size: int) -> int:
     return img_size // STRIDE
 
@@ -84,17 +106,20 @@ def problems(
     names: list[str] | None,
     data_dir: str | None,
     img_size: int,
+    teacher_sha256: str | None = None,
 ) -> list[str]:
     """Why the labels in `where` cannot serve a stage at `img_size` on this data set ([] = ok).
 
     `names`: the data set's sorted sample names (None: the data set is not a folder we can list,
-    so only the grid is checked).
+    so only the grid is checked). `teacher_sha256`: the teacher asked for (None: any teacher).
     """
     if manifest is None:
         return [f"{where} has no {MANIFEST}: the labeling job has not finished (or never ran)"]
     if manifest.get("format") != FORMAT:
         return [f"{where}: format {manifest.get('format')!r} is not {FORMAT!r}; regenerate it"]
     out = []
+    if teacher_sha256 is not None:
+        out += [p for p in (teacher_problem(manifest, where, teacher_sha256),) if p]
     want = grid_of(img_size)
     if manifest.get("grid") != want:
         out.append(

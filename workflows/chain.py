@@ -143,6 +143,13 @@ class Chain:
         Returns whether labels are pending (made by a job queued before the pretrain)."""
         found = preflight.token_label_problems(plan)
         label_dir = (plan.trainer or {}).get("token_label_data")
+        mismatch = (
+            label_dir
+            and self.teacher
+            and labels.teacher_problem(label_dir, self.teacher, self.teacher_checkpoint)
+        )  # labels of another teacher are never reused
+        if mismatch:
+            raise ConfigError(mismatch)
         if not found or not label_dir or not self.teacher:
             return False  # fine as is, or preflight.check refuses with the command to run
         if labelset.read_manifest(label_dir) is not None:

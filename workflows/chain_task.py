@@ -13,8 +13,10 @@ from typing import Any
 import submitit
 
 from vitpod.trainer.exitcodes import REQUEUE
-from vitpod.workflows.spec import REQUEUE_MARKER_ENV, master_port
+from vitpod.workflows.masterport import master_port
+from vitpod.workflows.spec import REQUEUE_MARKER_ENV
 
+PREEMPT = (signal.SIGUSR2, signal.SIGTERM)  # trainer/exitcodes.py PREEMPT_SIGNALS
 MAX_LOCAL_RESTARTS = 5  # without Slurm, an exit 75 restarts the trainer in place this often
 
 
@@ -81,19 +83,33 @@ def _local_rank_env(job: submitit.JobEnvironment) -> dict[str, str]:
 def _run_forwarding_signals(cmd: list[str], env: dict[str, str], log: Path, cwd: str) -> int:
     """Run cmd with output to log; preemption signals go to it instead of submitit's handler.
 
-    submitit's own USR2 handler would requeue at once, before the trainer has checkpointed.
+    submitit's own USR2 handler would requeue at once, before the trainer has checkpointed. A
+    signal that comes before the child exists is remembered: the child is then not started and
+    REQUEUE returned (nothing trained yet); one that lands while it starts is delivered once it
+    exists, and a child killed by it (before the trainer's handler was installed) counts as
+    preempted too, as the trainer would have exited REQUEUE.
     """
     child: list[subprocess.Popen[bytes]] = []
+    received: list[int] = []
+    pending: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
         if child:
             child[0].send_signal(signum)
+        else:
+            pending.append(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in PREEMPT}
     try:
         with open(log, "ab") as out:
+            if received:
+                return REQUEUE
             child.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=out))
-        return child[0].wait()
+        for signum in pending:  # landed while Popen ran, before the handler could see a child
+            child[0].send_signal(signum)
+        rc = child[0].wait()
+        return REQUEUE if received and -rc in PREEMPT else rc
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

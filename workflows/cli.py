@@ -53,6 +53,10 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
         choices=("trainer", "rankinfo"),
         help="what each rank runs (rankinfo: print rank facts, for cluster checks)",
     )
+    p.add_argument(
+        "--offline", action="store_true",
+        help="render/preflight only: skip the checks that ask Slurm (make OFFLINE=1)",
+    )  # fmt: skip
     return p
 
 
@@ -90,13 +94,15 @@ def render_main(argv: list[str]) -> int:
 
 def preflight_main(argv: list[str]) -> int:
     """Every check a submission makes, and nothing written or submitted."""
-    plan = plan_job(request(stage_parser("preflight").parse_args(argv)))
-    done = preflight.check(plan)
+    ns = stage_parser("preflight").parse_args(argv)
+    plan = plan_job(request(ns))
+    done = preflight.check(plan, offline=ns.offline)
     _print_decisions(plan)
     for line in ["trainer flags parsed by the trainer's parser", *done]:
         print(f"ok: {line}")
+    offline = " (offline: Slurm not asked)" if ns.offline else ""
     print(
-        f"preflight passed: {plan.spec.model} {plan.spec.stage} on {plan.profile.name} "
+        f"preflight passed{offline}: {plan.spec.model} {plan.spec.stage} on {plan.profile.name} "
         f"({plan.spec.partition}, {plan.spec.nodes} node(s) x {plan.spec.tasks_per_node} rank(s))"
     )
     return 0
@@ -104,7 +110,11 @@ def preflight_main(argv: list[str]) -> int:
 
 def submit_main(argv: list[str]) -> int:
     """Plan, preflight, render, then sbatch it (slurm) or run it here (local)."""
-    plan = plan_job(request(stage_parser("submit").parse_args(argv)))
+    ns = stage_parser("submit").parse_args(argv)
+    if ns.offline:
+        raise ConfigError("--offline (OFFLINE=1) is for render/preflight only: a submission "
+                          "needs Slurm's answer; drop OFFLINE=1")  # fmt: skip
+    plan = plan_job(request(ns))
     checks = preflight.check(plan)
     script = materialize(plan, plan.manifest(preflight=checks))
     if plan.profile.scheduler == "local":

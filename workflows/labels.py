@@ -46,6 +46,7 @@ class LabelJob:
     teacher: str
     script: str
     data_dir: str
+    teacher_sha256: str
 
     def manifest(self, job_ids: list[str] | None = None) -> dict[str, Any]:
         return self.plan.manifest(
@@ -54,16 +55,39 @@ class LabelJob:
                 "label_dir": str(self.label_dir), "img_size": self.img_size,
                 "grid": labelset.grid_of(self.img_size), "array_tasks": self.tasks,
                 "shards": self.shards, "teacher": self.teacher,
+                "teacher_sha256": self.teacher_sha256,
             },
         )  # fmt: skip
 
 
-def default_label_dir(profile: Profile, model: str, stage: str) -> Path:
-    """The recipe's token_label_data (under storage.data), else token_labels/<model>-<stage>."""
+def default_label_dir(profile: Profile, model: str, stage: str, teacher_sha256: str) -> Path:
+    """The recipe's token_label_data (under storage.data), else
+    token_labels/<model>-<stage>-t<first 12 hex of the teacher's weights sha256>."""
     recipe = load_recipe(model).stage(stage)
     if recipe.token_label_data:
         return resolve_path(profile.storage.data) / recipe.token_label_data
-    return resolve_path(profile.storage.data) / "token_labels" / f"{model}-{stage}"
+    name = f"{model}-{stage}-t{teacher_sha256[:12]}"
+    return resolve_path(profile.storage.data) / "token_labels" / name
+
+
+def teacher_weights(teacher: str, checkpoint: str) -> Path:
+    """The weights file of TEACHER/TEACHER_CKPT (after `teacher_flags` accepted them)."""
+    path = Path(checkpoint or teacher).expanduser().absolute()
+    return runfiles.final_model(path) if path.is_dir() else path
+
+
+def teacher_problem(label_dir: str | Path, teacher: str, checkpoint: str) -> str | None:
+    """Labels in `label_dir` made by another teacher than TEACHER: the refusal and its fix."""
+    manifest = labelset.read_manifest(label_dir)
+    if manifest is None:
+        return None
+    teacher_flags(teacher, checkpoint)
+    digest = labelset.weights_digest(teacher_weights(teacher, checkpoint))
+    problem = labelset.teacher_problem(manifest, str(label_dir), digest)
+    return problem and (
+        f'{problem}; make this teacher\'s labels in a new directory (ARGS="--label-dir DIR") '
+        f"and train with --token-label-data DIR"
+    )
 
 
 def teacher_flags(teacher: str, checkpoint: str) -> list[str]:
@@ -115,10 +139,12 @@ def prepare(
             f"SHARDS={wanted}: every array task runs {per_task} rank(s) (NODES={node_count}), "
             f"one shard each; use a multiple of {per_task}"
         )
+    flags = teacher_flags(teacher, teacher_checkpoint)
+    digest = labelset.weights_digest(teacher_weights(teacher, teacher_checkpoint))
     defaults = [
         "--img-size", str(stage_recipe.img_size),
-        "--label-dir", str(default_label_dir(profile, model, stage)),
-        *teacher_flags(teacher, teacher_checkpoint),
+        "--label-dir", str(default_label_dir(profile, model, stage, digest)),
+        *flags, "--teacher-sha256", digest,
     ]  # fmt: skip
     run_dir = run_dir or new_run_path(runs_root(profile, run_root), model, "labels")
     plan = plan_job(
@@ -133,7 +159,7 @@ def prepare(
     return LabelJob(
         plan=plan, tasks=tasks, shards=wanted, label_dir=Path(labeler.label_dir).absolute(),
         img_size=labeler.img_size, teacher=teacher, script=array_script(plan, tasks),
-        data_dir=plan.spec.command[LABELER_ARGV_START],
+        data_dir=plan.spec.command[LABELER_ARGV_START], teacher_sha256=digest,
     )  # fmt: skip
 
 
@@ -173,7 +199,7 @@ def existing_problems(job: LabelJob) -> list[str] | None:
     names = labelset.folder_names(job.data_dir) if Path(job.data_dir, "train").is_dir() else None
     return labelset.problems(
         manifest, where=str(job.label_dir), names=names, data_dir=job.data_dir,
-        img_size=job.img_size,
+        img_size=job.img_size, teacher_sha256=job.teacher_sha256,
     )  # fmt: skip
 
 
@@ -183,7 +209,8 @@ def submit(job: LabelJob, force: bool = False) -> str | None:
     Returns the array's job id (None when run here or when matching labels already exist)."""
     found = existing_problems(job)
     if found == [] and not force:
-        print(f"labels: {job.label_dir} already holds labels for this data set at grid "
+        print(f"labels: {job.label_dir} already holds labels of teacher sha256 "
+              f"{job.teacher_sha256[:12]} for this data set at grid "
               f"{labelset.grid_of(job.img_size)}; nothing to do (ARGS='--label-dir ...' or "
               "--force to make others)")  # fmt: skip
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -10,12 +11,11 @@ from vitpod.analysis import layout, memory
 from vitpod.analysis.mesh import Mesh
 from vitpod.registry import models, runfiles
 from vitpod.trainer import labelset
-from vitpod.workflows import containerpreflight
-from vitpod.workflows.container import check_container_paths
+from vitpod.workflows import containerpreflight, slurmchecks
+from vitpod.workflows.container import check_container_paths, host_path
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.partitions import cluster_partitions, partition_info
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
-from vitpod.workflows.quantities import slurm_minutes, whole_number
+from vitpod.workflows.quantities import whole_number
 from vitpod.workflows.recipe import Recipe
 from vitpod.workflows.spec import JobSpec
 
@@ -144,71 +144,74 @@ def _precision(cfg: TrainConfig) -> str:
 # --------------------------------------------------------------------------- cluster checks
 
 
+RUN_ROOT_FREE_BYTES = int(float(os.environ.get("VITPOD_MIN_FREE_GIB", "1")) * memory.GIB)
+"""Free space the run root must have (VITPOD_MIN_FREE_GIB, default 1 GiB): logs, checkpoints."""
+
+
 def check(
     plan: Planned, render_hint: str | None = None, chained: bool = False,
-    labels_pending: bool = False,
+    labels_pending: bool = False, offline: bool = False,
 ) -> list[str]:  # fmt: skip
     """Every check that needs the cluster or its file systems; ConfigError lists what fails.
 
     Returns the checks made, for the manifest and `make preflight`. Called before anything is
     written or submitted (make pretrain/finetune/pipeline/scaling, Chain.plan/submit).
     `chained`: the finetune source is the pipeline's own pretrain, which exists once it ends.
+    `offline` (render/preflight only): skip what asks Slurm, and say so.
     """
     spec = plan.spec
+    check_ranks_per_gpu(plan)
     done: list[str] = []
-    if spec.profile.scheduler == "slurm":
+    if spec.profile.scheduler == "slurm" and offline:
+        done.append("OFFLINE: Slurm not asked (partition, nodes, GPUs, memory, CPUs, account)")
+    elif spec.profile.scheduler == "slurm":
         if shutil.which("sbatch") is None:
             hint = render_hint or f"make render CLUSTER={spec.profile.name} MODEL={spec.model}"
             raise ConfigError(
                 "sbatch is not on PATH (this is not a Slurm login node). To only write the "
                 f"script, run `{hint}` and submit it from a login node with `sbatch <script>`"
             )
-        done += check_partition(plan)
+        done += slurmchecks.check_partition(plan)
+        done += slurmchecks.check_account(spec)
     problems = path_problems(plan, chained, labels_pending)
     container_problems, container_done = containerpreflight.check(spec.profile)
     if problems or container_problems:
         raise ConfigError("; ".join(problems + container_problems))
     done.append("paths exist: data, code, token-label data, finetune source, image")
+    done.append(check_run_root(Path(spec.run_dir).parent))
     return done + container_done
 
 
-def check_partition(plan: Planned) -> list[str]:
-    """The stage's partition exists and has the nodes, GPUs and time limit the job asks for."""
+def check_ranks_per_gpu(plan: Planned) -> None:
+    """More ranks than GPUs on a node: ranks would share a GPU, which NCCL refuses."""
     spec = plan.spec
-    info = partition_info(spec.partition)
-    field = f"partitions.{spec.stage}"
-    if info is None:
-        known = cluster_partitions()
-        if known is None:
-            return ["partition: Slurm did not answer; not checked"]
+    if spec.gpus_per_node and spec.tasks_per_node > spec.gpus_per_node:
+        node_type = plan.profile.partition(spec.stage).node_type
         raise ConfigError(
-            f"profile {spec.profile.name}: {field}.name={spec.partition!r} does not exist on "
-            f"this cluster (sinfo lists {sorted(known)}); fix the profile"
+            f"profile {spec.profile.name}: node_types.{node_type}.tasks_per_node="
+            f"{spec.tasks_per_node} exceeds gpus_per_node={spec.gpus_per_node} (ranks would "
+            f"share a GPU, which NCCL refuses); set tasks_per_node to {spec.gpus_per_node} or less"
         )
-    limit = min(info.total_nodes, info.max_nodes or info.total_nodes)
-    if spec.nodes > limit:
-        most = info.max_nodes or "UNLIMITED"
+
+
+def check_run_root(root: Path, need: int = 0) -> str:
+    """The run root (or its nearest existing parent) is writable and has `need` bytes free."""
+    need = need or RUN_ROOT_FREE_BYTES
+    base = root
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not os.access(base, os.W_OK | os.X_OK):
         raise ConfigError(
-            f"NODES={spec.nodes}: partition {spec.partition!r} can give a job at most {limit} "
-            f"node(s) (Slurm: TotalNodes={info.total_nodes}, MaxNodes={most}); use "
-            f"NODES={limit} or fewer, or another partition in {field}"
+            f"run root {root}: {base} is not writable by you; fix storage.runs (or --run-root)"
         )
-    if spec.gpus_per_node > info.gpus_per_node:
+    free = shutil.disk_usage(base).free
+    gib = memory.GIB
+    if free < need:
         raise ConfigError(
-            f"profile {spec.profile.name}: node type of {field} has {spec.gpus_per_node} GPUs a "
-            f"node but partition {spec.partition!r} offers {info.gpus_per_node} (gres gpu); fix "
-            f"node_types.{plan.profile.partition(spec.stage).node_type}.gpus_per_node"
+            f"run root {root}: {free / gib:.2f} GiB free, below {need / gib:.2f} GiB; free space "
+            f"or point storage.runs (or --run-root) elsewhere (VITPOD_MIN_FREE_GIB sets the floor)"
         )
-    want = slurm_minutes(spec.time)
-    if info.max_minutes is not None and want > info.max_minutes:
-        raise ConfigError(
-            f"profile {spec.profile.name}: {field}.time={spec.time!r} exceeds partition "
-            f"{spec.partition!r}'s MaxTime ({info.max_minutes} min); lower {field}.time"
-        )
-    return [
-        f"partition {spec.partition}: {info.total_nodes} node(s), {info.gpus_per_node} GPU(s) a "
-        f"node, MaxTime {info.max_minutes if info.max_minutes is not None else 'UNLIMITED'} min"
-    ]
+    return f"run root {root}: writable, {free / gib:.1f} GiB free"
 
 
 def path_problems(plan: Planned, chained: bool = False, labels_pending: bool = False) -> list[str]:
@@ -234,6 +237,7 @@ def path_problems(plan: Planned, chained: bool = False, labels_pending: bool = F
         if value and value not in ("auto", "none") and not Path(value).exists():
             out.append(f"--{flag.replace('_', '-')} {value}: no such file; pass an existing path")
     out += image_problems(spec.profile)
+    out += mount_problems(plan)
     return out
 
 
@@ -308,3 +312,26 @@ def image_problems(profile: Profile) -> list[str]:
     except ConfigError as exc:
         return [str(exc)]
     return []
+
+
+def mount_problems(plan: Planned) -> list[str]:
+    """Data and token-label directories a container rank reads must lie under a mount's dst
+    (or the run's own tree, which is mounted): outside, the rank finds nothing on the node."""
+    container = plan.profile.container
+    if container is None:
+        return []
+    cfg = plan.trainer or {}
+    dsts = [Path(host_path(m.dst)) for m in container.mounts]
+    reads = (("DATA_DIR", plan.spec.data_dir), ("--token-label-data", cfg.get("token_label_data")))
+    out = []
+    for what, value in reads:
+        if not value:
+            continue
+        path = Path(host_path(str(value)))
+        if not any(path == d or d in path.parents for d in dsts):
+            out.append(
+                f"{what} {value} is outside every container.mounts dst of profile "
+                f"{plan.profile.name} (the rank would not see it on the node); add a mount "
+                f"{{src: {path}, dst: {path}}} or move it under storage.data"
+            )
+    return out

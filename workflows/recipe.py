@@ -122,7 +122,7 @@ def check_token_label_size(img_size: int, size: int | None, field: str) -> None:
     if img_size % TOKEN_LABEL_STRIDE:
         raise ValueError(f"img_size={img_size} must be a multiple of 16 for token labeling")
     want = img_size // TOKEN_LABEL_STRIDE
-    if size != want:
+    if size is not None and size != want:  # unset: the trainer takes img_size/16
         raise ValueError(f"{field}={size} must be img_size/16 = {want} at img_size={img_size}")
 
 

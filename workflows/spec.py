@@ -13,14 +13,13 @@ from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import REQUEUE
 from vitpod.workflows import container, doctor_step, registryref
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.masterport import master_port_expr, master_port_span_lines
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.recipe import Recipe, StageRecipe, check_token_label_size
 from vitpod.workflows.templating import render
 
 Entry = Literal["trainer", "rankinfo", "commbench", "labels"]
 COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
-MASTER_PORT_BASE = 20000  # MASTER_PORT = base + job id % span: concurrent jobs on a node differ
-MASTER_PORT_SPAN = 20000
 # srun --wait: once one rank exits, the others get this long, then are killed. Not
 # --kill-on-bad-exit: it would SIGTERM ranks still finishing their preemption checkpoint as soon
 # as the first one exits 75, and srun would then report 143 instead of 75 (no requeue).
@@ -331,6 +330,7 @@ def launch_for(spec: JobSpec) -> Launch:
         "slurm": profile.scheduler == "slurm",
         "master_port": master_port_expr(),
         "enroot_credentials": _enroot_credentials(spec),
+        "master_port_span": master_port_span_lines(),
     }
     setup = render("partials/env.sh.j2", context).strip("\n").splitlines()
     setup += doctor_step.setup_lines(profile, spec.stage, spec.run_dir)
@@ -377,13 +377,3 @@ def _bindings(node: NodeType) -> list[dict[str, Any]]:
         {"local_rank": b.local_rank, "numa": b.numa, "cpus": b.cpus or "", "hca": b.hca or ""}
         for b in sorted(node.binding, key=lambda b: b.local_rank)
     ]
-
-
-def master_port_expr() -> str:
-    """Shell arithmetic for MASTER_PORT from the job id (the formula of `master_port`)."""
-    return f"$(( {MASTER_PORT_BASE} + SLURM_JOB_ID % {MASTER_PORT_SPAN} ))"
-
-
-def master_port(job_id: int) -> int:
-    """MASTER_PORT of a job, in Python (submitit's local executor sets no Slurm variables)."""
-    return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN

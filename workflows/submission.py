@@ -13,26 +13,50 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import JobPlan
 from vitpod.workflows.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
 
+SBATCH_TIMEOUT_S = 60
+
+
+class SbatchUnanswered(ConfigError):
+    """sbatch timed out: the controller may have queued the job without our hearing back."""
+
 
 def sbatch(script: Path, extra: Sequence[str] = ()) -> str:
     """`sbatch --parsable [EXTRA] SCRIPT` from the script's directory; returns the job id.
     `extra`: options that override the script's #SBATCH lines (the doctor's --exclude)."""
-    out = subprocess.run(
-        ["sbatch", "--parsable", *extra, str(script)],
-        capture_output=True,
-        text=True,
-        cwd=script.parent,
-        timeout=60,
-    )
+    try:
+        out = subprocess.run(
+            ["sbatch", "--parsable", *extra, str(script)],
+            capture_output=True,
+            text=True,
+            cwd=script.parent,
+            timeout=SBATCH_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        name = _job_name(script)
+        raise SbatchUnanswered(
+            f"sbatch did not answer within {SBATCH_TIMEOUT_S} s: the job may be queued anyway; "
+            f"check with `squeue --me --name {name}` (or `sacct --name {name}`) before "
+            f"submitting again; {script.parent} is kept"
+        ) from None
     if out.returncode != 0:
         raise ConfigError(f"sbatch rejected {script}: {out.stderr.strip() or out.stdout.strip()}")
     return out.stdout.strip().split(";")[0]
 
 
+def _job_name(script: Path) -> str:
+    for line in script.read_text().splitlines():
+        if line.startswith("#SBATCH --job-name="):
+            return line.split("=", 1)[1].strip()
+    return script.parent.name
+
+
 def sbatch_run(script: Path, extra: Sequence[str] = ()) -> str:
-    """sbatch a run directory's script; if sbatch rejects it, the run directory goes too."""
+    """sbatch a run directory's script; only a clear rejection removes the run directory (after
+    a timeout the job may be queued and will write there)."""
     try:
         return sbatch(script, extra)
+    except SbatchUnanswered:
+        raise
     except ConfigError:
         remove_run_dir(script.parent)
         raise

@@ -1,0 +1,132 @@
+"""The preflight's Slurm-side checks: partition, usable nodes, GPUs, memory, CPUs, time, account."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.partitions import (
+    NodeInfo,
+    PartitionInfo,
+    associations,
+    cluster_partitions,
+    partition_info,
+)
+from vitpod.workflows.profile import Profile
+from vitpod.workflows.quantities import slurm_minutes
+from vitpod.workflows.spec import JobSpec
+
+_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+class Planned(Protocol):
+    @property
+    def spec(self) -> JobSpec: ...
+    @property
+    def profile(self) -> Profile: ...
+
+
+def mem_mb(mem: str) -> int:
+    """Slurm's --mem in MB ('0': all of a node's memory, counted as 0 here)."""
+    unit = mem[-1].upper() if mem and mem[-1].isalpha() else "M"
+    number = mem[:-1] if mem and mem[-1].isalpha() else mem
+    return int(int(number or 0) * _MB[unit])
+
+
+def check_partition(plan: Planned) -> list[str]:
+    """The stage's partition exists and has enough usable nodes with the GPUs, memory and CPUs
+    a node of the job asks for, and a MaxTime that allows the job's time."""
+    spec = plan.spec
+    field = f"partitions.{spec.stage}"
+    info = partition_info(spec.partition)
+    if info is None:
+        raise ConfigError(
+            f"profile {spec.profile.name}: {field}.name={spec.partition!r} does not exist on "
+            f"this cluster (sinfo lists {sorted(cluster_partitions())}); fix the profile"
+        )
+    _check_node_count(spec, info, field)
+    fit = _check_resources(plan, info)
+    want = slurm_minutes(spec.time)
+    if info.max_minutes is not None and want > info.max_minutes:
+        raise ConfigError(
+            f"profile {spec.profile.name}: {field}.time={spec.time!r} exceeds partition "
+            f"{spec.partition!r}'s MaxTime ({info.max_minutes} min); lower {field}.time"
+        )
+    limit = info.max_minutes if info.max_minutes is not None else "UNLIMITED"
+    return [
+        f"partition {spec.partition}: {len(info.usable)} usable of {info.total_nodes} node(s), "
+        f"{fit} fit a node of the job ({spec.gpus_per_node} GPU(s), "
+        f"{spec.tasks_per_node * spec.cpus_per_task} CPUs, --mem={spec.mem}), MaxTime {limit} min"
+    ]
+
+
+def _check_node_count(spec: JobSpec, info: PartitionInfo, field: str) -> None:
+    limit = min(info.total_nodes, info.max_nodes or info.total_nodes)
+    if spec.nodes > limit:
+        most = info.max_nodes or "UNLIMITED"
+        raise ConfigError(
+            f"NODES={spec.nodes}: partition {spec.partition!r} can give a job at most {limit} "
+            f"node(s) (Slurm: TotalNodes={info.total_nodes}, MaxNodes={most}); use "
+            f"NODES={limit} or fewer, or another partition in {field}"
+        )
+    usable = info.usable
+    if spec.nodes > len(usable):
+        out = sorted(f"{n.name}:{n.state}" for n in info.nodes if not n.usable)
+        raise ConfigError(
+            f"NODES={spec.nodes}: partition {spec.partition!r} has {len(usable)} usable node(s) "
+            f"now ({', '.join(out)} are not IDLE/MIXED/ALLOCATED/COMPLETING); use "
+            f"NODES={len(usable)} or fewer, or wait until they are resumed (sinfo -R says why)"
+        )
+
+
+def _check_resources(plan: Planned, info: PartitionInfo) -> int:
+    """How many usable nodes can hold one node of the job; ConfigError when fewer than NODES,
+    naming the first resource that runs short and the node-type field to fix."""
+    spec = plan.spec
+    node_type = f"node_types.{plan.profile.partition(spec.stage).node_type}"
+    cpus = spec.tasks_per_node * spec.cpus_per_task
+    mem = mem_mb(spec.mem)
+    needs: list[tuple[str, int, str, Callable[[NodeInfo], int]]] = [
+        ("gres gpu", spec.gpus_per_node, f"{node_type}.gpus_per_node", lambda n: n.gpus),
+        ("RealMemory MB", mem, f"{node_type}.mem (the job's --mem={spec.mem})",
+         lambda n: n.memory_mb),
+        ("CPUTot", cpus, f"{node_type}.cpus_per_node or tasks_per_node (tasks_per_node x "
+         f"cpus_per_task = {spec.tasks_per_node} x {spec.cpus_per_task})", lambda n: n.cpus),
+    ]  # fmt: skip
+    nodes: list[NodeInfo] = list(info.usable)
+    for what, need, fix, have in needs:
+        fit = [n for n in nodes if have(n) >= need]
+        if len(fit) < spec.nodes:
+            most = max((have(n) for n in nodes), default=0)
+            raise ConfigError(
+                f"profile {spec.profile.name}: a node of the job needs {need} {what} but "
+                f"partition {spec.partition!r} offers at most {most} on its usable nodes "
+                f"({len(fit)} fit, NODES={spec.nodes}); fix {fix}"
+            )
+        nodes = fit
+    return len(nodes)
+
+
+def check_account(spec: JobSpec) -> list[str]:
+    """The profile's account and QOS must be an association of the user (sacctmgr)."""
+    if not (spec.account or spec.qos):
+        return []
+    pairs = associations()
+    if pairs is None:
+        return ["account/qos: no Slurm accounting (sacctmgr) to check them against; not checked"]
+    accounts = {a for a, _ in pairs}
+    if spec.account and spec.account not in accounts:
+        raise ConfigError(
+            f"profile {spec.profile.name}: account={spec.account!r} is not one of your Slurm "
+            f"accounts {sorted(accounts)} (sacctmgr show assoc); fix account in the profile"
+        )
+    if spec.qos:
+        allowed = {q for a, q in pairs if spec.account in (None, a)}
+        if spec.qos not in allowed:
+            raise ConfigError(
+                f"profile {spec.profile.name}: qos={spec.qos!r} is not allowed for account "
+                f"{spec.account or '(default)'} (sacctmgr lists {sorted(allowed)}); fix qos in "
+                f"the profile"
+            )
+    return [f"account {spec.account or '(default)'}, qos {spec.qos or '(default)'}: associated"]
