@@ -39,11 +39,11 @@ WF := $(PY) -m vitpod.workflows
 FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
-.PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
+.PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
         container slurm-up slurm-down bench calibrate token-labels shards
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels shards container slurm-up slurm-down bench"
+	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status scaling report calibrate token-labels shards container slurm-up slurm-down bench"
 	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards)"
 
 setup:
@@ -71,6 +71,10 @@ pretrain:
 
 finetune:
 	$(WF) submit --stage finetune $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM"
+
+# RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch (workflows/resume.py).
+resume:
+	$(WF) resume --run "$$RUN" --nodes "$$NODES"
 
 pipeline:
 	$(WF) pipeline $(STAGE_ARGS) --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT"

@@ -24,6 +24,7 @@ COMMANDS = {
     "render": "vitpod.workflows.cli:render_main",
     "preflight": "vitpod.workflows.cli:preflight_main",
     "submit": "vitpod.workflows.cli:submit_main",
+    "resume": "vitpod.workflows.resume:main",
     "pipeline": "vitpod.workflows.chain_cli:main",
     "demo": "vitpod.workflows.demo:main",
     "status": "vitpod.workflows.status_cli:main",
