@@ -56,7 +56,8 @@ def _manifest(run: Path) -> dict[str, Any]:
     try:
         return json.loads((run / runfiles.MANIFEST).read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{run}: not a run directory with a readable manifest.json ({exc})")
+        msg = f"{run}: not a run directory with a readable manifest.json ({exc})"
+        raise ConfigError(msg) from None
 
 
 def plan_resume(run: Path, nodes: str) -> JobPlan:
