@@ -19,6 +19,7 @@ from vitpod.trainer.config import ConfigError, TrainConfig, resolve
 from vitpod.trainer.data.sharding import epoch_order, rank_batches
 from vitpod.trainer.elastic import ElasticError, accumulation_for
 from vitpod.trainer.exitcodes import OK, REQUEUE
+from vitpod.workflows.runsizes import world_sizes
 
 # volo_tiny on digits (1433 train images) at 32 px, global batch 32 = 4 ranks x 8 x 1 or
 # 2 ranks x 8 x 2: 45 steps per epoch (the 45th holds the 25-image tail). Random
@@ -31,9 +32,11 @@ ARGS = [
     "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--hflip", "0.5",
 ]  # fmt: skip
 STEPS = 90
-# float32 on CPU: 4 x (8 x 1) and 2 x (8 x 2) sum the same gradients in another order; the
-# measured maximum |loss difference| per step over 90 steps was below 1e-4 (see docs).
-LOSS_TOLERANCE = 2e-3
+# "global_loss" (--log-sample-ids): the step's mean loss over its 32 samples, whatever the
+# split. float32 on CPU: 4 x (8 x 1) and 2 x (8 x 2) sum the same gradients in another order,
+# and the difference grows over the steps; measured maximum over 90 steps: see
+# docs/preemption-and-resume.md.
+LOSS_TOLERANCE = 1e-2
 
 
 def step_splits(n: int, world: int, batch: int, accum: int, start: int = 0) -> list[list[int]]:
@@ -106,7 +109,7 @@ def test_preempted_run_continues_on_another_world_size(
     assert wait_ranks(procs, tmp_path / "l1", 900) == [REQUEUE] * before, logs(tmp_path / "l1")
     stopped_at = max(step_records(stopped))
     resumed = train(digits_dir, tmp_path, "stopped", after)
-    assert "resumed from" in logs(tmp_path / "stopped.log")
+    assert "resumed from" in "".join(p.read_text() for p in (tmp_path / "stopped.log").iterdir())
 
     a, b = step_records(straight), step_records(resumed)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
@@ -117,7 +120,8 @@ def test_preempted_run_continues_on_another_world_size(
     assert [a[s]["sample_digest"] for s in a] == [b[s]["sample_digest"] for s in a]
     assert {b[s]["world_size"] for s in b if s <= stopped_at} == {before}
     assert {b[s]["world_size"] for s in b if s > stopped_at} == {after}
-    deviation = max(abs(a[s]["loss"] - b[s]["loss"]) for s in a)
+    assert world_sizes(resumed) == [before, after]  # what `make status` shows as ranks=4>2
+    deviation = max(abs(a[s]["global_loss"] - b[s]["global_loss"]) for s in a)
     print(f"{before}->{after} ranks at step {stopped_at}: max |loss diff| {deviation:.2e}")
     assert deviation < LOSS_TOLERANCE
     tops = [json.loads((run / "summary.json").read_text())["top1"] for run in (straight, resumed)]

@@ -15,23 +15,33 @@ class StepSamples:
     def __init__(self, data_rank: int) -> None:
         self.data_rank = data_rank
         self.ids: list[int] = []
+        self.loss_sum = 0.0
 
-    def add(self, indices: torch.Tensor) -> None:
+    def add(self, indices: torch.Tensor, loss: torch.Tensor | None) -> None:
         self.ids.extend(int(i) for i in indices.tolist())
+        if loss is not None:  # a micro-batch's mean loss, weighted by its samples
+            self.loss_sum += float(loss.detach()) * len(indices)
 
-    def digest(self) -> str:
-        """The same hash on every rank: the step's ids of every data-parallel rank, sorted.
+    def clear(self) -> None:
+        self.ids, self.loss_sum = [], 0.0
+
+    def digest(self) -> dict[str, Any]:
+        """{"sample_digest", "global_loss"}, the same on every rank: the hash of the step's ids of
+        every data-parallel rank, sorted, and the mean loss over all of them (comparable across
+        world sizes, unlike a rank's own loss).
 
         Ranks of one model replica (tp x pp) read the same samples: they count once, while two
         data-parallel ranks reading one sample would show as a repeated id.
         """
-        mine: Any = (self.data_rank, self.ids)
+        mine: Any = (self.data_rank, (self.ids, self.loss_sum))
         every: list[Any] = [None] * dist.get_world_size() if dist.is_initialized() else [mine]
         if dist.is_initialized():
             dist.all_gather_object(every, mine)
-        self.ids = []
+        self.clear()
         by_rank = dict(every)
-        return sample_digest([i for ids in by_rank.values() for i in ids])
+        ids = [i for ids, _ in by_rank.values() for i in ids]
+        loss = sum(part for _, part in by_rank.values()) / max(1, len(ids))
+        return {"sample_digest": sample_digest(ids), "global_loss": loss}
 
 
 def sample_digest(ids: list[int]) -> str:

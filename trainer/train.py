@@ -93,7 +93,7 @@ class Trainer:
         self._pending: list[tuple[int, int, int, torch.Tensor, float, dict, bool]] = []
         self.log_every = max(1, cfg.log_interval)
         self.samples = StepSamples(self.data_rank) if cfg.log_sample_ids else None
-        self._digests: dict[int, str] = {}
+        self._digests: dict[int, dict[str, Any]] = {}
 
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
@@ -164,8 +164,6 @@ class Trainer:
         timer, micro = self._timer(), 0
         for images, targets in self.train_loader:
             timer.lap("data")
-            if self.samples is not None:
-                self.samples.add(self.train_loader.last_indices)
             reseed_for_step(cfg.seed, self.data_rank, self.step, micro)
             last = micro + 1 == cfg.accum_steps
             if engine.pipelined:  # the schedule runs the step's micro-batches together
@@ -181,6 +179,8 @@ class Trainer:
                     loss = self.criterion(output, _to_device(targets, self.device))
                 engine.backward(loss)
             timer.lap("compute")
+            if self.samples is not None:
+                self.samples.add(self.train_loader.last_indices, loss)
             micro += 1
             if not last:
                 continue
@@ -203,7 +203,7 @@ class Trainer:
                 return "max_steps"
         engine.optimizer.zero_grad(set_to_none=True)  # an incomplete accumulation is dropped
         if self.samples is not None:
-            self.samples.ids.clear()
+            self.samples.clear()
         if engine.pipelined:
             engine.discard_partial()
         self._flush_steps()
@@ -243,8 +243,7 @@ class Trainer:
         losses = torch.stack([p[3] for p in self._pending]).float().tolist()
         for record, loss in zip(self._pending, losses, strict=True):
             step, epoch, images, _, lr, times, warmup = record
-            digest = self._digests.pop(step, None)
-            extra = {"sample_digest": digest} if digest else {}
+            extra = self._digests.pop(step, {})
             self.metrics.step(step, epoch, images, loss, lr, times, warmup, **extra)
         self._pending.clear()
 
