@@ -56,7 +56,7 @@ def _steps(run: Path) -> dict[int, dict]:
     return out
 
 
-def _stop(slurm, job: str, run: Path, step: int) -> int:
+def _stop(job: str, run: Path, step: int) -> int:
     """USR2 at `step`; the job checkpoints, exits 75 and is requeued: cancel the requeued job.
     Returns the newest checkpoint's step."""
     _wait_until(f"job {job} step {step}", lambda: _last_step(run) >= step)
@@ -64,8 +64,14 @@ def _stop(slurm, job: str, run: Path, step: int) -> int:
     _wait_until("the preemption checkpoint", lambda: bool(list(run.glob("checkpoints/step_*"))))
     _wait_until("the requeue", lambda: "requeueing" in _batch_logs(run))
     subprocess.run(["scancel", job], check=True)
-    slurm.wait(job, timeout=900)
+    # sacct may keep saying REQUEUED for a requeued job cancelled while pending: ask squeue.
+    _wait_until(f"job {job} to leave the queue", lambda: not _queued(job))
     return int(sorted(run.glob("checkpoints/step_*"))[-1].name.split("_")[1])
+
+
+def _queued(job: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True)
+    return bool(out.stdout.strip())
 
 
 def _batch_logs(run: Path) -> str:
@@ -82,7 +88,7 @@ def test_preempted_jobs_continue_on_another_node_count(
     want = _steps(reference)
     assert sorted(want) == list(range(1, STEPS + 1))
     for nodes, (job, run) in cases.items():
-        stopped_at = _stop(local_slurm, job, run, random.Random(nodes).randrange(5, 35))
+        stopped_at = _stop(job, run, random.Random(nodes).randrange(5, 35))
         out = _make(tmp_path, "resume", f"RUN={run}", f"NODES={3 - nodes}")
         assert "accumulation" in out and (run / "plan.restart1.json").is_file(), out
         plan = json.loads((run / "plan.json").read_text())
