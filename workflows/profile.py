@@ -314,13 +314,13 @@ class Profile(Strict):
                     f"partitions.{stage}.node_type={part.node_type!r} is not a key of node_types "
                     f"{sorted(self.node_types)}; name one of them"
                 )
+            if part.nodes_max is not None and part.nodes_max < part.nodes:
+                raise ValueError(f"partitions.{stage}: nodes MIN-MAX needs MIN <= MAX")
             if max(part.nodes, part.nodes_max or 0) > part.node_limit:
                 raise ValueError(
                     f"partitions.{stage}: nodes={part.nodes}-{part.nodes_max} exceeds "
                     f"max_nodes={part.max_nodes}"
                 )
-            if part.nodes_max is not None and part.nodes_max < part.nodes:
-                raise ValueError(f"partitions.{stage}: nodes MIN-MAX needs MIN <= MAX")
         if self.scheduler == "local" and self.container is not None:
             raise ValueError("container: a local profile runs without a container; remove it")
         return self
