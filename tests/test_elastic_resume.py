@@ -33,10 +33,13 @@ ARGS = [
 ]  # fmt: skip
 STEPS = 90
 # "global_loss" (--log-sample-ids): the step's mean loss over its 32 samples, whatever the
-# split. float32 on CPU: 4 x (8 x 1) and 2 x (8 x 2) sum the same gradients in another order,
-# and the difference grows over the steps; measured maximum over 90 steps: see
-# docs/preemption-and-resume.md.
-LOSS_TOLERANCE = 1e-2
+# split. float32 on CPU: 4 x (8 x 1) and 2 x (8 x 2) sum the same gradients in another order.
+# Measured (4 -> 2 ranks, signal at step 21 of 90): equal to the bit for steps 1-40, then the
+# rounding differences grow to a maximum of 1.63e-2 (step ~56); final top-1 45.33 vs 46.70 %.
+# Right after the resume the state is the same up to rounding: those steps must agree closely.
+LOSS_TOLERANCE = 3e-2
+RESUME_TOLERANCE = 1e-3  # the 5 steps after the resume
+TOP1_TOLERANCE = 3.0  # percentage points of the 364 validation images
 
 
 def step_splits(n: int, world: int, batch: int, accum: int, start: int = 0) -> list[list[int]]:
@@ -124,6 +127,10 @@ def test_preempted_run_continues_on_another_world_size(
     deviation = max(abs(a[s]["global_loss"] - b[s]["global_loss"]) for s in a)
     print(f"{before}->{after} ranks at step {stopped_at}: max |loss diff| {deviation:.2e}")
     assert deviation < LOSS_TOLERANCE
+    after_resume = [
+        abs(a[s]["global_loss"] - b[s]["global_loss"]) for s in a if 0 < s - stopped_at <= 5
+    ]
+    assert max(after_resume) < RESUME_TOLERANCE, after_resume
     tops = [json.loads((run / "summary.json").read_text())["top1"] for run in (straight, resumed)]
-    assert abs(tops[0] - tops[1]) <= 2.0, tops  # percent of the 364 validation images
+    assert abs(tops[0] - tops[1]) <= TOP1_TOLERANCE, tops
     assert np.isfinite(deviation)
