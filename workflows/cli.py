@@ -24,7 +24,6 @@ COMMANDS = {
     "render": "vitpod.workflows.cli:render_main",
     "preflight": "vitpod.workflows.cli:preflight_main",
     "submit": "vitpod.workflows.cli:submit_main",
-    "resume": "vitpod.workflows.resume:main",
     "pipeline": "vitpod.workflows.chain_cli:main",
     "demo": "vitpod.workflows.demo:main",
     "status": "vitpod.workflows.status_cli:main",
@@ -33,6 +32,7 @@ COMMANDS = {
     "token-labels": "vitpod.workflows.labels:main",
     "memory": "vitpod.workflows.planners:memory_cli",
     "layouts": "vitpod.workflows.planners:layouts_cli",
+    "resume": "vitpod.workflows.resume:main",
 }
 
 
