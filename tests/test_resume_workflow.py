@@ -44,3 +44,16 @@ def test_a_global_batch_that_cannot_split_names_the_node_counts_that_work(tmp_pa
     # 1 node x 2 ranks x 8 x 3 = 48: 2 nodes (4 ranks) would need accumulation 1.5
     with pytest.raises(ConfigError, match="NODES that work: 1$"):
         plan_resume(run, "2")
+
+
+def test_status_shows_the_ranks_of_each_stretch(tmp_path: Path) -> None:
+    from vitpod.workflows.runsizes import world_sizes
+    from vitpod.workflows.status import stage_status
+
+    (tmp_path / "metrics").mkdir()
+    steps = [(1, 4), (2, 4), (3, 2), (2, 2), (4, 4)]  # resized, a step redone, resized back
+    lines = [json.dumps({"kind": "step", "step": s, "world_size": w}) for s, w in steps]
+    (tmp_path / "metrics" / "rank0.jsonl").write_text("\n".join(lines) + "\n{trunc")
+    assert world_sizes(tmp_path) == [4, 2, 4]
+    line = stage_status("pretrain", tmp_path, [], [], "COMPLETED").line()
+    assert "ranks=4>2>4" in line
