@@ -83,18 +83,24 @@ def test_preempted_jobs_continue_on_another_node_count(
 ) -> None:
     profile = _profile(tmp_path, digits_dir.parent)
     ref_job, reference = _submit(tmp_path, profile, 2)
-    cases = {2: _submit(tmp_path, profile, 2), 1: _submit(tmp_path, profile, 1)}
+    pending = [_submit(tmp_path, profile, 2)]
     assert local_slurm.wait(ref_job, timeout=1800) == "COMPLETED"
     want = _steps(reference)
     assert sorted(want) == list(range(1, STEPS + 1))
-    for nodes, (job, run) in cases.items():
+    resumed = []
+    for nodes in (2, 1):  # 2 -> 1 node, then 1 -> 2 (submitted once the first is stopped)
+        job, run = pending.pop()
         stopped_at = _stop(job, run, random.Random(nodes).randrange(5, 35))
         out = _make(tmp_path, "resume", f"RUN={run}", f"NODES={3 - nodes}")
         assert "accumulation" in out and (run / "plan.restart1.json").is_file(), out
-        plan = json.loads((run / "plan.json").read_text())
-        assert plan["resources"]["nodes"] == 3 - nodes
+        assert json.loads((run / "plan.json").read_text())["resources"]["nodes"] == 3 - nodes
         new_job = re.search(r"submitted batch job (\d+)", out)
-        assert new_job and local_slurm.wait(new_job[1], timeout=1800) == "COMPLETED", out
+        assert new_job, out
+        resumed.append((nodes, stopped_at, new_job[1], run))
+        if nodes == 2:
+            pending.append(_submit(tmp_path, profile, 1))
+    for nodes, stopped_at, job, run in resumed:
+        assert local_slurm.wait(job, timeout=1800) == "COMPLETED", run
         got = _steps(run)
         assert sorted(got) == sorted(want)
         assert [got[s]["sample_digest"] for s in want] == [want[s]["sample_digest"] for s in want]
