@@ -45,12 +45,12 @@ FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
 
-.PHONY: help setup test lint render preflight pretrain finetune pipeline demo status scaling report \
+.PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
         container slurm-up slurm-down bench calibrate token-labels shards profile doctor
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune pipeline demo status scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight: 1 = skip the Slurm checks)"
+	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight: 1 = skip the Slurm checks) RUN= NODES= (resume)"
 
 setup:
 	bash scripts/setup.sh
@@ -77,6 +77,10 @@ pretrain:
 
 finetune:
 	$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
+
+# RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch (workflows/resume.py).
+resume:
+	$(WF) resume --run "$$RUN" --nodes "$$NODES"
 
 pipeline:
 	$(WF) pipeline $(STAGE_ARGS) --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT"

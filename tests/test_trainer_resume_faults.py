@@ -10,6 +10,7 @@ import torch
 
 from tests.test_trainer_launch import logs, run_ranks
 from vitpod.trainer.checkpoint import Checkpointer, ResumeError
+from vitpod.trainer.elastic import Resize
 from vitpod.trainer.exitcodes import OK, USAGE
 
 
@@ -60,6 +61,21 @@ def test_resume_onto_another_world_size_is_refused_clearly(tmp_path: Path) -> No
         Checkpointer(tmp_path / "two", 0, 4).agree_on_latest()
 
 
+def test_another_world_size_resumes_with_the_same_global_batch_unless_deepspeed(
+    tmp_path: Path,
+) -> None:
+    for rank in range(4):
+        ck = Checkpointer(tmp_path, rank=rank, world_size=4, elastic=Resize(64, "ring"))
+        ck.save(4, 0, {"step": 4})
+        ck.close()
+    step = tmp_path / "step_000000004"
+    assert Checkpointer(tmp_path, 0, 2, elastic=Resize(64, "ps")).agree_on_latest() == step
+    with pytest.raises(ResumeError, match="global batch 64, this job has 2 ranks and global batch"):
+        Checkpointer(tmp_path, 0, 2, elastic=Resize(32, "ring")).agree_on_latest()
+    with pytest.raises(ResumeError, match="DeepSpeed ZeRO partitions of 4 ranks.*ds_to_universal"):
+        Checkpointer(tmp_path, 0, 2, elastic=Resize(64, "deepspeed")).agree_on_latest()
+
+
 ARGS = [
     "--model", "volo_tiny", "--num-classes", "10", "--img-size", "32", "-b", "16",
     "--workers", "0", "--loader", "torch", "--epochs", "1", "--warmup-epochs", "0",
@@ -82,7 +98,10 @@ def test_trainer_exits_usage_when_requeued_onto_another_world_size(
     )
     codes = run_ranks(2, [*args, "--max-steps", "4"], tmp_path / "l2")
     assert codes == [USAGE, USAGE], logs(tmp_path / "l2")
-    assert "written by 1 ranks, this job has 2" in logs(tmp_path / "l2")
+    # -b 16 on 2 ranks is another global batch (32, not 16): the samples of a step would change
+    assert "written by 1 ranks with global batch 16, this job has 2 ranks and global batch 32" in (
+        logs(tmp_path / "l2")
+    )
     assert os.listdir(run / "checkpoints") == ["step_000000002"]  # nothing new written
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from vitpod.registry import io, runfiles
+from vitpod.trainer import elastic as elastic_rules
 from vitpod.trainer.host_stage import HostStager
 from vitpod.trainer.torchsave import atomic_torch_save, sha256_of
 
@@ -30,7 +31,8 @@ class Checkpointer:
     """save (async) / wait / latest_valid / load over RUN_DIR/checkpoints/step_N/rank{R}.pt."""
 
     def __init__(self, root: Path, rank: int, world_size: int, keep_last: int = 3,
-                 milestone_every: int = 0, use_async: bool = True) -> None:  # fmt: skip
+                 milestone_every: int = 0, use_async: bool = True,
+                 elastic: elastic_rules.Resize | None = None) -> None:  # fmt: skip
         if keep_last < 1:
             raise ValueError(
                 "--keep-last must be at least 1 (the newest checkpoint is the resume point)"
@@ -41,6 +43,7 @@ class Checkpointer:
         self.keep_last = keep_last
         self.milestone_every = milestone_every
         self.use_async = use_async
+        self.elastic = elastic  # None: a resume needs the world size that wrote the checkpoint
         self.stager = HostStager()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -81,6 +84,8 @@ class Checkpointer:
         )
         meta = {"step": step, "epoch": epoch, "rank": self.rank, "world_size": self.world_size,
                 "milestone": milestone, "epoch_end": epoch_end}  # fmt: skip
+        if self.elastic is not None:
+            meta["global_batch"] = self.elastic.global_batch
         if not self.use_async:
             self._write(self._stage(state), meta)
             self._raise_pending()
@@ -225,15 +230,17 @@ class Checkpointer:
     def _refusal(self, directory: Path) -> str | None:
         """Why this job may not resume `directory`, or None.
 
-        Resuming on another world size is refused: the global batch (and with it the LR that
-        scales with it, the steps per epoch and so the LR schedule's position), the per-rank
-        files and DeepSpeed's ZeRO partitions all belong to the world size that wrote them.
-        The data position alone would carry over (the loader state counts global samples),
-        but the run would no longer be the one that was started.
+        Another world size is fine when the global batch is the same (so the LR, the steps per
+        epoch and the schedule's position, and the samples of each step are) and the engine's
+        state is replicated (DDP) or reshardable (DCP): see trainer/elastic.py. Otherwise the
+        global batch, the per-rank files or DeepSpeed's ZeRO partitions belong to the world
+        size that wrote them.
         """
         saved = self.saved_world_size(directory)
         if saved is None or saved == self.world_size:
             return None
+        if self.elastic is not None:
+            return self.elastic.refusal(directory, saved, self.world_size)
         return (
             f"checkpoint {directory} was written by {saved} ranks, this job has "
             f"{self.world_size}: resume it with {saved} ranks (as many nodes x tasks as "
@@ -242,12 +249,17 @@ class Checkpointer:
         )
 
     def load(self, directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(rank 0's shared training state, this rank's own state)."""
+        """(rank 0's shared training state, this rank's own state).
+
+        Written by another world size (elastic resume): every rank takes rank 0's own state,
+        whose loader position counts global samples and whose RNG each step reseeds anyway.
+        """
         shared = torch.load(directory / "rank0.pt", map_location="cpu", weights_only=False)
         own_file = directory / f"rank{self.rank}.pt"
+        resized = self.saved_world_size(directory) != self.world_size
         own = (
             shared
-            if self.rank == 0
+            if self.rank == 0 or resized
             else torch.load(own_file, map_location="cpu", weights_only=False)
         )
         return shared, own

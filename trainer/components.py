@@ -12,7 +12,8 @@ def data_config(cfg: TrainConfig):
 
     return DataConfig(
         data_dir=cfg.data_dir or "", dataset=cfg.dataset, img_size=cfg.img_size,
-        batch_size=cfg.batch_size, workers=cfg.workers, loader=cfg.loader,
+        batch_size=cfg.batch_size, accum_steps=cfg.accum_steps, workers=cfg.workers,
+        loader=cfg.loader,
         crop_pct=cfg.crop_pct or 0.875, scale=(cfg.scale[0], cfg.scale[1]), hflip=cfg.hflip,
         auto_augment=cfg.aa or None,
         reprob=cfg.reprob, num_classes=cfg.num_classes, token_label=cfg.token_label,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitpod.registry import models
+from vitpod.trainer import elastic
 
 
 class ConfigError(ValueError):
@@ -120,6 +121,13 @@ class TrainConfig:
         default=None, metadata=_arg("optim", "clip grad norm (off if unset)")
     )
     accum_steps: int = field(default=1, metadata=_arg("optim", "micro-batches per optimizer step"))
+    elastic: bool = field(
+        default=False,
+        metadata=_arg(
+            "optim",
+            "keep --global-batch on any world size: -b stays, --accum-steps = global/(dp x b)",
+        ),
+    )
     max_steps: int | None = field(
         default=None, metadata=_arg("optim", "stop after N optimizer steps")
     )
@@ -165,6 +173,10 @@ class TrainConfig:
     )
     eval: bool = field(default=True, metadata=_arg("run", "evaluate on the val split"))
     log_interval: int = field(default=50, metadata=_arg("run", "metrics line every N steps"))
+    log_sample_ids: bool = field(
+        default=False,
+        metadata=_arg("run", "each step record carries sample_digest (its global sample ids)"),
+    )
     # Experiment tracking (timm train.py's --log-wandb); rank 0 only, see trainer/metrics.py.
     log_wandb: bool = field(
         default=False,
@@ -223,7 +235,9 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
             setattr(cfg, name, defaults[name])
     if cfg.token_label and cfg.token_label_size is None:
         cfg.token_label_size = cfg.img_size // 16
-    if cfg.global_batch is not None:
+    if cfg.elastic:
+        _elastic_accumulation(cfg)
+    elif cfg.global_batch is not None:
         ranks = cfg.dp_size * cfg.accum_steps
         if cfg.global_batch % ranks:
             raise ConfigError(
@@ -236,6 +250,16 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     if cfg.apex_amp:
         cfg.amp = True
     return cfg
+
+
+def _elastic_accumulation(cfg: TrainConfig) -> None:
+    """The accumulation that keeps --global-batch on this job's data-parallel size."""
+    if cfg.global_batch is None:
+        raise ConfigError("--elastic needs --global-batch (the batch kept on any world size)")
+    try:
+        cfg.accum_steps = elastic.accumulation_for(cfg.global_batch, cfg.dp_size, cfg.batch_size)
+    except elastic.ElasticError as err:
+        raise ConfigError(f"--elastic: {err}") from err
 
 
 def model_defaults(model: str) -> dict[str, float]:

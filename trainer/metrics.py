@@ -149,7 +149,7 @@ class MetricsLogger:
         self.file.write(json.dumps(record) + "\n")
 
     def step(self, step: int, epoch: int, batch_size: int, loss: float, lr: float,
-             times: dict[str, float], warmup: bool) -> None:  # fmt: skip
+             times: dict[str, float], warmup: bool, **extra: Any) -> None:  # fmt: skip
         rate = batch_size / times["step"] if times["step"] > 0 else 0.0
         peak = peak_memory_bytes(self.device)
         # total_steps and the wall-clock time let `make status FOLLOW=1` show progress and ETA.
@@ -157,7 +157,7 @@ class MetricsLogger:
             "kind": "step", "step": step, "epoch": epoch, "rank": self.rank,
             "world_size": self.world_size, "batch_size": batch_size, "loss": loss, "lr": lr,
             "images_per_s": rate, "time": times, "peak_mem_bytes": peak,
-            "warmup": warmup, "total_steps": self.total_steps, "wall_time": time.time(),
+            "warmup": warmup, "total_steps": self.total_steps, "wall_time": time.time(), **extra,
         }  # fmt: skip
         self.write(record)
         if self.rank != 0:

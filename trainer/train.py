@@ -22,6 +22,7 @@ from vitpod.trainer.components import (
     resolve_num_classes,
 )
 from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.elastic import Resize, position_fits
 from vitpod.trainer.engine import Engine
 from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.trainer.mesh import local_param_bytes, max_over_ranks
@@ -32,6 +33,7 @@ from vitpod.trainer.parallel import parallelize
 from vitpod.trainer.precision import make_precision, prepare_model
 from vitpod.trainer.preempt import Preemption
 from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
+from vitpod.trainer.sample_digest import StepSamples
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ class Trainer:
         )  # fmt: skip
         self.checkpointer = ckpt.Checkpointer(
             self.run_dir / runfiles.CHECKPOINTS, env.rank, env.world_size, cfg.keep_last,
-            cfg.milestone_every,
+            cfg.milestone_every, elastic=Resize(cfg.global_batch_size, self.engine.name),
         )  # fmt: skip
         total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
         self.metrics = MetricsLogger(
@@ -90,6 +92,8 @@ class Trainer:
         self.steps_this_process = 0
         self._pending: list[tuple[int, int, int, torch.Tensor, float, dict, bool]] = []
         self.log_every = max(1, cfg.log_interval)
+        self.samples = StepSamples(self.data_rank) if cfg.log_sample_ids else None
+        self._digests: dict[int, dict[str, Any]] = {}
 
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
@@ -175,6 +179,8 @@ class Trainer:
                     loss = self.criterion(output, _to_device(targets, self.device))
                 engine.backward(loss)
             timer.lap("compute")
+            if self.samples is not None:
+                self.samples.add(self.train_loader.last_indices, loss)
             micro += 1
             if not last:
                 continue
@@ -182,6 +188,8 @@ class Trainer:
             self.checkpointer.fence()  # a checkpoint's host copy must finish before params change
             engine.step()
             timer.lap("optimizer")
+            if self.samples is not None:
+                self._digests[self.step + 1] = self.samples.digest()
             self._record_step(loss.detach(), timer.finish(engine.comm_seconds()))
             micro, timer = 0, self._timer()
             if self.preemption.agreed():
@@ -194,6 +202,8 @@ class Trainer:
                 self._flush_steps()
                 return "max_steps"
         engine.optimizer.zero_grad(set_to_none=True)  # an incomplete accumulation is dropped
+        if self.samples is not None:
+            self.samples.clear()
         if engine.pipelined:
             engine.discard_partial()
         self._flush_steps()
@@ -233,7 +243,8 @@ class Trainer:
         losses = torch.stack([p[3] for p in self._pending]).float().tolist()
         for record, loss in zip(self._pending, losses, strict=True):
             step, epoch, images, _, lr, times, warmup = record
-            self.metrics.step(step, epoch, images, loss, lr, times, warmup)
+            extra = self._digests.pop(step, {})
+            self.metrics.step(step, epoch, images, loss, lr, times, warmup, **extra)
         self._pending.clear()
 
     def _reached_max_steps(self) -> bool:
@@ -308,12 +319,17 @@ class Trainer:
         self.engine.load_sharded(directory)
         self.scheduler.load_state_dict(shared["scheduler"])
         self.step, self.epoch = own["step"], own["epoch"]
-        same_mesh = own.get("mesh", self.mesh_shape) == self.mesh_shape
-        if not own["epoch_end"] and same_mesh:
+        # The loader's position counts global samples: it carries over to another world size
+        # when it falls on an optimizer step of this job's global batch (elastic.py).
+        if not own["epoch_end"] and position_fits(own["loader"], cfg.global_batch_size):
             self.train_loader.load_state_dict(own["loader"])
-        elif not own["epoch_end"]:  # another dp size splits the data differently
-            log.warning("mesh %s -> %s: the loader restarts epoch %d from its first batch",
-                        own["mesh"], self.mesh_shape, self.epoch)  # fmt: skip
+        elif not own["epoch_end"]:  # another global batch cuts the epoch differently
+            log.warning("loader position %s is no optimizer step of global batch %d: epoch %d"
+                        " restarts from its first batch", own["loader"]["samples_done"],
+                        cfg.global_batch_size, self.epoch)  # fmt: skip
+        if own.get("mesh", self.mesh_shape) != self.mesh_shape:  # read by status and goodput
+            self.metrics.write({"kind": "resize", "step": self.step, "from": own["mesh"],
+                                "to": self.mesh_shape, "world_size": cfg.world_size})  # fmt: skip
         set_rng_state(own["rng"])
         log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
 

@@ -34,6 +34,7 @@ COMMANDS = {
     "layouts": "vitpod.workflows.planners:layouts_cli",
     "profile": "vitpod.workflows.profile_cli:main",
     "doctor": "vitpod.workflows.doctor_cli:main",
+    "resume": "vitpod.workflows.resume:main",
 }
 
 

@@ -21,7 +21,7 @@ from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.flags import parse_args
-from vitpod.workflows import preflight, topology
+from vitpod.workflows import noderange, preflight, topology
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import Profile, load_profile, profile_path
 from vitpod.workflows.recipe import Recipe, load_recipe
@@ -159,6 +159,18 @@ def plan_job(req: Request) -> JobPlan:
     cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
     if req.entry == "trainer":
         cfg = _parse_trainer(spec.command, world)
+    if cfg is not None and partition.nodes_max and req.nodes in (None, ""):
+        # A node range and no NODES: Slurm gives MIN..MAX nodes. The global batch is planned
+        # at MAX; on fewer nodes the ranks take the accumulation that keeps it.
+        cfg = _parse_trainer(spec.command, partition.nodes_max * node.ranks_per_node)
+        noderange.check_range(cfg, nodes, partition.nodes_max, node.ranks_per_node)
+        spec = build_spec(
+            profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
+            tool_args=(*req.tool_args, *noderange.pinned_flags(cfg)), nodes_max=partition.nodes_max,
+            finetune_from=req.finetune_from or None, dependency=req.dependency or None,
+        )  # fmt: skip
+        cfg = _parse_trainer(spec.command, world)
+    if cfg is not None:
         preflight.check_layout(cfg, node, world)
         memory = preflight.memory_fit(cfg, node, world, req.stage, partition.name)
         engine, costs = _decide_engine(

@@ -57,10 +57,24 @@ class Partition(Strict):
     max_nodes: int | None = Field(
         default=None, ge=1, description="nodes in the partition (default: nodes)"
     )
+    nodes_max: int | None = Field(
+        default=None, ge=1, description="`nodes: MIN-MAX`: the job starts on MIN to MAX nodes"
+    )
 
     @property
     def node_limit(self) -> int:
-        return self.max_nodes or self.nodes
+        return self.max_nodes or self.nodes_max or self.nodes
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_range(cls, data: Any) -> Any:
+        """`nodes: 2-8` -> nodes 2, nodes_max 8: Slurm starts the job on what it can give."""
+        if isinstance(data, dict) and isinstance(data.get("nodes"), str) and "-" in data["nodes"]:
+            low, _, high = data["nodes"].partition("-")
+            if not (low.strip().isdigit() and high.strip().isdigit()):
+                raise ValueError(f"nodes={data['nodes']!r}: write a count or a range MIN-MAX")
+            data = {**data, "nodes": int(low), "nodes_max": int(high)}
+        return data
 
     @field_validator("time")
     @classmethod
@@ -319,9 +333,12 @@ class Profile(Strict):
                     f"partitions.{stage}.node_type={part.node_type!r} is not a key of node_types "
                     f"{sorted(self.node_types)}; name one of them"
                 )
-            if part.nodes > part.node_limit:
+            if part.nodes_max is not None and part.nodes_max < part.nodes:
+                raise ValueError(f"partitions.{stage}: nodes MIN-MAX needs MIN <= MAX")
+            if max(part.nodes, part.nodes_max or 0) > part.node_limit:
                 raise ValueError(
-                    f"partitions.{stage}: nodes={part.nodes} exceeds max_nodes={part.max_nodes}"
+                    f"partitions.{stage}: nodes={part.nodes}-{part.nodes_max} exceeds "
+                    f"max_nodes={part.max_nodes}"
                 )
         if self.scheduler == "local" and self.container is not None:
             raise ValueError("container: a local profile runs without a container; remove it")

@@ -63,10 +63,10 @@ def check_partition(plan: Planned) -> list[str]:
 
 def _check_node_count(spec: JobSpec, info: PartitionInfo, field: str) -> None:
     limit = min(info.total_nodes, info.max_nodes or info.total_nodes)
-    if spec.nodes > limit:
+    if (spec.nodes_max or spec.nodes) > limit:  # a range: its top end must fit too
         most = info.max_nodes or "UNLIMITED"
         raise ConfigError(
-            f"NODES={spec.nodes}: partition {spec.partition!r} can give a job at most {limit} "
+            f"NODES={spec.nodes_arg}: partition {spec.partition!r} can give a job at most {limit} "
             f"node(s) (Slurm: TotalNodes={info.total_nodes}, MaxNodes={most}); use "
             f"NODES={limit} or fewer, or another partition in {field}"
         )

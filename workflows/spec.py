@@ -75,6 +75,13 @@ class JobSpec:
     """The per-rank command after the binding step (python -m vitpod.trainer DATA_DIR flags...)."""
     extra_args: tuple[str, ...]
     requeue_exit: int = REQUEUE
+    nodes_max: int | None = None
+    """A node range nodes..nodes_max (profile `nodes: MIN-MAX`): Slurm picks, the job adapts."""
+
+    @property
+    def nodes_arg(self) -> str:
+        """#SBATCH --nodes=: a count, or MIN-MAX."""
+        return f"{self.nodes}-{self.nodes_max}" if self.nodes_max else str(self.nodes)
 
     @property
     def world_size(self) -> int:
@@ -159,6 +166,7 @@ def build_spec(
     finetune_from: str | None = None,
     dependency: str | None = None,
     entry: Entry = "trainer",
+    nodes_max: int | None = None,
 ) -> JobSpec:
     """One stage's job on its partition's nodes; raises ConfigError naming the field.
 
@@ -206,6 +214,7 @@ def build_spec(
         partition=partition.name,
         time=partition.time,
         nodes=nodes,
+        nodes_max=nodes_max,
         tasks_per_node=node.ranks_per_node,
         gpus_per_node=node.gpus_per_node,
         cpus_per_task=node.cpus_per_task,

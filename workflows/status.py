@@ -13,6 +13,7 @@ from vitpod.registry.decision import engine_fields, find_decision
 from vitpod.trainer import labelset
 from vitpod.workflows import jobstate
 from vitpod.workflows.rootcause import Traceback, restarts_from_logs, root_cause
+from vitpod.workflows.runsizes import world_sizes
 
 
 @dataclass
@@ -28,14 +29,16 @@ class StageStatus:
     images_per_s: float | None
     top1: float | None
     traceback: Traceback | None
+    sizes: tuple[int, ...] = ()  # ranks of each stretch, when a restart changed the size
 
     def line(self) -> str:
         jobs = ",".join(self.job_ids) or "-"
         step = "-" if self.last_step is None else str(self.last_step)
         ips = "-" if self.images_per_s is None else f"{self.images_per_s:.1f}"
         top1 = "" if self.top1 is None else f" top1={self.top1:.2f}%"
+        ranks = f" ranks={'>'.join(map(str, self.sizes))}" if len(self.sizes) > 1 else ""
         return (
-            f"{self.stage:9s} {self.state:11s} jobs={jobs} restarts={self.restarts} "
+            f"{self.stage:9s} {self.state:11s} jobs={jobs} restarts={self.restarts}{ranks} "
             f"step={step} images/s={ips}{top1}  {self.run_dir}"
         )
 
@@ -90,7 +93,10 @@ def stage_status(
     last_step, ips, top1 = progress(run_dir)
     failed = state in jobstate.TERMINAL and state != "COMPLETED"
     tb = root_cause(run_dir / runfiles.LOGS) if failed else None
-    return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb)
+    sizes = tuple(world_sizes(run_dir))
+    return StageStatus(
+        stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb, sizes
+    )
 
 
 def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:

@@ -32,6 +32,8 @@ class DataConfig:
     img_size: int = 224
     batch_size: int = 32
     """Per rank."""
+    accum_steps: int = 1
+    """Training: micro-batches per optimizer step; the sharding cuts the epoch per global batch."""
     workers: int = 4
     """torch: DataLoader worker processes; DALI: CPU threads of the pipeline."""
     loader: str = "auto"
@@ -77,6 +79,7 @@ class DataConfig:
         for name in (
             "img_size",
             "batch_size",
+            "accum_steps",
             "token_label_size",
             "token_stride",
             "synthetic_size",

@@ -47,6 +47,7 @@ class Loader:
         self._done = 0  # global samples of self.epoch consumed so far
         self.skipped: list[str] = []  # corrupt images dropped (corrupt='skip'), every time
         self.corrupt_files: set[str] = set()  # the distinct ones, each warned about once
+        self.last_indices = torch.empty(0, dtype=torch.long)  # the latest batch's sample ids
 
     def __len__(self) -> int:
         return len(self._plan(0))
@@ -83,6 +84,7 @@ class Loader:
             self._done = self._start + samples_after(
                 count, self.world_size, self.cfg.batch_size, total - self._start
             )
+            self.last_indices = indices
             if self.cfg.return_index:
                 yield images, targets, indices
             else:
@@ -107,6 +109,7 @@ class Loader:
             self.cfg.batch_size,
             train=self.train,
             drop_last=self.cfg.drop_last,
+            accum=self.cfg.accum_steps if self.train else 1,
         )
 
     def _iter_batches(self, batches: list[np.ndarray]) -> Iterator[Batch]:

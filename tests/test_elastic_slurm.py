@@ -1,0 +1,112 @@
+"""Elastic resume on the real local Slurm: a 2-node x 2-rank job preempted with
+`scancel --signal=USR2` continues on 1 node (`make resume RUN=... NODES=1`), and a 1-node job
+continues on 2; every optimizer step reads the samples of the uninterrupted job."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_elastic_resume import LOSS_TOLERANCE, TOP1_TOLERANCE
+from tests.test_resume_slurm import REPO, _last_step, _make_env, _profile, _wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# Global batch 32 = 4 ranks x 8 x 1 = 2 ranks x 8 x 2; one epoch of 45 steps on digits.
+ARGS = (
+    "--workers 0 --loader torch -b 8 --global-batch 32 --elastic --epochs 1 --warmup-epochs 0"
+    " --drop-path 0.0 --checkpoint-every 0 --log-interval 1 --log-sample-ids"
+)
+STEPS = 45
+
+
+def _make(tmp_path: Path, *args: str) -> str:
+    out = subprocess.run(
+        ["make", "-s", *args], cwd=REPO, env=_make_env(tmp_path), capture_output=True,
+        text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def _submit(tmp_path: Path, profile: Path, nodes: int) -> tuple[str, Path]:
+    out = _make(tmp_path, "pretrain", f"CLUSTER={profile}", "MODEL=volo_tiny", f"NODES={nodes}",
+                f"ARGS={ARGS}")  # fmt: skip
+    job = re.search(r"submitted batch job (\d+)", out)
+    assert job, out
+    return job[1], Path(out.strip().splitlines()[-1]).parent
+
+
+def _steps(run: Path) -> dict[int, dict]:
+    """step -> rank 0's record (the resumed job's where a step was logged twice); every rank
+    must log the same sample digest for a step."""
+    out: dict[int, dict] = {}
+    digests: dict[int, set[str]] = {}
+    for path in sorted((run / "metrics").glob("rank*.jsonl")):
+        for record in map(json.loads, path.read_text().splitlines()):
+            if record["kind"] == "step":
+                digests.setdefault(record["step"], set()).add(record["sample_digest"])
+                if record["rank"] == 0:
+                    out[record["step"]] = record
+    assert all(len(d) == 1 for d in digests.values()), "ranks disagree on a step's samples"
+    return out
+
+
+def _stop(job: str, run: Path, step: int) -> int:
+    """USR2 at `step`; the job checkpoints, exits 75 and is requeued: cancel the requeued job.
+    Returns the newest checkpoint's step."""
+    _wait_until(f"job {job} step {step}", lambda: _last_step(run) >= step)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    _wait_until("the preemption checkpoint", lambda: bool(list(run.glob("checkpoints/step_*"))))
+    _wait_until("the requeue", lambda: "requeueing" in _batch_logs(run))
+    subprocess.run(["scancel", job], check=True)
+    # sacct may keep saying REQUEUED for a requeued job cancelled while pending: ask squeue.
+    _wait_until(f"job {job} to leave the queue", lambda: not _queued(job))
+    return int(sorted(run.glob("checkpoints/step_*"))[-1].name.split("_")[1])
+
+
+def _queued(job: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True)
+    return bool(out.stdout.strip())
+
+
+def _batch_logs(run: Path) -> str:
+    return "".join(p.read_text() for p in (run / "logs").glob("sbatch-*"))
+
+
+def test_preempted_jobs_continue_on_another_node_count(
+    local_slurm, digits_dir: Path, tmp_path: Path
+) -> None:
+    profile = _profile(tmp_path, digits_dir.parent)
+    ref_job, reference = _submit(tmp_path, profile, 2)
+    pending = [_submit(tmp_path, profile, 2)]
+    assert local_slurm.wait(ref_job, timeout=1800) == "COMPLETED"
+    want = _steps(reference)
+    assert sorted(want) == list(range(1, STEPS + 1))
+    resumed = []
+    for nodes in (2, 1):  # 2 -> 1 node, then 1 -> 2 (submitted once the first is stopped)
+        job, run = pending.pop()
+        stopped_at = _stop(job, run, random.Random(nodes).randrange(5, 35))
+        out = _make(tmp_path, "resume", f"RUN={run}", f"NODES={3 - nodes}")
+        assert "accumulation" in out and (run / "plan.restart1.json").is_file(), out
+        assert json.loads((run / "plan.json").read_text())["resources"]["nodes"] == 3 - nodes
+        new_job = re.search(r"submitted batch job (\d+)", out)
+        assert new_job, out
+        resumed.append((nodes, stopped_at, new_job[1], run))
+        if nodes == 2:
+            pending.append(_submit(tmp_path, profile, 1))
+    for nodes, stopped_at, job, run in resumed:
+        assert local_slurm.wait(job, timeout=1800) == "COMPLETED", run
+        got = _steps(run)
+        assert sorted(got) == sorted(want)
+        assert [got[s]["sample_digest"] for s in want] == [want[s]["sample_digest"] for s in want]
+        assert {got[s]["world_size"] for s in got if s > stopped_at} == {2 * (3 - nodes)}
+        deviation = max(abs(got[s]["global_loss"] - want[s]["global_loss"]) for s in want)
+        print(f"{nodes} -> {3 - nodes} node(s) at step {stopped_at}: max |dloss| {deviation:.2e}")
+        assert deviation < LOSS_TOLERANCE
+        tops = [json.loads((r / "summary.json").read_text())["top1"] for r in (reference, run)]
+        assert abs(tops[0] - tops[1]) <= TOP1_TOLERANCE, tops
