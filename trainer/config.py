@@ -33,7 +33,7 @@ class TrainConfig:
         ),
     )
     loader: str = field(
-        default="auto", metadata=_arg("data", "loader", choices=("dali", "torch", "auto"))
+        default="auto", metadata=_arg("data", "loader", choices=("dali", "gpu", "torch", "auto"))
     )
     workers: int = field(
         default=4, metadata=_arg("data", "loader workers per rank", "-j", "--workers")
