@@ -7,12 +7,13 @@ import logging
 import torch
 from torch import nn
 
+from vitpod.trainer.config import ConfigError
 from vitpod.trainer.hardware import fp8_problem
 
 log = logging.getLogger(__name__)
 
 
-class Fp8Unsupported(RuntimeError):
+class Fp8Unsupported(ConfigError):
     """--fp8 on hardware without float8 matmuls; the message is one line naming the fix."""
 
 

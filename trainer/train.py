@@ -32,6 +32,7 @@ from vitpod.trainer.parallel import parallelize
 from vitpod.trainer.precision import make_precision, prepare_model
 from vitpod.trainer.preempt import Preemption
 from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
+from vitpod.trainer.speedups import apply_speedups, startup_mfu
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ class Trainer:
         nhwc = False if (cfg.fsdp or cfg.deepspeed) else cfg.channels_last
         self.precision = make_precision(self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, nhwc)
         self.attention = choose_kernel(self.model, cfg.attn, self.device, self.precision.dtype)
-        self.model = prepare_model(self.model, self.precision, cfg.compile)
+        compile_model = apply_speedups(self.model, cfg, self.device, self.run_dir)
+        self.model = prepare_model(self.model, self.precision, compile_model)
         self.criterion = make_criterion(cfg)
         self.engine: Engine = parallelize(
             self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
@@ -83,6 +85,9 @@ class Trainer:
             self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device,
             config=dataclasses.asdict(cfg),
         )  # fmt: skip
+        self.mfu = startup_mfu(cfg, num_classes(cfg), self.device) if env.is_main else None
+        if self.mfu is not None:
+            self.metrics.write(self.mfu.record())
         self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
         self.last_eval: dict[str, float] = {}
@@ -334,6 +339,7 @@ class Trainer:
         dist.all_reduce(images)
         dist.all_reduce(rate, op=dist.ReduceOp.MAX)
         seconds = float(rate[1])
+        ips = float(images[0]) / max(seconds, 1e-9)
         corrupt = self._corrupt_images()
         if self.env.is_main:
             cfg = self.cfg
@@ -345,11 +351,12 @@ class Trainer:
             self.metrics.summary(
                 {
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
-                    "steps": self.step, "images_per_s": float(images[0]) / max(seconds, 1e-9),
+                    "steps": self.step, "images_per_s": ips,
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
                     "topology": self.engine.name, "attention": self.attention,
                     "corrupt_images": corrupt,
                     "mesh": self.mesh_shape, "param_bytes_per_rank": int(param_bytes),
+                    **(self.mfu.summary(ips, self.env.world_size) if self.mfu else {}),
                 },
                 self.run_dir,
             )  # fmt: skip
