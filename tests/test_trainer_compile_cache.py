@@ -48,7 +48,8 @@ def _requeue(run_dir: Path, width: int = 32) -> dict:
 def test_auto_compiles_on_cuda_only_and_yaml_booleans_still_work():
     assert compile_enabled("auto", torch.device("cuda")) is True
     assert compile_enabled("auto", CPU) is False
-    assert compile_enabled("on", CPU) is True and compile_enabled("off", torch.device("cuda")) is False
+    assert compile_enabled("on", CPU) is True
+    assert compile_enabled("off", torch.device("cuda")) is False
     assert compile_enabled(True, CPU) is True and compile_enabled(False, CPU) is False
     with pytest.raises(ValueError, match="--compile always"):
         compile_enabled("always", CPU)
@@ -72,4 +73,3 @@ def test_a_requeue_reuses_the_compiled_graphs_from_the_run_dir(tmp_path):
     assert warm["inductor"].get("fxgraph_cache_miss", 0) == 0
     assert warm["aot"].get("autograd_cache_hit", 0) > 0
     print(f"first step: cold {cold['first_step_s']:.1f} s, warm {warm['first_step_s']:.1f} s")
-

@@ -25,8 +25,10 @@ def test_fp8_is_refused_on_a_cpu_in_one_line_before_the_model_changes():
     assert [type(m) for m in model.modules()] == before
 
 
-@pytest.mark.parametrize(("capability", "ok"), [((7, 0), False), ((8, 0), False),
-                                                 ((8, 6), False), ((8, 9), True), ((9, 0), True)])  # fmt: skip
+CAPABILITIES = [((7, 0), False), ((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True)]
+
+
+@pytest.mark.parametrize(("capability", "ok"), CAPABILITIES)
 def test_fp8_needs_compute_capability_8_9(capability, ok):
     problem = fp8_problem(torch.device("cuda", 0), capability=capability)
     assert (problem == "") is ok
@@ -36,8 +38,9 @@ def test_fp8_needs_compute_capability_8_9(capability, ok):
 
 def test_the_trainer_exits_with_a_usage_error_before_any_step(digits_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    args = [str(digits_dir), "--model", "volo_tiny", "--img-size", "32", "-b", "8", "--workers",
-            "0", "--loader", "torch", "--max-steps", "1", "--aa", "", "--fp8", "--output", str(run)]  # fmt: skip
+    args = [str(digits_dir), "--model", "volo_tiny", "--img-size", "32", "-b", "8",
+            "--workers", "0", "--loader", "torch", "--max-steps", "1", "--aa", "", "--fp8",
+            "--output", str(run)]  # fmt: skip
     assert main(args) == USAGE
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--fp8" in errors[0]

@@ -18,8 +18,8 @@ class Fp8Unsupported(ConfigError):
 
 
 def float8_filter(module: nn.Module, fqn: str) -> bool:
-    """Linear layers whose dimensions torch._scaled_mm takes (multiples of 16); the classifier
-    heads stay in bf16: their class count rarely divides by 16 and they are a sliver of the FLOPs."""
+    """Linear layers whose dimensions torch._scaled_mm takes (multiples of 16); the heads
+    stay in bf16: their class count rarely divides by 16 and they are a sliver of the FLOPs."""
     if not isinstance(module, nn.Linear) or fqn.startswith(("head", "aux_head")):
         return False
     return module.in_features % 16 == 0 and module.out_features % 16 == 0

@@ -27,7 +27,8 @@ def _offsets(kernel: int) -> list[tuple[int, int]]:
 
 def _window(tensor: torch.Tensor, ki: int, kj: int, h: int, w: int, stride: int) -> torch.Tensor:
     """Slice [B, Hp, Wp, C] at the window offset (ki, kj) of every output position."""
-    return tensor[:, ki : ki + stride * (h - 1) + 1 : stride, kj : kj + stride * (w - 1) + 1 : stride]
+    rows = slice(ki, ki + stride * (h - 1) + 1, stride)
+    return tensor[:, rows, kj : kj + stride * (w - 1) + 1 : stride]
 
 
 class FusedOutlookAttention(OutlookAttention):

@@ -1,4 +1,4 @@
-"""The model-speed options applied before parallelize: --outlook-kernel, --fp8, --compile's cache."""
+"""Speed options applied before parallelize: --outlook-kernel, --fp8, --compile and its cache."""
 
 from __future__ import annotations
 

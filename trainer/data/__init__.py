@@ -72,7 +72,7 @@ def _gpu_decode_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
     if train and cfg.token_label:
         return "token labeling needs the crop boxes of the torch loader"
     if train and cfg.auto_augment:
-        return f"RandAugment ({cfg.auto_augment}) is not implemented on the gpu loader; pass --aa ''"
+        return f"RandAugment ({cfg.auto_augment}) is not on the gpu loader; pass --aa ''"
     return ""
 
 

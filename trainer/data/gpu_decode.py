@@ -120,8 +120,9 @@ class GpuDecodeLoader(Loader):
             paths, data = zip(*(self._read(int(i)) for i in batch), strict=True)
             decoded = self._decode(list(data), list(paths))
             self._skip_corrupt([p for p, img in zip(paths, decoded, strict=True) if img is None])
-            pairs = [(i, img) for i, img in zip(batch.tolist(), decoded, strict=True) if img is not None]
+            pairs = [
+                (i, im) for i, im in zip(batch.tolist(), decoded, strict=True) if im is not None
+            ]
             images = [self._transform(img, i) for i, img in pairs]
             indices = torch.tensor([i for i, _ in pairs], dtype=torch.long)
             yield torch.stack(images) if images else torch.empty(0), labels[indices], indices
-
