@@ -73,3 +73,12 @@ def test_a_requeue_reuses_the_compiled_graphs_from_the_run_dir(tmp_path):
     assert warm["inductor"].get("fxgraph_cache_miss", 0) == 0
     assert warm["aot"].get("autograd_cache_hit", 0) > 0
     print(f"first step: cold {cold['first_step_s']:.1f} s, warm {warm['first_step_s']:.1f} s")
+
+
+def test_the_flag_takes_auto_on_off_and_a_bare_compile_means_on():
+    from vitpod.trainer.flags import parse_args
+
+    base = ["--dataset", "synthetic"]
+    assert parse_args(base).compile == "auto"
+    assert parse_args([*base, "--compile"]).compile == "on"
+    assert parse_args([*base, "--compile", "off"]).compile == "off"
