@@ -38,6 +38,14 @@ def test_recorded_flops_per_step_equal_the_flop_counter_for_the_same_model_and_b
     assert recorded.flops_per_step == 6 * recorded.flops_per_sample
 
 
+def test_tensor_or_pipeline_ranks_each_record_their_share_of_the_step():
+    model = _tiny_volo()
+    whole = measure(model, 32, CPU, per_step_samples=4)
+    shared = measure(model, 32, CPU, per_step_samples=4, replica_ranks=2)
+    assert shared.flops_per_step == whole.flops_per_step // 2
+    assert shared.flops_per_sample == whole.flops_per_sample
+
+
 def test_the_meta_device_count_matches_the_real_one():
     on_cpu = measure(_tiny_volo(), 32, CPU, per_step_samples=4).flops_per_step
     on_meta = measure_on_meta("volo_tiny", 32, 10, CPU, per_step_samples=4).flops_per_step

@@ -39,7 +39,7 @@ class Mfu:
     """How a run's MFU is computed: FLOPs per sample and per rank's step, the device peak."""
 
     flops_per_sample: int
-    flops_per_step: int  # this rank's images per optimizer step (batch x accumulation)
+    flops_per_step: int  # this rank's share of its optimizer step (batch x accum / (tp x pp))
     peak_flops: float | None
     peak_source: str
     reason: str  # why MFU is None ('' when it is computed)
@@ -69,14 +69,15 @@ class Mfu:
 
 
 def measure(model: nn.Module, img_size: int, device: torch.device, per_step_samples: int,
-            peak_device: torch.device | None = None) -> Mfu:  # fmt: skip
+            peak_device: torch.device | None = None, replica_ranks: int = 1) -> Mfu:  # fmt: skip
     """Count one sample's step FLOPs on `device` (the meta device counts without computing)
-    and scale them to `per_step_samples`; the peak is that of `peak_device` (default `device`)."""
+    and scale them to `per_step_samples`, shared by the `replica_ranks` (tp x pp) ranks of one
+    model replica; the peak is that of `peak_device` (default `device`)."""
     per_sample = count_train_flops(model, img_size, device) // COUNT_BATCH
     peak, reason = peak_flops(peak_device or device)
     return Mfu(
         flops_per_sample=per_sample,
-        flops_per_step=per_sample * per_step_samples,
+        flops_per_step=per_sample * per_step_samples // replica_ranks,
         peak_flops=peak.flops if peak else None,
         peak_source=peak.source if peak else "",
         reason=reason,
@@ -84,11 +85,12 @@ def measure(model: nn.Module, img_size: int, device: torch.device, per_step_samp
 
 
 def measure_on_meta(name: str, img_size: int, num_classes: int, device: torch.device,
-                    per_step_samples: int) -> Mfu:  # fmt: skip
+                    per_step_samples: int, replica_ranks: int = 1) -> Mfu:  # fmt: skip
     """MFU terms of model `name` counted on a meta-device copy: no memory, no compute, and the
     training model (compiled, sharded, float8) is left alone."""
     from vitpod.trainer.models import create_model
 
     with torch.device("meta"):
         model = create_model(name, img_size, num_classes, 0.0)
-    return measure(model, img_size, torch.device("meta"), per_step_samples, peak_device=device)
+    meta = torch.device("meta")
+    return measure(model, img_size, meta, per_step_samples, device, replica_ranks)
