@@ -110,3 +110,22 @@ def test_validation_matches_the_torch_loader(digits_dir):
     theirs, _, idx_torch = next(iter(TorchLoader(split, cfg, 0, 1, train=False)))
     assert torch.equal(idx, idx_torch)
     assert (ours - theirs).abs().mean().item() < 0.02
+
+
+def test_the_gpu_loader_applies_the_dali_loaders_decisions(digits_dir):
+    """DALI (on CPU here) and the gpu loader draw the same crops, flips and CutOut boxes from
+    draws.py: the same batch agrees up to resampling float error, erased pixels included."""
+    from vitpod.trainer.data.dali_loader import DaliLoader
+
+    cfg = _cfg(digits_dir, loader="dali", reprob=1.0, workers=1)
+    split = load_split(cfg, "train")
+    ours_loader = GpuDecodeLoader(split, cfg, 0, 1, train=True, device=CPU)
+    dali_loader = DaliLoader(split, cfg, 0, 1, train=True)
+    ours_loader.set_epoch(1)
+    dali_loader.set_epoch(1)
+    ours, _, idx = next(iter(ours_loader))
+    dali, _, idx_dali = next(iter(dali_loader))
+    assert torch.equal(idx, idx_dali)
+    assert (ours == 0).sum() > 0  # some CutOut boxes were drawn and applied
+    assert (ours - dali).abs().mean().item() < 1e-3
+    assert (ours - dali).abs().max().item() < 0.05  # a couple of uint8 levels at most

@@ -52,14 +52,16 @@ def eval_image(image: torch.Tensor, cfg: DataConfig) -> torch.Tensor:
 
 
 def erase(image: torch.Tensor, d: SampleDraws) -> torch.Tensor:
-    """Zero (the mean colour after normalizing) the drawn CutOut box, as the DALI loader does."""
+    """Zero (the mean colour after normalizing) the drawn CutOut box, as the DALI loader does;
+    both box edges truncated to pixels like DALI's fn.erase (matched against it on digits)."""
     if d.erase_shape == (0.0, 0.0):
         return image
     _, height, width = image.shape
-    top, left = round(d.erase_anchor[0] * height), round(d.erase_anchor[1] * width)
-    eh, ew = round(d.erase_shape[0] * height), round(d.erase_shape[1] * width)
+    (top, left), (eh, ew) = d.erase_anchor, d.erase_shape
+    rows = slice(math.floor(top * height), math.floor((top + eh) * height))
+    cols = slice(math.floor(left * width), math.floor((left + ew) * width))
     image = image.clone()
-    image[:, top : top + eh, left : left + ew] = 0.0
+    image[:, rows, cols] = 0.0
     return image
 
 
