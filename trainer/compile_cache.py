@@ -1,14 +1,4 @@
-"""--compile auto|on|off, and torch.compile's caches kept in the run directory across requeues.
-
-A requeued job starts on another node with an empty /tmp, where inductor keeps its caches by
-default: every restart would pay the whole compile again (68 s for a VOLO-D1 step on an H100,
-docs/benchmarks.md). Inductor's FX graph cache and AOTAutograd cache (the "Compile Time
-Caching in torch.compile" tutorial of the PyTorch docs) are pointed at
-RUN_DIR/compile-cache/<key>/, so a requeue loads the compiled kernels instead. Inductor keys
-its own entries by graph, inputs and torch version; the directory key adds what this run
-decided (model, shapes, precision, kernels, torch/CUDA, GPU) so that a changed flag starts a
-fresh directory instead of mixing entries, and an old one can simply be deleted.
-"""
+"""--compile auto|on|off, and torch.compile's caches kept in the run directory across requeues."""
 
 from __future__ import annotations
 
@@ -46,7 +36,17 @@ def cache_key(decisions: dict[str, Any], device: torch.device) -> str:
 
 
 def use_run_cache(run_dir: Path, decisions: dict[str, Any], device: torch.device) -> Path:
-    """Point inductor's caches at RUN_DIR/compile-cache/<key>; call before the first compile."""
+    """Point inductor's caches at RUN_DIR/compile-cache/<key>; call before the first compile.
+
+    A requeued job starts on another node with an empty /tmp, where inductor keeps its caches by
+    default: every restart would pay the whole compile again (68 s for a VOLO-D1 step on an H100,
+    docs/benchmarks.md). Inductor's FX graph cache and AOTAutograd cache (the "Compile Time
+    Caching in torch.compile" tutorial of the PyTorch docs) are pointed at
+    RUN_DIR/compile-cache/<key>/, so a requeue loads the compiled kernels instead. Inductor keys
+    its own entries by graph, inputs and torch version; the directory key adds what this run
+    decided (model, shapes, precision, kernels, torch/CUDA, GPU) so that a changed flag starts a
+    fresh directory instead of mixing entries, and an old one can simply be deleted.
+    """
     path = Path(run_dir) / CACHE_DIR / cache_key(decisions, device)
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)  # read by inductor at each lookup

@@ -1,10 +1,4 @@
-"""Model FLOPs utilisation: FLOPs of one training step counted by torch, over time and peak.
-
-MFU as defined in the PaLM paper (Chowdhery et al. 2022, appendix B): the model's FLOPs per
-step (forward and backward, no rematerialisation) divided by the step time and the hardware's
-peak FLOP/s. The count is torch.utils.flop_counter.FlopCounterMode's over one small batch,
-scaled per sample: a ViT/VOLO's FLOPs are linear in the batch.
-"""
+"""Model FLOPs utilisation: FLOPs of one training step counted by torch, over time and peak."""
 
 from __future__ import annotations
 
@@ -36,7 +30,13 @@ def count_train_flops(model: nn.Module, img_size: int, device: torch.device,
 
 @dataclass(frozen=True)
 class Mfu:
-    """How a run's MFU is computed: FLOPs per sample and per rank's step, the device peak."""
+    """How a run's MFU is computed: FLOPs per sample and per rank's step, the device peak.
+
+    MFU as defined in the PaLM paper (Chowdhery et al. 2022, appendix B): the model's FLOPs per
+    step (forward and backward, no rematerialisation) divided by the step time and the hardware's
+    peak FLOP/s. The count is torch.utils.flop_counter.FlopCounterMode's over one small batch,
+    scaled per sample: a ViT/VOLO's FLOPs are linear in the batch.
+    """
 
     flops_per_sample: int
     flops_per_step: int  # this rank's share of its optimizer step (batch x accum / (tp x pp))

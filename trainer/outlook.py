@@ -1,13 +1,4 @@
-"""--outlook-kernel fused: VOLO's outlook attention without unfold/fold, for torch.compile.
-
-Outlook attention (VOLO, arXiv:2106.13112, section 3.1) gathers each KxK window of values,
-mixes it with attention weights generated from the window's centre, and folds the windows
-back, summing the overlaps. timm writes this as nn.Unfold -> matmul -> F.fold, which inductor
-lowers to im2col/col2im copies. Here the K*K window offsets are strided slices of the padded
-values (gather) and strided slice-adds into a padded buffer (fold), with one einsum between:
-elementwise work and one batched contraction that inductor can fuse. Same parameters and
-state_dict keys: `use_fused_outlook` swaps the class of timm's modules in place.
-"""
+"""--outlook-kernel fused: VOLO's outlook attention without unfold/fold, for torch.compile."""
 
 from __future__ import annotations
 
@@ -32,7 +23,16 @@ def _window(tensor: torch.Tensor, ki: int, kj: int, h: int, w: int, stride: int)
 
 
 class FusedOutlookAttention(OutlookAttention):
-    """timm's OutlookAttention with the unfold-free forward (the backward is autograd's)."""
+    """timm's OutlookAttention with the unfold-free forward (the backward is autograd's).
+
+    Outlook attention (VOLO, arXiv:2106.13112, section 3.1) gathers each KxK window of values,
+    mixes it with attention weights generated from the window's centre, and folds the windows
+    back, summing the overlaps. timm writes this as nn.Unfold -> matmul -> F.fold, which inductor
+    lowers to im2col/col2im copies. Here the K*K window offsets are strided slices of the padded
+    values (gather) and strided slice-adds into a padded buffer (fold), with one einsum between:
+    elementwise work and one batched contraction that inductor can fuse. Same parameters and
+    state_dict keys: `use_fused_outlook` swaps the class of timm's modules in place.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, C = x.shape

@@ -1,12 +1,4 @@
-"""The gpu loader: nvJPEG decode through torchvision.io.decode_jpeg(device='cuda'), no DALI.
-
-Batched: one decode_jpeg call takes the list of a batch's encoded files (torchvision's
-"decode_jpeg ... input can be a list of tensors" batched GPU decode). The crop window, flip and
-CutOut box of each sample are the host-drawn decisions of draws.py, as in the DALI loader, so
-which process or restart decodes a sample does not change its pixels (exact resume). The
-same code runs with device='cpu' (torchvision's libjpeg-turbo path), which the tests use.
-RandAugment is not implemented here: `--loader gpu` refuses a RandAugment policy.
-"""
+"""The gpu loader: nvJPEG decode through torchvision.io.decode_jpeg(device='cuda'), no DALI."""
 
 from __future__ import annotations
 
@@ -66,7 +58,15 @@ def erase(image: torch.Tensor, d: SampleDraws) -> torch.Tensor:
 
 
 class GpuDecodeLoader(Loader):
-    """Batched decode_jpeg on `device` (default: this rank's CUDA device) + host-drawn crops."""
+    """Batched decode_jpeg on `device` (default: this rank's CUDA device) + host-drawn crops.
+
+    Batched: one decode_jpeg call takes the list of a batch's encoded files (torchvision's
+    "decode_jpeg ... input can be a list of tensors" batched GPU decode). The crop window, flip and
+    CutOut box of each sample are the host-drawn decisions of draws.py, as in the DALI loader, so
+    which process or restart decodes a sample does not change its pixels (exact resume). The
+    same code runs with device='cpu' (torchvision's libjpeg-turbo path), which the tests use.
+    RandAugment is not implemented here: `--loader gpu` refuses a RandAugment policy.
+    """
 
     name = "gpu"
 
