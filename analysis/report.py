@@ -61,7 +61,9 @@ speedup and efficiency.</b>{% endif %}</p>
 <h2>Definitions</h2>
 <p><b>This study.</b> {{ definition }}</p>
 <p><b>For comparison.</b> {{ other_definition }}</p>
-<p>Images/s is the trainer's global throughput with warmup steps excluded. The breakdown is
+<p>Images/s is the trainer's global throughput with warmup steps excluded. MFU is model FLOPs
+(torch's flop counter, forward and backward) per second over the GPUs' datasheet peak (the
+PaLM paper's definition); n/a where the device is not in the trainer's peak table. The breakdown is
 the mean seconds per optimizer step over all ranks and timed steps; communication overhead is
 comm / step time. Predicted communication is what the planner recorded for the run (the
 alpha-beta cost model of analysis/commcost.py, priced with the {{ fabric_source }}; runs it did
@@ -72,14 +74,15 @@ itself, which is what the model predicts.</p>
 <h2>Throughput and efficiency</h2>
 <table id="throughput"><tr><th>GPUs</th><th>nodes</th><th class="text">state</th>
 <th>global batch</th><th>images/s</th><th>images/s per GPU</th><th>speedup</th><th>ideal</th>
-<th>efficiency</th></tr>
+<th>efficiency</th><th>MFU</th></tr>
 {% for r in rows %}{% if r.state == "ok" %}<tr><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td>
 <td class="text">ok</td><td>{{ r.global_batch }}</td>
 <td>{{ "%.1f"|format(r.images_per_s) }}</td>
 <td>{{ "%.1f"|format(r.images_per_s_per_gpu) }}</td><td>{{ "%.2f"|format(r.speedup) }}</td>
 <td>{{ "%.2f"|format(r.ideal_speedup) }}</td><td>{{ "%.1f%%"|format(100 * r.efficiency) }}</td>
-</tr>{% else %}<tr class="failed"><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td>
-<td class="text">FAILED</td><td colspan="6" class="path">{{ r.error }} ({{ r.run_dir }})</td>
+<td>{{ "%.1f%%"|format(100 * r.mfu) if r.mfu is not none else "n/a" }}</td></tr>
+{% else %}<tr class="failed"><td>{{ r.gpus }}</td><td>{{ r.nodes }}</td>
+<td class="text">FAILED</td><td colspan="7" class="path">{{ r.error }} ({{ r.run_dir }})</td>
 </tr>{% endif %}{% endfor %}</table>
 <h2>Step-time breakdown and communication</h2>
 <table id="breakdown"><tr><th>GPUs</th><th>data ms</th><th>compute ms</th><th>comm ms</th>

@@ -86,6 +86,8 @@ class Row:
     """Median over steps of the least comm time over ranks: the exchange without the wait for
     slower peers (the last rank to finish its backward pass waits for nobody)."""
     exchange_ratio: float | None = None
+    mfu: float | None = None
+    """The trainer's model FLOPs utilisation (summary.json); None where the peak is unknown."""
 
 
 # study.json keys (written by workflows/scaling.py); unknown ones are rejected.
@@ -199,6 +201,7 @@ def _measured_row(study: Study, point: Point, run: RunLog) -> Row:
     row.time = mean_times(run)
     row.comm_pct = 100.0 * row.time["comm"] / row.time["step"] if row.time["step"] else None
     row.topology = summary.get("topology")
+    row.mfu = summary.get("mfu")
     row.predicted_comm_s = predicted_comm_s(point)
     row.exchange_s = exchange_s(run)
     if row.predicted_comm_s:

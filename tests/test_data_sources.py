@@ -44,8 +44,8 @@ def _cfg(root: Path, **kw) -> DataConfig:
 
 
 def test_config_errors_name_the_field_and_the_fix():
-    with pytest.raises(DataConfigError, match=r"DataConfig.loader='gpu': choose one of dali"):
-        DataConfig(loader="gpu", data_dir="x")
+    with pytest.raises(DataConfigError, match=r"DataConfig.loader='nvjpeg': choose one of dali"):
+        DataConfig(loader="nvjpeg", data_dir="x")
     with pytest.raises(DataConfigError, match=r"DataConfig.scale=\(0.5, 0.2\)"):
         DataConfig(scale=(0.5, 0.2), data_dir="x")
     with pytest.raises(DataConfigError, match="data_dir is empty"):

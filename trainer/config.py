@@ -34,7 +34,7 @@ class TrainConfig:
         ),
     )
     loader: str = field(
-        default="auto", metadata=_arg("data", "loader", choices=("dali", "torch", "auto"))
+        default="auto", metadata=_arg("data", "loader", choices=("dali", "gpu", "torch", "auto"))
     )
     workers: int = field(
         default=4, metadata=_arg("data", "loader workers per rank", "-j", "--workers")
@@ -80,7 +80,17 @@ class TrainConfig:
     channels_last: bool | None = field(
         default=None, metadata=_arg("model", "NHWC (default: on; NCHW with --fsdp, --deepspeed)")
     )
-    compile: bool = field(default=False, metadata=_arg("model", "torch.compile the model"))
+    compile: str = field(
+        default="auto",
+        metadata=_arg("model", "torch.compile (auto: on with CUDA, off on CPU; bare flag = on); "
+                      "caches in RUN_DIR/compile-cache", choices=("auto", "on", "off"),
+                      nargs="?", const="on"),
+    )  # fmt: skip
+    outlook_kernel: str = field(
+        default="timm",
+        metadata=_arg("model", "VOLO outlook attention: timm's unfold/fold or the fused form",
+                      choices=("timm", "fused")),
+    )  # fmt: skip
     attn: str = field(
         default="auto",
         metadata=_arg(
@@ -91,6 +101,11 @@ class TrainConfig:
     # Precision
     amp: bool = field(default=False, metadata=_arg("precision", "torch.amp autocast"))
     apex_amp: bool = field(default=False, metadata=_arg("precision", "accepted; means torch.amp"))
+    fp8: bool = field(
+        default=False,
+        metadata=_arg("precision", "float8 Linear layers (torchao; GPUs of compute capability "
+                      ">= 8.9)"),
+    )  # fmt: skip
     amp_dtype: str = field(
         default="bf16", metadata=_arg("precision", "autocast dtype", choices=("bf16", "fp16"))
     )

@@ -79,3 +79,13 @@ def max_over_ranks(value: float, device: torch.device) -> float:
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t[0])
+
+
+def job_images_per_s(images: float, seconds: float, device: torch.device) -> float:
+    """The job's throughput: every rank's images over the slowest rank's seconds."""
+    # On the collective's device: NCCL has no CPU tensors (found on an H100, not on gloo).
+    rate = torch.tensor([images, seconds], dtype=torch.float64, device=device)
+    total = rate.clone()
+    dist.all_reduce(total)
+    dist.all_reduce(rate, op=dist.ReduceOp.MAX)
+    return float(total[0]) / max(float(rate[1]), 1e-9)

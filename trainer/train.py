@@ -25,7 +25,7 @@ from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.elastic import Resize, position_fits
 from vitpod.trainer.engine import Engine
 from vitpod.trainer.exitcodes import OK, REQUEUE
-from vitpod.trainer.mesh import local_param_bytes, max_over_ranks
+from vitpod.trainer.mesh import job_images_per_s, local_param_bytes, max_over_ranks
 from vitpod.trainer.metrics import MetricsLogger, StepTimer, topk_counts
 from vitpod.trainer.models import create_model, load_finetune, model_manifest
 from vitpod.trainer.optim import create_optimizer, create_schedule, current_lr
@@ -34,6 +34,7 @@ from vitpod.trainer.precision import make_precision, prepare_model
 from vitpod.trainer.preempt import Preemption
 from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
 from vitpod.trainer.sample_digest import StepSamples
+from vitpod.trainer.speedups import apply_speedups, startup_mfu
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ class Trainer:
         nhwc = False if (cfg.fsdp or cfg.deepspeed) else cfg.channels_last
         self.precision = make_precision(self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, nhwc)
         self.attention = choose_kernel(self.model, cfg.attn, self.device, self.precision.dtype)
-        self.model = prepare_model(self.model, self.precision, cfg.compile)
+        compile_model = apply_speedups(self.model, cfg, self.device, self.run_dir)
+        self.model = prepare_model(self.model, self.precision, compile_model)
         self.criterion = make_criterion(cfg)
         self.engine: Engine = parallelize(
             self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
@@ -85,6 +87,9 @@ class Trainer:
             self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device,
             config=dataclasses.asdict(cfg),
         )  # fmt: skip
+        self.mfu = startup_mfu(cfg, num_classes(cfg), self.device) if env.is_main else None
+        if self.mfu is not None:
+            self.metrics.write(self.mfu.record())
         self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
         self.last_eval: dict[str, float] = {}
@@ -340,16 +345,7 @@ class Trainer:
             self._evaluate()
         param_bytes = max_over_ranks(local_param_bytes(self.engine.model), self.device)
         model_state = self.engine.full_state_dict()  # collective for sharded engines
-        # On the collective's device: NCCL has no CPU tensors (found on an H100, not on gloo).
-        rate = torch.tensor(
-            [self.throughput["images"], self.throughput["seconds"]],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        images = rate.clone()
-        dist.all_reduce(images)
-        dist.all_reduce(rate, op=dist.ReduceOp.MAX)
-        seconds = float(rate[1])
+        ips = job_images_per_s(self.throughput["images"], self.throughput["seconds"], self.device)
         corrupt = self._corrupt_images()
         if self.env.is_main:
             cfg = self.cfg
@@ -361,11 +357,12 @@ class Trainer:
             self.metrics.summary(
                 {
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
-                    "steps": self.step, "images_per_s": float(images[0]) / max(seconds, 1e-9),
+                    "steps": self.step, "images_per_s": ips,
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
                     "topology": self.engine.name, "attention": self.attention,
                     "corrupt_images": corrupt,
                     "mesh": self.mesh_shape, "param_bytes_per_rank": int(param_bytes),
+                    **(self.mfu.summary(ips, self.env.world_size) if self.mfu else {}),
                 },
                 self.run_dir,
             )  # fmt: skip

@@ -85,6 +85,7 @@ def cells(row: Row) -> dict[str, str]:
         "step": "-" if step is None else f"{step}/{total or '?'}",
         "loss": "-" if tail is None or tail.loss is None else f"{tail.loss:.4f}",
         "images/s": "-" if ips is None else f"{ips:.1f}",
+        "MFU": "-" if tail is None or tail.mfu is None else f"{100 * tail.mfu:.1f}%",
         "ETA": _duration(tail.eta_s()) if tail else "-",
         "ckpt age": _duration(row.ckpt_age_s),
     }
@@ -195,7 +196,7 @@ def _live_table(target: Target) -> Any:
     from rich.table import Table
 
     table = Table(title=f"vitpod: {target.path}", title_justify="left", expand=False)
-    columns = ["stage", "state", "jobs", "restarts", "progress", "step", "loss", "images/s"]
+    columns = ["stage", "state", "jobs", "restarts", "progress", "step", "loss", "images/s", "MFU"]
     for name in [*columns, "ETA", "ckpt age"]:
         table.add_column(name, justify="left" if name in ("stage", "state", "jobs") else "right")
     styles = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow"}
@@ -211,7 +212,7 @@ def _live_table(target: Target) -> Any:
         table.add_row(
             text["stage"], f"[{style}]{text['state']}[/]" if style else text["state"],
             text["jobs"], text["restarts"], bar, text["step"], text["loss"], text["images/s"],
-            text["ETA"], text["ckpt age"],
+            text["MFU"], text["ETA"], text["ckpt age"],
         )  # fmt: skip
     captions = [target.note] if target.note else []
     if target.study:
@@ -230,8 +231,8 @@ def plain_lines(target: Target) -> list[str]:
         c = cells(row)
         lines.append(
             f"{stamp} {c['stage']:10s} {c['state']:11s} jobs={c['jobs']} restarts={c['restarts']} "
-            f"step={c['step']} loss={c['loss']} images/s={c['images/s']} ETA={c['ETA']} "
-            f"ckpt_age={c['ckpt age']}"
+            f"step={c['step']} loss={c['loss']} images/s={c['images/s']} MFU={c['MFU']} "
+            f"ETA={c['ETA']} ckpt_age={c['ckpt age']}"
         )
     return lines + ([f"{stamp} {target.note}"] if target.note else [])
 

@@ -24,6 +24,9 @@ class MetricsTail:
         self.rank_ips: dict[int, float] = {}
         self.top1: float | None = None
         self.summary_ips: float | None = None
+        self.summary_mfu: float | None = None
+        self.flops_per_step: float | None = None  # rank 0's start-up "mfu" record
+        self.peak_flops: float | None = None
         self.done = False
         # (step, wall time) of rank 0's recent steps; cleared when a restart goes back in steps.
         self.recent: deque[tuple[int, float]] = deque(maxlen=ETA_WINDOW)
@@ -58,10 +61,14 @@ class MetricsTail:
             self.done = True
             self.top1 = rec.get("top1", self.top1)
             self.summary_ips = rec.get("images_per_s")
+            self.summary_mfu = rec.get("mfu")
             self.step = rec.get("steps", self.step)
             return
         if kind == "eval":
             self.top1 = rec.get("top1")
+            return
+        if kind == "mfu":
+            self.flops_per_step, self.peak_flops = rec.get("flops_per_step"), rec.get("peak_flops")
             return
         if kind != "step":
             return
@@ -83,6 +90,16 @@ class MetricsTail:
         if self.summary_ips is not None:
             return float(self.summary_ips)
         return sum(self.rank_ips.values()) if self.rank_ips else None
+
+    @property
+    def mfu(self) -> float | None:
+        """The summary's MFU, else rank 0's recent step times against its device's peak."""
+        if self.done:
+            return self.summary_mfu
+        step_s = [s for s in self.step_s if s > 0]
+        if not (self.flops_per_step and self.peak_flops and step_s):
+            return None
+        return self.flops_per_step * len(step_s) / sum(step_s) / self.peak_flops
 
     def eta_s(self) -> float | None:
         """Seconds left at the recent pace (wall clock, so data loading and checkpoints count)."""

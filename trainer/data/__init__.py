@@ -30,6 +30,10 @@ def create_loader(cfg: DataConfig, split: str, rank: int, world_size: int) -> Lo
         from vitpod.trainer.data.dali_loader import DaliLoader
 
         return DaliLoader(data, cfg, rank, world_size, train)
+    if kind == "gpu":
+        from vitpod.trainer.data.gpu_decode import GpuDecodeLoader
+
+        return GpuDecodeLoader(data, cfg, rank, world_size, train)
     from vitpod.trainer.data.torch_loader import TorchLoader
 
     token_labels = None
@@ -41,17 +45,35 @@ def create_loader(cfg: DataConfig, split: str, rank: int, world_size: int) -> Lo
 
 
 def choose_loader(cfg: DataConfig, data: Split, train: bool) -> str:
-    """'dali' or 'torch': an explicit choice is checked; 'auto' takes DALI when it can."""
+    """'dali', 'gpu' or 'torch': an explicit choice is checked; 'auto' takes DALI when it can,
+    else nvJPEG through torchvision on a GPU node, else torch."""
     if cfg.loader == "auto":  # _torch_faster first: it decides without importing DALI
         reason = _torch_faster(cfg) or _dali_unsuitable(cfg, data, train)
         kind = "torch" if reason else "dali"
+        if reason and not _gpu_decode_unsuitable(cfg, data, train):
+            kind = "gpu"
         log.info("loader auto -> %s%s", kind, f" ({reason})" if reason else "")
         return kind
-    if cfg.loader == "dali" and (reason := _dali_unsuitable(cfg, data, train)):
+    check = {"dali": _dali_unsuitable, "gpu": _gpu_decode_unsuitable}.get(cfg.loader)
+    if check and (reason := check(cfg, data, train)):
         raise DataConfigError(
-            f"DataConfig.loader='dali' cannot be used: {reason}; use 'torch' or 'auto'"
+            f"DataConfig.loader='{cfg.loader}' cannot be used: {reason}; use 'torch' or 'auto'"
         )
     return cfg.loader
+
+
+def _gpu_decode_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device on this node (nvJPEG decodes on a GPU)"
+    if data.kind not in ("files", "shards"):
+        return f"dataset '{cfg.dataset}' is not encoded images"
+    if train and cfg.token_label:
+        return "token labeling needs the crop boxes of the torch loader"
+    if train and cfg.auto_augment:
+        return f"RandAugment ({cfg.auto_augment}) is not on the gpu loader; pass --aa ''"
+    return ""
 
 
 def _torch_faster(cfg: DataConfig) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from vitpod.registry.io import unknown_key_message
 
 DATASETS = ("folder", "cifar10", "cifar100", "digits", "synthetic", "shards")
-LOADERS = ("dali", "torch", "auto")
+LOADERS = ("dali", "gpu", "torch", "auto")
 CORRUPT_POLICIES = ("skip", "fail")
 INTERPOLATIONS = ("bicubic", "bilinear")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -37,7 +37,8 @@ class DataConfig:
     workers: int = 4
     """torch: DataLoader worker processes; DALI: CPU threads of the pipeline."""
     loader: str = "auto"
-    """'dali', 'torch' or 'auto' (DALI when it imports and can read the source, else torch)."""
+    """'dali', 'gpu' (torchvision nvJPEG decode), 'torch' or 'auto' (DALI when it imports and can
+    read the source, else gpu on a CUDA node, else torch)."""
     crop_pct: float = 0.875
     """Validation: resize the short side to img_size / crop_pct, then center-crop img_size."""
     scale: tuple[float, float] = (0.08, 1.0)

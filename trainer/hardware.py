@@ -1,0 +1,87 @@
+"""What this rank's hardware can do: native bf16 on the CPU, float8 on the GPU, peak FLOP/s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+FP8_MIN_CAPABILITY = (8, 9)  # Ada (sm_89) and Hopper (sm_90) have float8 tensor cores
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Dense tensor-core peak of one GPU for the training dtype, and the datasheet it is from."""
+
+    flops: float
+    dtype: str
+    source: str
+
+
+# Matched by substring of torch.cuda.get_device_name(), first match wins (H100 NVL before H100).
+# Dense (no 2:4 sparsity) figures: the datasheets print the sparse ones with an asterisk.
+PEAKS: tuple[tuple[str, Peak], ...] = (
+    ("H200", Peak(989e12, "bf16", "NVIDIA H200 Tensor Core GPU datasheet (SXM, BF16 dense)")),
+    ("H100 NVL", Peak(835e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (NVL, BF16 dense)")),
+    ("H100 PCIe", Peak(756e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (PCIe, BF16 dense)")),
+    ("H100", Peak(989e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (SXM, BF16 dense)")),
+    ("A100", Peak(312e12, "bf16", "NVIDIA A100 Tensor Core GPU datasheet (BF16 dense)")),
+    ("L40S", Peak(362e12, "bf16", "NVIDIA L40S datasheet (BF16 dense)")),
+    ("A10", Peak(125e12, "bf16", "NVIDIA A10 Tensor Core GPU datasheet (BF16 dense)")),
+    ("V100", Peak(125e12, "fp16", "NVIDIA Tesla V100 datasheet (SXM2, FP16 tensor)")),
+)
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU feature flags of /proc/cpuinfo's first `flags` line (empty where unreadable)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.is_file() else ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def cpu_has_bf16(flags: set[str] | None = None) -> bool:
+    """AVX512-BF16 or AMX-BF16: without either, oneDNN emulates bf16 matmuls (slowly)."""
+    return bool(set(CPU_BF16_FLAGS) & (cpu_flags() if flags is None else flags))
+
+
+def bf16_cpu_warning(device: torch.device, dtype: torch.dtype | None, flags: set[str]) -> str:
+    """One line when bf16 autocast runs on a CPU that emulates it; '' otherwise."""
+    if device.type != "cpu" or dtype is not torch.bfloat16 or cpu_has_bf16(flags):
+        return ""
+    return (
+        "bf16 autocast on a CPU without avx512_bf16/amx_bf16 is emulated and many times slower "
+        "than fp32 (timm train.py: ~9 min for 10 vit_small steps); drop --amp for fp32"
+    )
+
+
+def fp8_problem(device: torch.device, capability: tuple[int, int] | None = None) -> str:
+    """Why --fp8 cannot run on `device` ('' if it can): float8 matmuls need sm_89 or newer."""
+    if device.type != "cuda":
+        return (
+            "--fp8: float8 matmuls need an NVIDIA GPU of compute capability >= 8.9; this rank "
+            f"runs on {device.type}; drop --fp8"
+        )
+    major, minor = capability or torch.cuda.get_device_capability(device)
+    if (major, minor) < FP8_MIN_CAPABILITY:
+        return (
+            f"--fp8: this GPU has compute capability {major}.{minor}, float8 needs >= 8.9 "
+            "(Ada, Hopper or newer); drop --fp8"
+        )
+    return ""
+
+
+def peak_flops(device: torch.device, name: str | None = None) -> tuple[Peak | None, str]:
+    """(peak, '') for a GPU in PEAKS, else (None, the reason MFU is not computed)."""
+    if device.type != "cuda":
+        return None, f"no peak FLOP/s table entry for a {device.type} device"
+    name = name or torch.cuda.get_device_name(device)
+    for key, peak in PEAKS:
+        if key in name:
+            return peak, ""
+    return None, f"GPU '{name}' is not in vitpod.trainer.hardware.PEAKS"
