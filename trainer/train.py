@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from vitpod.trainer.parallel import parallelize
 from vitpod.trainer.precision import make_precision, prepare_model
 from vitpod.trainer.preempt import Preemption
 from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
+from vitpod.trainer.timing import TimingLog
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +85,13 @@ class Trainer:
             self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device,
             config=dataclasses.asdict(cfg),
         )  # fmt: skip
+        self.timing = TimingLog(self.metrics.write)
         self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
         self.last_eval: dict[str, float] = {}
         self.throughput = {"images": 0.0, "seconds": 0.0}
         self.steps_this_process = 0
-        self._pending: list[tuple[int, int, int, torch.Tensor, float, dict, bool]] = []
+        self._pending: list[tuple[int, int, int, torch.Tensor, float, dict, bool, float]] = []
         self.log_every = max(1, cfg.log_interval)
 
     def _build_model(self) -> nn.Module:
@@ -123,7 +126,9 @@ class Trainer:
         if self.env.is_main:
             io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, dataclasses.asdict(cfg))
         self._restore()
+        self.timing.start(self.step)
         if self.preemption.agreed():  # signalled during startup, before any step of this process
+            self.timing.end(self.step, "preempted")
             return self._requeue_before_training()
         if cfg.checkpoint_every:
             self.checkpointer.preallocate(self._state(epoch_end=False))
@@ -131,6 +136,7 @@ class Trainer:
             self.train_loader.set_epoch(self.epoch)
             if self._train_epoch() == "preempted":
                 self._save(epoch_end=False, wait=True)
+                self.timing.end(self.step, "preempted")
                 log.warning(
                     "preempted (%s): checkpointed at step %d",
                     self.preemption.signal_name,
@@ -142,6 +148,7 @@ class Trainer:
                 self.epoch += 1
                 self._save(epoch_end=True)
         self._finish()
+        self.timing.end(self.step, "finished")
         return OK
 
     def _requeue_before_training(self) -> int:
@@ -179,7 +186,8 @@ class Trainer:
             if not last:
                 continue
             self.scheduler.step_update(num_updates=self.step)
-            self.checkpointer.fence()  # a checkpoint's host copy must finish before params change
+            # A checkpoint's host copy must finish before the parameters change.
+            self.timing.fence(self.checkpointer.fence)
             engine.step()
             timer.lap("optimizer")
             self._record_step(loss.detach(), timer.finish(engine.comm_seconds()))
@@ -205,6 +213,8 @@ class Trainer:
         return StepTimer(self.device, sync=(self.step + 1) % self.log_every == 0)
 
     def _record_step(self, loss: torch.Tensor, times: dict[str, float]) -> None:
+        ended = time.time()  # the step's end on the host (no device sync), written at the flush
+        times["checkpoint_wait"] = self.timing.take_fence_s()
         cfg = self.cfg
         self.step += 1
         # Counted per process, so the warm-up after a restart is left out too.
@@ -216,7 +226,7 @@ class Trainer:
             self.throughput["images"] += images * self.data_world / self.env.world_size
             self.throughput["seconds"] += times["step"]
         lr = current_lr(self.engine.optimizer)
-        self._pending.append((self.step, self.epoch, images, loss, lr, times, warmup))
+        self._pending.append((self.step, self.epoch, images, loss, lr, times, warmup, ended))
         if self.step % self.log_every == 0:
             self._flush_steps()
 
@@ -232,17 +242,20 @@ class Trainer:
             return
         losses = torch.stack([p[3] for p in self._pending]).float().tolist()
         for record, loss in zip(self._pending, losses, strict=True):
-            step, epoch, images, _, lr, times, warmup = record
-            self.metrics.step(step, epoch, images, loss, lr, times, warmup)
+            step, epoch, images, _, lr, times, warmup, ended = record
+            self.metrics.step(step, epoch, images, loss, lr, times, warmup, ended)
         self._pending.clear()
 
     def _reached_max_steps(self) -> bool:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
 
-    @torch.no_grad()
     def _evaluate(self) -> None:
-        if not self.cfg.eval:
-            return
+        if self.cfg.eval:
+            with self.timing.timed("eval", self.step):
+                self._evaluate_now()
+
+    @torch.no_grad()
+    def _evaluate_now(self) -> None:
         model = self.engine.model
         model.eval()
         dtype = next(model.parameters()).dtype
@@ -283,6 +296,10 @@ class Trainer:
         return state
 
     def _save(self, epoch_end: bool, wait: bool = False, overlap: bool = False) -> None:
+        with self.timing.timed("checkpoint", self.step):
+            self._save_now(epoch_end, wait, overlap)
+
+    def _save_now(self, epoch_end: bool, wait: bool, overlap: bool) -> None:
         self.engine.save_sharded(self.checkpointer.step_dir(self.step))
         state = self._state(epoch_end)
         # Buffers (BatchNorm running stats) change in the forward: copied before it runs.
@@ -318,8 +335,9 @@ class Trainer:
         log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
 
     def _finish(self) -> None:
-        self.checkpointer.wait()
-        self.engine.wait_sharded()
+        with self.timing.timed("checkpoint", self.step):
+            self.checkpointer.wait()
+            self.engine.wait_sharded()
         if not self.last_eval:
             self._evaluate()
         param_bytes = max_over_ranks(local_param_bytes(self.engine.model), self.device)

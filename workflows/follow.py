@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate, status
+from vitpod.workflows import goodput, jobstate, status, triage
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail
 from vitpod.workflows.rootcause import first_error_line, restarts_from_logs, root_cause
@@ -59,6 +59,7 @@ class Row:
     ok: bool = False
     tail: MetricsTail | None = None
     ckpt_age_s: float | None = None
+    exit_code: str = ""
     gone_polls: int = field(default=0, repr=False)
 
 
@@ -99,6 +100,7 @@ class Target:
         self.rows: list[Row] = []
         self.uses_slurm = True
         self.note = ""  # shown under the rows (a failed poll)
+        self.hang_factor: float = triage.HANG_FACTOR
         if self.study:
             self._study_rows()
         else:
@@ -157,7 +159,7 @@ class Target:
             done_here = (self.path / REPORT_HTML).is_file()
         if infos:
             info = infos[-1]
-            row.state, row.reason = info.state, info.reason
+            row.state, row.reason, row.exit_code = info.state, info.reason, info.exit_code
             row.restarts = max(i.restarts for i in infos)
         else:
             row.state = recorded or ("NOT_SUBMITTED" if not row.job_ids else row.state)
@@ -174,6 +176,9 @@ class Target:
         never = row.state == "PENDING" and _NEVER_STARTS in row.reason
         row.ended = row.state in jobstate.TERMINAL or gone or never
         row.ok = row.state == "COMPLETED"
+        if row.state == "RUNNING" and row.run_dir is not None:
+            hung = triage.stuck(row.run_dir, self.hang_factor)
+            row.reason = hung.cause if hung else row.reason
         if self.study and row.run_dir is None and row.ended:
             row.ok = row.ok and done_here
 
@@ -253,7 +258,8 @@ def _pipeline_report(path: Path) -> Path | None:
 def outcome(target: Target) -> tuple[int, list[str]]:
     """Exit status and the closing lines: root causes of failures, or the report's path."""
     failed = target.failed()
-    lines: list[str] = []
+    lines = [f"{r.name}: {goodput.ledger(r.run_dir, r.job_ids).line()}"
+             for r in target.rows if r.run_dir is not None and r.tail and r.tail.step]  # fmt: skip
     if target.study:
         html = target.path / REPORT_HTML
         points = [r for r in failed if r.run_dir is not None]
@@ -289,6 +295,8 @@ def _root_causes(rows: list[Row]) -> list[str]:
         if row.run_dir is None:
             continue
         logs = row.run_dir / runfiles.LOGS
+        found = triage.diagnose(logs, row.state, row.exit_code)
+        lines += [f"{row.name}: {x}" for x in found.text()] if found else []
         tb = root_cause(logs)
         if tb is not None:
             lines.append(f"{row.name}: root cause ({tb.path}:{tb.line}):")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,12 @@ class MetricsTail:
             return float(self.summary_ips)
         return sum(self.rank_ips.values()) if self.rank_ips else None
 
-    def eta_s(self) -> float | None:
-        """Seconds left at the recent pace (wall clock, so data loading and checkpoints count)."""
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds left at the recent pace (wall clock, so data loading and checkpoints count).
+
+        The steps are stamped when they end but written in batches (every --log-interval
+        steps): the time since the newest written step's stamp has already been spent on the
+        steps not written yet, so it is taken off."""
         if self.done or (self.step is not None and self.total and self.step >= self.total):
             return 0.0  # finished, or past its last step (final eval, saving)
         if self.step is None or not self.total:
@@ -93,7 +98,8 @@ class MetricsTail:
         left = self.total - self.step
         if len(self.recent) >= 2 and self.recent[-1][0] > self.recent[0][0]:
             (s0, t0), (s1, t1) = self.recent[0], self.recent[-1]
-            return left * (t1 - t0) / (s1 - s0)
+            since = max(0.0, (time.time() if now is None else now) - t1)
+            return max(0.0, left * (t1 - t0) / (s1 - s0) - since)
         if self.step_s:  # an older trainer without wall_time: the measured step time
             return left * sum(self.step_s) / len(self.step_s)
         return None

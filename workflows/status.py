@@ -11,7 +11,7 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.registry.decision import engine_fields, find_decision
 from vitpod.trainer import labelset
-from vitpod.workflows import jobstate
+from vitpod.workflows import goodput, jobstate, triage
 from vitpod.workflows.rootcause import Traceback, restarts_from_logs, root_cause
 
 
@@ -28,6 +28,8 @@ class StageStatus:
     images_per_s: float | None
     top1: float | None
     traceback: Traceback | None
+    diagnosis: triage.Diagnosis | None = None
+    ledger: goodput.Ledger | None = None
 
     def line(self) -> str:
         jobs = ",".join(self.job_ids) or "-"
@@ -90,7 +92,13 @@ def stage_status(
     last_step, ips, top1 = progress(run_dir)
     failed = state in jobstate.TERMINAL and state != "COMPLETED"
     tb = root_cause(run_dir / runfiles.LOGS) if failed else None
-    return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb)
+    exit_code = info[-1].exit_code if info else ""
+    found = triage.diagnose(run_dir / runfiles.LOGS, state, exit_code) if failed else None
+    if state == "RUNNING":
+        found = triage.stuck(run_dir)
+    ledger = goodput.ledger(run_dir, job_ids) if last_step is not None else None
+    return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
+                       found, ledger)  # fmt: skip
 
 
 def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
@@ -128,6 +136,10 @@ def format_status(statuses: list[StageStatus]) -> str:
         if s.traceback is not None:
             out.append(f"  root cause ({s.traceback.path}:{s.traceback.line}):")
             out.extend("    " + line for line in s.traceback.text.splitlines())
+        if s.diagnosis is not None:
+            out.extend("  " + line for line in s.diagnosis.text())
+        if s.ledger is not None:
+            out.append("  " + s.ledger.line())
     return "\n".join(out)
 
 
