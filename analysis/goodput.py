@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitpod.registry import runfiles
+
 PARTS = ("queue", "container", "startup", "training", "checkpoint", "eval", "lost", "shutdown")
 
 
@@ -53,8 +55,23 @@ class Ledger:
         )
 
 
+def container_seconds(run_dir: Path) -> float | None:
+    """Container start time from container_start.json (one record, or one per restart)."""
+    path = Path(run_dir) / runfiles.CONTAINER_START
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    records = data if isinstance(data, list) else [data]
+    return sum(float(r.get("seconds", 0.0)) for r in records if isinstance(r, dict))
+
+
+def from_trainer(run_dir: Path) -> Ledger:
+    """The ledger from the trainer's records alone (no accounting: queue wait unknown)."""
+    return assemble(read_rank0(run_dir), [], container_seconds(run_dir))
+
+
 def read_rank0(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics" / "rank0.jsonl"
+    path = runfiles.metrics_file(run_dir, 0)
     if not path.is_file():
         return []
     records = []

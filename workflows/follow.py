@@ -314,12 +314,14 @@ def follow(
     console: Any = None,
     before_poll: Callable[[], None] | None = None,
     timeout: float | None = None,
+    hang_factor: float = triage.HANG_FACTOR,
 ) -> int:
     """Show the run at `path` until it ends; returns 0 when it completed, 1 when it failed.
 
     `interval`: seconds between polls (default 2 on a terminal, 30 without one).
     `before_poll`: called first on every poll (the local executor's pipeline advances itself).
     `timeout`: give up (TimeoutError) after this many seconds.
+    `hang_factor`: a running stage is stuck after this many median step times without a step.
     """
     from rich.console import Console
 
@@ -329,6 +331,7 @@ def follow(
     live = console.is_terminal
     interval = interval if interval is not None else (2.0 if live else 30.0)
     target = Target(Path(path))
+    target.hang_factor = hang_factor
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def step() -> bool:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
 
-from vitpod.analysis.goodput import Attempt, Ledger, assemble, read_rank0
-from vitpod.registry import runfiles
+from vitpod.analysis.goodput import Attempt, Ledger, assemble, container_seconds, read_rank0
 
 __all__ = ["Ledger", "attempts", "ledger"]
 
@@ -43,16 +41,6 @@ def attempts(job_ids: list[str]) -> list[Attempt]:
         restart = seen[job] = seen.get(job, -1) + 1
         found.append(Attempt(job, restart, when, _epoch(start), _epoch(end)))
     return sorted(found, key=lambda a: a.submit)
-
-
-def container_seconds(run_dir: Path) -> float | None:
-    """Container start time from container_start.json (one record, or one per restart)."""
-    path = Path(run_dir) / runfiles.CONTAINER_START
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    records = data if isinstance(data, list) else [data]
-    return sum(float(r.get("seconds", 0.0)) for r in records if isinstance(r, dict))
 
 
 def ledger(run_dir: Path, job_ids: list[str]) -> Ledger:

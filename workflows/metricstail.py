@@ -10,7 +10,9 @@ from typing import Any
 
 from vitpod.registry import runfiles
 
-ETA_WINDOW = 20  # steps of rank 0 the rate (and so the ETA) is measured over
+# Steps of rank 0 the pace (and so the ETA) is measured over: more than an epoch, so the pace
+# includes the evaluation and checkpoint at an epoch's end that the steps left will meet too.
+ETA_WINDOW = 500
 
 
 class MetricsTail:

@@ -78,6 +78,7 @@ def stage_status(
     job_ids: list[str],
     info: list[jobstate.JobInfo],
     recorded_state: str = "",
+    hang_factor: float = triage.HANG_FACTOR,
 ) -> StageStatus:
     """Combine the scheduler's view of a stage's jobs with what its run directory holds."""
     if info:
@@ -95,7 +96,7 @@ def stage_status(
     exit_code = info[-1].exit_code if info else ""
     found = triage.diagnose(run_dir / runfiles.LOGS, state, exit_code) if failed else None
     if state == "RUNNING":
-        found = triage.stuck(run_dir)
+        found = triage.stuck(run_dir, hang_factor)
     ledger = goodput.ledger(run_dir, job_ids) if last_step is not None else None
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
                        found, ledger)  # fmt: skip
@@ -115,7 +116,9 @@ def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
     return [(str(stage), run, [str(j) for j in ids], "")]
 
 
-def run_status(run: Path, executor: str | None = None) -> list[StageStatus]:
+def run_status(
+    run: Path, executor: str | None = None, hang_factor: float = triage.HANG_FACTOR
+) -> list[StageStatus]:
     """Status of every stage of a run; one batched scheduler poll for all of its jobs."""
     stages = stages_of(run)
     all_ids = [j for _, _, ids, _ in stages for j in ids]
@@ -124,7 +127,7 @@ def run_status(run: Path, executor: str | None = None) -> list[StageStatus]:
     uses_slurm = (executor or record.get("executor", "slurm")) == "slurm"
     polled = jobstate.poll_once(all_ids) if all_ids and uses_slurm else {}
     return [
-        stage_status(name, rd, ids, [polled[j] for j in ids if j in polled], recorded)
+        stage_status(name, rd, ids, [polled[j] for j in ids if j in polled], recorded, hang_factor)
         for name, rd, ids, recorded in stages
     ]
 
@@ -158,6 +161,7 @@ def stage_report(stage: Mapping[str, Any], state: str) -> dict[str, Any]:
         "checkpoints": str(run_dir / runfiles.CHECKPOINTS),
         "final_model": str(runfiles.final_model(run_dir)),
         "logs": str(run_dir / runfiles.LOGS),
+        "goodput": goodput.ledger(run_dir, [str(j) for j in stage.get("job_ids", [])]).as_dict(),
     }
 
 
@@ -177,5 +181,9 @@ def pipeline_report(
                 "manifest": labelset.read_manifest(job["label_dir"])}
         for stage, job in record.get("labels", {}).items()
     }  # fmt: skip
-    report = {"pipeline": str(directory), "cluster": record.get("cluster"), "stages": stages}
+    total = goodput.Ledger()
+    for stage in stages.values():
+        total.add(goodput.Ledger(**{k: v for k, v in stage["goodput"].items() if k != "other"}))
+    report = {"pipeline": str(directory), "cluster": record.get("cluster"), "stages": stages,
+              "goodput": total.as_dict()}  # fmt: skip
     return {**report, "labels": made} if made else report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import time
@@ -12,7 +13,8 @@ from pathlib import Path
 from vitpod.registry import runfiles
 from vitpod.workflows.rootcause import attempt_logs, root_cause
 
-HANG_FACTOR = 10  # a stage is stuck after this many median step times without a new step
+# A running stage is stuck after this many median step times without a new step.
+HANG_FACTOR = float(os.environ.get("VITPOD_HANG_FACTOR") or 10)
 _MAX_LINES = 3  # root-cause lines shown per diagnosis
 
 
@@ -61,7 +63,8 @@ RULES: tuple[Rule, ...] = (
     Rule("out of host memory",
          "fewer data workers (--workers), a smaller --prefetch, or more memory per node "
          "(the profile's `mem:`); the OOM killer's victim has no traceback",
-         _re(r"\bMemoryError\b|oom[-_ ]kill|Out of memory: Killed process|Cannot allocate memory"),
+         _re(r"\bMemoryError\b|oom[-_ ]kill|Out of memory: Killed process|Cannot allocate memory|"
+             r"can't allocate memory|std::bad_alloc"),
          frozenset({"OUT_OF_MEMORY"})),
     Rule("registry credentials refused",
          "put the registry's login in ~/.config/enroot/.credentials (netrc: machine HOST login "
@@ -70,7 +73,8 @@ RULES: tuple[Rule, ...] = (
     Rule("container import or mount failed (pyxis/enroot)",
          "check the image exists and every --container-mounts source exists on the nodes "
          "(profile `storage:`); `enroot import` the image by hand on a node to see its error",
-         _re(r"pyxis: .*(fail|error|couldn't)|\[ERROR\].*enroot|enroot-\w+: .*(fail|error)|"
+         _re(r"pyxis: .*(fail|error|couldn.t|does not exist)|\[ERROR\].*enroot|"
+             r"enroot-\w+: .*(fail|error)|"
              r"pyxis: container start failed")),
     Rule("NCCL timeout (collective watchdog)",
          "one rank stopped reaching the collective: look for the first failing rank above "
