@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.test_resume_slurm import _last_step, _make_env, _profile, _submit, _wait_until
-from vitpod.workflows import status
+from vitpod.workflows import follow, status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -152,6 +152,9 @@ def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits
             time.sleep(2)
             found = status.run_status(hang_run)[0].diagnosis
         assert "stuck: no step for" in _status(tmp_path, hang_run)
+        view = follow.Target(hang_run)  # the follow view's row says so too
+        view.poll()
+        assert view.rows[0].reason.startswith("stuck: no step for"), view.rows[0]
     finally:
         os.kill(pid, signal.SIGCONT)
     step = _last_step(hang_run)

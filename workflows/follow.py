@@ -176,8 +176,11 @@ class Target:
         never = row.state == "PENDING" and _NEVER_STARTS in row.reason
         row.ended = row.state in jobstate.TERMINAL or gone or never
         row.ok = row.state == "COMPLETED"
-        if row.state == "RUNNING" and row.run_dir is not None:
-            hung = triage.stuck(row.run_dir, self.hang_factor)
+        if row.state == "RUNNING" and row.tail is not None:
+            tail = row.tail
+            stamps = [t for _, t in tail.recent][-21:]
+            every = triage.log_interval(tail.run_dir)
+            hung = triage.stuck_since(tail.rank_wall, stamps, every, self.hang_factor)
             row.reason = hung.cause if hung else row.reason
         if self.study and row.run_dir is None and row.ended:
             row.ok = row.ok and done_here

@@ -25,6 +25,7 @@ class MetricsTail:
         self.total: int | None = None
         self.loss: float | None = None
         self.rank_ips: dict[int, float] = {}
+        self.rank_wall: dict[str, float] = {}  # each rank's newest step end (a hang shows here)
         self.top1: float | None = None
         self.summary_ips: float | None = None
         self.done = False
@@ -70,6 +71,8 @@ class MetricsTail:
             return
         rank, step = int(rec.get("rank", 0)), int(rec["step"])
         self.rank_ips[rank] = float(rec.get("images_per_s", 0.0))
+        if "wall_time" in rec:
+            self.rank_wall[f"rank{rank}"] = float(rec["wall_time"])
         if rank != 0:
             return
         if self.step is not None and step < self.step:  # resumed from an older checkpoint

@@ -141,7 +141,7 @@ def _exit_status(exit_code: str) -> int | None:
 
 def stuck(run_dir: Path, factor: float = HANG_FACTOR, now: float | None = None) -> Diagnosis | None:
     """A running stage whose ranks wrote no step for `factor` median step times (beyond the
-    steps a --log-interval batch holds back)."""
+    steps a --log-interval batch holds back), from its metrics files."""
     newest: dict[str, float] = {}
     stamps: list[float] = []
     for path in sorted((run_dir / runfiles.METRICS).glob("rank*.jsonl")):
@@ -155,14 +155,23 @@ def stuck(run_dir: Path, factor: float = HANG_FACTOR, now: float | None = None) 
             newest[path.stem] = stamp
             if path.stem == "rank0":
                 stamps.append(stamp)
-    recent = stamps[-21:]
-    spans = [b - a for a, b in zip(recent, recent[1:], strict=False) if b > a]
+    return stuck_since(newest, stamps[-21:], log_interval(run_dir), factor, now)
+
+
+def stuck_since(
+    newest: dict[str, float],
+    stamps: list[float],
+    log_interval: int,
+    factor: float,
+    now: float | None = None,
+) -> Diagnosis | None:
+    """`newest`: each rank's newest step end; `stamps`: rank 0's recent step ends."""
+    spans = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b > a]
     if not spans or not newest:
         return None
     median = statistics.median(spans)
-    limit = (factor + _log_interval(run_dir)) * median
     quiet = (time.time() if now is None else now) - min(newest.values())
-    if quiet <= limit:
+    if quiet <= (factor + log_interval) * median:
         return None
     rank = min(newest, key=lambda r: newest[r])
     return Diagnosis(
@@ -175,7 +184,7 @@ def stuck(run_dir: Path, factor: float = HANG_FACTOR, now: float | None = None) 
     )
 
 
-def _log_interval(run_dir: Path) -> int:
+def log_interval(run_dir: Path) -> int:
     try:
         return int(json.loads((run_dir / runfiles.CONFIG).read_text()).get("log_interval", 50))
     except (OSError, ValueError, TypeError):
