@@ -79,8 +79,10 @@ def stage_status(
     info: list[jobstate.JobInfo],
     recorded_state: str = "",
     hang_factor: float = triage.HANG_FACTOR,
+    accounting: bool = True,
 ) -> StageStatus:
-    """Combine the scheduler's view of a stage's jobs with what its run directory holds."""
+    """Combine the scheduler's view of a stage's jobs with what its run directory holds
+    (`accounting`: the job ids are Slurm's, so sacct has their starts)."""
     if info:
         state = info[-1].state
         restarts = max(i.restarts for i in info)
@@ -97,7 +99,7 @@ def stage_status(
     found = triage.diagnose(run_dir / runfiles.LOGS, state, exit_code) if failed else None
     if state == "RUNNING":
         found = triage.stuck(run_dir, hang_factor)
-    ledger = goodput.ledger(run_dir, job_ids) if last_step is not None else None
+    ledger = goodput.ledger(run_dir, job_ids if accounting else []) if last_step else None
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
                        found, ledger)  # fmt: skip
 
@@ -127,7 +129,15 @@ def run_status(
     uses_slurm = (executor or record.get("executor", "slurm")) == "slurm"
     polled = jobstate.poll_once(all_ids) if all_ids and uses_slurm else {}
     return [
-        stage_status(name, rd, ids, [polled[j] for j in ids if j in polled], recorded, hang_factor)
+        stage_status(
+            name,
+            rd,
+            ids,
+            [polled[j] for j in ids if j in polled],
+            recorded,
+            hang_factor,
+            uses_slurm,
+        )  # fmt: skip
         for name, rd, ids, recorded in stages
     ]
 
@@ -146,9 +156,10 @@ def format_status(statuses: list[StageStatus]) -> str:
     return "\n".join(out)
 
 
-def stage_report(stage: Mapping[str, Any], state: str) -> dict[str, Any]:
-    """One stage of report.json: its result (summary.json) and where its files are.
-    `stage`: the stage's entry in pipeline.json."""
+def stage_report(stage: Mapping[str, Any], state: str, accounting: bool = True) -> dict[str, Any]:
+    """One stage of report.json: its result (summary.json), goodput and where its files are.
+    `stage`: the stage's entry in pipeline.json; `accounting`: its job ids are Slurm's."""
+    ids = [str(j) for j in stage.get("job_ids", [])] if accounting else []
     run_dir = Path(stage["run_dir"])
     summary_path = run_dir / runfiles.SUMMARY
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -161,7 +172,7 @@ def stage_report(stage: Mapping[str, Any], state: str) -> dict[str, Any]:
         "checkpoints": str(run_dir / runfiles.CHECKPOINTS),
         "final_model": str(runfiles.final_model(run_dir)),
         "logs": str(run_dir / runfiles.LOGS),
-        "goodput": goodput.ledger(run_dir, [str(j) for j in stage.get("job_ids", [])]).as_dict(),
+        "goodput": goodput.ledger(run_dir, ids).as_dict(),
     }
 
 
@@ -172,8 +183,9 @@ def pipeline_report(
     stage's result, and the token labels its labeling jobs made. `states` overrides the
     recorded state of a stage."""
     states = states or {}
+    slurm = record.get("executor", "slurm") == "slurm"
     stages = {
-        name: stage_report(stage, states.get(name, stage.get("state", "")))
+        name: stage_report(stage, states.get(name, stage.get("state", "")), slurm)
         for name, stage in record["stages"].items()
     }
     made = {
