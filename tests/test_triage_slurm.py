@@ -68,17 +68,20 @@ def _tiny_image(tmp_path: Path) -> Path:
 
 def _memory_capped_python(path: Path) -> Path:
     """A stand-in `python`: rank 1 of the trainer runs with its address space capped at what its
-    imports took plus 100 MiB, so its first large allocations fail (ENOMEM, MemoryError)."""
+    imports took plus 16 MiB, so an allocation of its first steps fails (ENOMEM: torch's
+    "can't allocate memory", or MemoryError). Thread stacks are made small (ulimit -s, which
+    glibc reads at start) so that the gloo and OpenMP threads still start under the cap."""
     cap = (
-        "import resource, runpy, sys, torch, timm; "
+        "import resource, runpy, sys, torch, timm, vitpod.trainer.train; "
         "vm = int(open('/proc/self/statm').read().split()[0]) * 4096; "
-        "resource.setrlimit(resource.RLIMIT_AS, (vm + (100 << 20),) * 2); "
+        "resource.setrlimit(resource.RLIMIT_AS, (vm + (16 << 20),) * 2); "
         "sys.argv = ['vitpod.trainer', *sys.argv[1:]]; "
         "runpy.run_module('vitpod.trainer', run_name='__main__', alter_sys=True)"
     )
     path.write_text(
         "#!/bin/bash\n"
         'if [ "$SLURM_PROCID" = 1 ] && [ "$2" = vitpod.trainer ]; then\n'
+        "  ulimit -s 256\n"
         f'  shift 2; exec {shlex.quote(sys.executable)} -c {shlex.quote(cap)} "$@"\nfi\n'
         f'exec {shlex.quote(sys.executable)} "$@"\n'
     )
