@@ -123,8 +123,11 @@ def segment_parts(seg: dict[str, Any], resumed_at: int, start: float) -> dict[st
             first.get("time", {}).get("checkpoint_wait", 0.0)
         )
         parts["startup"] = float(first["wall_time"]) - start
-    last = seg["end"] or (steps[-1] if steps else seg["start"])
-    parts["shutdown_at"] = float(last["wall_time"])  # the job's End is added by the caller
+    # The newest stamp: a span (an evaluation cut short by a failing peer) may end after the
+    # last step; the time after it is shut-down (the job's End is added by the caller).
+    stamps = [r["wall_time"] for r in (seg["start"], *steps, *seg["spans"], seg["end"] or {})
+              if "wall_time" in r]  # fmt: skip
+    parts["shutdown_at"] = float(max(stamps))
     return parts
 
 

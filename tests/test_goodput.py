@@ -54,6 +54,15 @@ def test_parts_of_a_killed_and_resubmitted_run():
     assert "no container_start.json" in ledger.notes[0]
 
 
+def test_a_span_after_the_last_step_is_not_counted_twice():
+    """A final evaluation cut short by a failing peer: its span ends after the last step and
+    no end record follows; shut-down starts where the span ended."""
+    records, attempts = timeline()
+    records = [r for r in records if r.get("event") != "end"]
+    ledger = assemble(records, attempts, container_s=None)
+    assert ledger.parts["eval"] == 1.5 and ledger.parts["shutdown"] == 1.5 + (212 - 210.5)
+
+
 def test_container_start_is_taken_out_of_start_up():
     records, attempts = timeline()
     ledger = assemble(records, attempts, container_s=4.0)

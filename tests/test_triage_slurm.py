@@ -49,6 +49,14 @@ def _status(tmp_path: Path, run: Path) -> str:
     return out.stdout + out.stderr
 
 
+def _status_when_ended(tmp_path: Path, run: Path, timeout: float = 120) -> str:
+    """`make status` once squeue no longer shows the job COMPLETING (sacct may say FAILED first)."""
+    deadline = time.monotonic() + timeout
+    while "COMPLETING" in (shown := _status(tmp_path, run)) and time.monotonic() < deadline:
+        time.sleep(2)
+    return shown
+
+
 def _tiny_image(tmp_path: Path) -> Path:
     """A busybox root file system as a squashfs image (enroot starts it)."""
     root = tmp_path / "rootfs"
@@ -70,9 +78,12 @@ def _memory_capped_python(path: Path) -> Path:
     """A stand-in `python`: rank 1 of the trainer runs with its address space capped at what its
     imports took plus 16 MiB, so an allocation of its first steps fails (ENOMEM: torch's
     "can't allocate memory", or MemoryError). Thread stacks are made small (ulimit -s, which
-    glibc reads at start) so that the gloo and OpenMP threads still start under the cap."""
+    glibc reads at start) so that the gloo and OpenMP threads still start under the cap, and
+    oneDNN is off: under the cap it fails with its own "could not create a primitive", which
+    names no cause; torch's own kernels allocate through its CPU allocator, which says ENOMEM."""
     cap = (
         "import resource, runpy, sys, torch, timm, vitpod.trainer.train; "
+        "torch.backends.mkldnn.enabled = False; "
         "vm = int(open('/proc/self/statm').read().split()[0]) * 4096; "
         "resource.setrlimit(resource.RLIMIT_AS, (vm + (16 << 20),) * 2); "
         "sys.argv = ['vitpod.trainer', *sys.argv[1:]]; "
@@ -125,23 +136,15 @@ def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits
             "srun", f"--container-image={image}", "--container-mounts=/nonexistent-vitpod:/data",
             "true"]))  # fmt: skip
 
-    config_job, config_run = _submit(tmp_path, _profile(tmp_path, data), f"{TINY} --num-classes 3")
-    memory = _variant(tmp_path, data, "memory", python=str(_memory_capped_python(tmp_path / "py")))
-    memory_job, memory_run = _submit(tmp_path, memory, TINY)
     no_requeue = _variant(
         tmp_path, data, "norequeue", preemption={"signal": "USR2", "grace_s": 30, "requeue": False}
     )
-    hang_job, hang_run = _submit(tmp_path, no_requeue, f"{TINY} --log-interval 1")
-
-    assert local_slurm.wait(config_job, timeout=600) == "FAILED"
-    shown = _status(tmp_path, config_run)
-    assert "cause: bad configuration (exit 2)" in shown and "10 classes" in shown, shown
-    assert "fix: fix the flag or path named in the error line" in shown
-
-    assert local_slurm.wait(memory_job, timeout=600) == "FAILED"
-    shown = _status(tmp_path, memory_run)
-    assert "cause: out of host memory" in shown, shown
-    assert "rank1" in shown.split("cause: out of host memory")[1].split("fix:")[0], shown
+    hang_job, hang_run = _submit(tmp_path, no_requeue, "--loader torch --workers 0 --epochs 20 "
+                                 "--log-interval 1")  # fmt: skip
+    config_job, config_run = _submit(tmp_path, _profile(tmp_path, data), f"{TINY} --num-classes 3")
+    memory = _variant(tmp_path, data, "memory", python=str(_memory_capped_python(tmp_path / "py")))
+    # 256 images a rank: the first forward needs far more than the 16 MiB the rank has left.
+    memory_job, memory_run = _submit(tmp_path, memory, f"{TINY} --batch-size 256")
 
     # The hung rank: stopped, the stage shows as stuck; continued, it trains on.
     _wait_until("step 5", lambda: _last_step(hang_run) >= 5, timeout=600)
@@ -167,15 +170,25 @@ def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits
     # Preempted without requeue: the trainer checkpoints and exits 75.
     subprocess.run(["scancel", "--signal=USR2", hang_job], check=True)
     assert local_slurm.wait(hang_job, timeout=600) != "COMPLETED"
-    shown = _status(tmp_path, hang_run)
+    shown = _status_when_ended(tmp_path, hang_run)
     assert "cause: preempted (exit 75)" in shown and "preempted (SIGUSR2)" in shown, shown
+
+    assert local_slurm.wait(config_job, timeout=600) == "FAILED"
+    shown = _status_when_ended(tmp_path, config_run)
+    assert "cause: bad configuration (exit 2)" in shown and "10 classes" in shown, shown
+    assert "fix: fix the flag or path named in the error line" in shown
+
+    assert local_slurm.wait(memory_job, timeout=600) == "FAILED"
+    shown = _status_when_ended(tmp_path, memory_run)
+    assert "cause: out of host memory" in shown, shown
+    assert "rank1" in shown.split("cause: out of host memory")[1].split("fix:")[0], shown
 
     if mount_job is not None:
         assert local_slurm.wait(mount_job, timeout=300) == "FAILED"
-        shown = _status(tmp_path, mount)
+        shown = _status_when_ended(tmp_path, mount)
         assert "cause: container import or mount failed (pyxis/enroot)" in shown, shown
         assert "source path does not exist: /nonexistent-vitpod" in shown, shown
 
     assert local_slurm.wait(slow_job, timeout=300) == "TIMEOUT"
-    shown = _status(tmp_path, slow)
+    shown = _status_when_ended(tmp_path, slow)
     assert "cause: time limit reached" in shown and "DUE TO TIME LIMIT" in shown, shown
