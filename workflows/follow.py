@@ -261,7 +261,8 @@ def _pipeline_report(path: Path) -> Path | None:
 def outcome(target: Target) -> tuple[int, list[str]]:
     """Exit status and the closing lines: root causes of failures, or the report's path."""
     failed = target.failed()
-    lines = [f"{r.name}: {goodput.ledger(r.run_dir, r.job_ids * target.uses_slurm).line()}"
+    ids = (lambda row: row.job_ids) if target.uses_slurm else (lambda row: [])
+    lines = [f"{r.name}: {goodput.ledger(r.run_dir, ids(r)).line()}"
              for r in target.rows if r.run_dir is not None and r.tail and r.tail.step]  # fmt: skip
     if target.study:
         html = target.path / REPORT_HTML
