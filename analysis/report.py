@@ -9,7 +9,7 @@ from typing import Any
 
 import jinja2
 
-from vitpod.analysis import plots
+from vitpod.analysis import goodput, plots
 from vitpod.analysis.scaling import DEFINITIONS, Row, Study, baseline, rows_as_json, scaling_table
 from vitpod.registry import io, runfiles
 
@@ -101,6 +101,17 @@ itself, which is what the model predicts.</p>
 {% else %}<tr class="failed"><td>{{ r.gpus }}</td>
 <td colspan="11" class="text">FAILED (see above)</td></tr>
 {% endif %}{% endfor %}</table>
+<h2>Goodput</h2>
+<p>Where each point's wall time went, from the trainer's own records (queue wait is Slurm's:
+<code>make status</code> shows it): start-up to the first step, training steps, checkpoint
+stalls, evaluation, steps lost to a restart, and what none of these explains.</p>
+<table id="goodput"><tr><th>GPUs</th><th>wall s</th><th>start-up s</th><th>training s</th>
+<th>checkpoint s</th><th>eval s</th><th>lost s</th><th>other s</th><th>goodput</th></tr>
+{% for r, g in ledgers %}<tr><td>{{ r.gpus }}</td><td>{{ "%.1f"|format(g.wall) }}</td>
+{% for part in ("startup", "training", "checkpoint", "eval", "lost") %}
+<td>{{ "%.1f"|format(g.parts[part]) }}</td>{% endfor %}<td>{{ "%.1f"|format(g.other) }}</td>
+<td>{{ "%.0f%%"|format(100 * g.parts["training"] / g.wall) if g.wall > 0 else "n/a" }}</td>
+</tr>{% endfor %}</table>
 <h2>Plots</h2>
 <div class="plots">
 {% for name, data in images %}<img alt="{{ name }}" src="data:image/png;base64,{{ data }}">
@@ -142,6 +153,7 @@ def render_html(study: Study, rows: list[Row], images: dict[str, bytes]) -> str:
         rows=rows,
         images=[(name, base64.b64encode(png).decode("ascii")) for name, png in images.items()],
         references=references(),
+        ledgers=[(r, goodput.from_trainer(Path(r.run_dir))) for r in rows if r.state == "ok"],
     )
 
 

@@ -34,14 +34,16 @@ def test_tail_reads_only_new_lines_and_measures_eta(tmp_path):
     tail = MetricsTail(tmp_path)
     tail.update()
     assert (tail.step, tail.total, tail.images_per_s) == (10, 100, 20.0)
-    assert tail.eta_s() == pytest.approx(90 * 2.0)
+    assert tail.eta_s(now=1020.0) == pytest.approx(90 * 2.0)
+    # Steps are written in batches: 30 s after step 10 ended, 30 s of the 180 have gone by.
+    assert tail.eta_s(now=1050.0) == pytest.approx(150.0)
     with open(rank0, "a") as handle:  # the torn line is finished, then a resume from step 5
         handle.write('ep", "rank": 0, "step": 11, "wall_time": 1022.0}\n')
         handle.write(step(0, 6, 5000.0, loss=0.5) + step(0, 7, 5001.0, loss=0.25))
     tail.update()
     # Older steps after a restart reset the pace: 1 s a step now, 93 steps left.
     assert (tail.step, tail.loss) == (7, 0.25)
-    assert tail.eta_s() == pytest.approx(93.0)
+    assert tail.eta_s(now=5001.0) == pytest.approx(93.0)
     with open(rank0, "a") as handle:
         handle.write(json.dumps({"kind": "summary", "steps": 100, "images_per_s": 42.0}) + "\n")
     tail.update()

@@ -149,15 +149,18 @@ class MetricsLogger:
         self.file.write(json.dumps(record) + "\n")
 
     def step(self, step: int, epoch: int, batch_size: int, loss: float, lr: float,
-             times: dict[str, float], warmup: bool, **extra: Any) -> None:  # fmt: skip
+             times: dict[str, float], warmup: bool,
+             ended: float | None = None, **extra: Any) -> None:  # fmt: skip
         rate = batch_size / times["step"] if times["step"] > 0 else 0.0
         peak = peak_memory_bytes(self.device)
-        # total_steps and the wall-clock time let `make status FOLLOW=1` show progress and ETA.
+        # total_steps and the time the step ended (stamped at the step, written at the flush)
+        # let `make status FOLLOW=1` show progress and ETA, and the goodput ledger its parts.
         record = {
             "kind": "step", "step": step, "epoch": epoch, "rank": self.rank,
             "world_size": self.world_size, "batch_size": batch_size, "loss": loss, "lr": lr,
             "images_per_s": rate, "time": times, "peak_mem_bytes": peak,
-            "warmup": warmup, "total_steps": self.total_steps, "wall_time": time.time(), **extra,
+            "warmup": warmup, "total_steps": self.total_steps,
+            "wall_time": time.time() if ended is None else ended, **extra,
         }  # fmt: skip
         self.write(record)
         if self.rank != 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ from vitpod.trainer.components import (
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.elastic import Resize, position_fits
 from vitpod.trainer.engine import Engine
+from vitpod.trainer.evaluate import evaluate
 from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.trainer.mesh import job_images_per_s, local_param_bytes, max_over_ranks
-from vitpod.trainer.metrics import MetricsLogger, StepTimer, topk_counts
+from vitpod.trainer.metrics import MetricsLogger, StepTimer
 from vitpod.trainer.models import create_model, load_finetune, model_manifest
 from vitpod.trainer.optim import create_optimizer, create_schedule, current_lr
 from vitpod.trainer.parallel import parallelize
@@ -35,6 +37,7 @@ from vitpod.trainer.preempt import Preemption
 from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
 from vitpod.trainer.sample_digest import StepSamples
 from vitpod.trainer.speedups import apply_speedups, startup_mfu
+from vitpod.trainer.timing import TimingLog
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +93,13 @@ class Trainer:
         self.mfu = startup_mfu(cfg, num_classes(cfg), self.device) if env.is_main else None
         if self.mfu is not None:
             self.metrics.write(self.mfu.record())
+        self.timing = TimingLog(self.metrics.write)
         self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
         self.last_eval: dict[str, float] = {}
         self.throughput = {"images": 0.0, "seconds": 0.0}
         self.steps_this_process = 0
-        self._pending: list[tuple[int, int, int, torch.Tensor, float, dict, bool]] = []
+        self._pending: list[tuple[int, int, int, torch.Tensor, float, dict, bool, float]] = []
         self.log_every = max(1, cfg.log_interval)
         self.samples = StepSamples(self.data_rank) if cfg.log_sample_ids else None
         self._digests: dict[int, dict[str, Any]] = {}
@@ -132,7 +136,9 @@ class Trainer:
         if self.env.is_main:
             io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, dataclasses.asdict(cfg))
         self._restore()
+        self.timing.start(self.step)
         if self.preemption.agreed():  # signalled during startup, before any step of this process
+            self.timing.end(self.step, "preempted")
             return self._requeue_before_training()
         if cfg.checkpoint_every:
             self.checkpointer.preallocate(self._state(epoch_end=False))
@@ -140,6 +146,7 @@ class Trainer:
             self.train_loader.set_epoch(self.epoch)
             if self._train_epoch() == "preempted":
                 self._save(epoch_end=False, wait=True)
+                self.timing.end(self.step, "preempted")
                 log.warning(
                     "preempted (%s): checkpointed at step %d",
                     self.preemption.signal_name,
@@ -151,6 +158,7 @@ class Trainer:
                 self.epoch += 1
                 self._save(epoch_end=True)
         self._finish()
+        self.timing.end(self.step, "finished")
         return OK
 
     def _requeue_before_training(self) -> int:
@@ -190,7 +198,8 @@ class Trainer:
             if not last:
                 continue
             self.scheduler.step_update(num_updates=self.step)
-            self.checkpointer.fence()  # a checkpoint's host copy must finish before params change
+            # A checkpoint's host copy must finish before the parameters change.
+            self.timing.fence(self.checkpointer.fence)
             engine.step()
             timer.lap("optimizer")
             if self.samples is not None:
@@ -220,6 +229,8 @@ class Trainer:
         return StepTimer(self.device, sync=(self.step + 1) % self.log_every == 0)
 
     def _record_step(self, loss: torch.Tensor, times: dict[str, float]) -> None:
+        ended = time.time()  # the step's end on the host (no device sync), written at the flush
+        times["checkpoint_wait"] = self.timing.take_fence_s()
         cfg = self.cfg
         self.step += 1
         # Counted per process, so the warm-up after a restart is left out too.
@@ -231,7 +242,7 @@ class Trainer:
             self.throughput["images"] += images * self.data_world / self.env.world_size
             self.throughput["seconds"] += times["step"]
         lr = current_lr(self.engine.optimizer)
-        self._pending.append((self.step, self.epoch, images, loss, lr, times, warmup))
+        self._pending.append((self.step, self.epoch, images, loss, lr, times, warmup, ended))
         if self.step % self.log_every == 0:
             self._flush_steps()
 
@@ -247,45 +258,19 @@ class Trainer:
             return
         losses = torch.stack([p[3] for p in self._pending]).float().tolist()
         for record, loss in zip(self._pending, losses, strict=True):
-            step, epoch, images, _, lr, times, warmup = record
+            step, epoch, images, _, lr, times, warmup, ended = record
             extra = self._digests.pop(step, {})
-            self.metrics.step(step, epoch, images, loss, lr, times, warmup, **extra)
+            self.metrics.step(step, epoch, images, loss, lr, times, warmup, ended, **extra)
         self._pending.clear()
 
     def _reached_max_steps(self) -> bool:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
 
-    @torch.no_grad()
     def _evaluate(self) -> None:
-        if not self.cfg.eval:
-            return
-        model = self.engine.model
-        model.eval()
-        dtype = next(model.parameters()).dtype
-        # Summed on the device: one host sync for the whole pass, not one per batch.
-        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, top1, top5, n
-        for images, targets in self.val_loader:
-            with self.precision.autocast():
-                out = self.engine.eval_forward(self.precision.prepare_input(images).to(dtype))
-            if out is None or not self.engine.counts_eval:
-                continue
-            logits = out.float()
-            targets = targets.to(self.device)
-            loss = nn.functional.cross_entropy(logits, targets, reduction="sum")
-            counts = topk_counts(logits, targets)
-            totals += torch.stack(
-                [loss.double(), *counts.double(), totals.new_tensor(len(targets))]
-            )
-        dist.all_reduce(totals)
-        loss_sum, top1, top5, count = totals.tolist()
-        count = max(count, 1.0)
-        self.last_eval = {
-            "top1": 100 * top1 / count,
-            "top5": 100 * top5 / count,
-            "loss": loss_sum / count,
-        }
-        self.metrics.eval(self.epoch, self.step, **self.last_eval)
-        model.train()
+        if self.cfg.eval:
+            with self.timing.timed("eval", self.step):
+                self.last_eval = evaluate(self.engine, self.val_loader, self.precision, self.device)
+            self.metrics.eval(self.epoch, self.step, **self.last_eval)
 
     # ----------------------------------------------------------------------------- state
     def _state(self, epoch_end: bool) -> dict[str, Any]:
@@ -299,6 +284,10 @@ class Trainer:
         return state
 
     def _save(self, epoch_end: bool, wait: bool = False, overlap: bool = False) -> None:
+        with self.timing.timed("checkpoint", self.step):
+            self._save_now(epoch_end, wait, overlap)
+
+    def _save_now(self, epoch_end: bool, wait: bool, overlap: bool) -> None:
         self.engine.save_sharded(self.checkpointer.step_dir(self.step))
         state = self._state(epoch_end)
         # Buffers (BatchNorm running stats) change in the forward: copied before it runs.
@@ -339,8 +328,9 @@ class Trainer:
         log.info("resumed from %s: step %d, epoch %d", directory, self.step, self.epoch)
 
     def _finish(self) -> None:
-        self.checkpointer.wait()
-        self.engine.wait_sharded()
+        with self.timing.timed("checkpoint", self.step):
+            self.checkpointer.wait()
+            self.engine.wait_sharded()
         if not self.last_eval:
             self._evaluate()
         param_bytes = max_over_ranks(local_param_bytes(self.engine.model), self.device)

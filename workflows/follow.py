@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate, status
+from vitpod.workflows import goodput, jobstate, status, triage
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail
 from vitpod.workflows.rootcause import first_error_line, restarts_from_logs, root_cause
@@ -59,6 +59,7 @@ class Row:
     ok: bool = False
     tail: MetricsTail | None = None
     ckpt_age_s: float | None = None
+    exit_code: str = ""
     gone_polls: int = field(default=0, repr=False)
 
 
@@ -100,6 +101,7 @@ class Target:
         self.rows: list[Row] = []
         self.uses_slurm = True
         self.note = ""  # shown under the rows (a failed poll)
+        self.hang_factor: float = triage.HANG_FACTOR
         if self.study:
             self._study_rows()
         else:
@@ -158,7 +160,7 @@ class Target:
             done_here = (self.path / REPORT_HTML).is_file()
         if infos:
             info = infos[-1]
-            row.state, row.reason = info.state, info.reason
+            row.state, row.reason, row.exit_code = info.state, info.reason, info.exit_code
             row.restarts = max(i.restarts for i in infos)
         else:
             row.state = recorded or ("NOT_SUBMITTED" if not row.job_ids else row.state)
@@ -175,6 +177,12 @@ class Target:
         never = row.state == "PENDING" and _NEVER_STARTS in row.reason
         row.ended = row.state in jobstate.TERMINAL or gone or never
         row.ok = row.state == "COMPLETED"
+        if row.state == "RUNNING" and row.tail is not None:
+            tail = row.tail
+            stamps = [t for _, t in tail.recent][-21:]
+            every = triage.log_interval(tail.run_dir)
+            hung = triage.stuck_since(tail.rank_wall, stamps, every, self.hang_factor)
+            row.reason = hung.cause if hung else row.reason
         if self.study and row.run_dir is None and row.ended:
             row.ok = row.ok and done_here
 
@@ -254,7 +262,9 @@ def _pipeline_report(path: Path) -> Path | None:
 def outcome(target: Target) -> tuple[int, list[str]]:
     """Exit status and the closing lines: root causes of failures, or the report's path."""
     failed = target.failed()
-    lines: list[str] = []
+    ids = (lambda row: row.job_ids) if target.uses_slurm else (lambda row: [])
+    lines = [f"{r.name}: {goodput.ledger(r.run_dir, ids(r)).line()}"
+             for r in target.rows if r.run_dir is not None and r.tail and r.tail.step]  # fmt: skip
     if target.study:
         html = target.path / REPORT_HTML
         points = [r for r in failed if r.run_dir is not None]
@@ -290,6 +300,8 @@ def _root_causes(rows: list[Row]) -> list[str]:
         if row.run_dir is None:
             continue
         logs = row.run_dir / runfiles.LOGS
+        found = triage.diagnose(logs, row.state, row.exit_code)
+        lines += [f"{row.name}: {x}" for x in found.text()] if found else []
         tb = root_cause(logs)
         if tb is not None:
             lines.append(f"{row.name}: root cause ({tb.path}:{tb.line}):")
@@ -307,12 +319,14 @@ def follow(
     console: Any = None,
     before_poll: Callable[[], None] | None = None,
     timeout: float | None = None,
+    hang_factor: float = triage.HANG_FACTOR,
 ) -> int:
     """Show the run at `path` until it ends; returns 0 when it completed, 1 when it failed.
 
     `interval`: seconds between polls (default 2 on a terminal, 30 without one).
     `before_poll`: called first on every poll (the local executor's pipeline advances itself).
     `timeout`: give up (TimeoutError) after this many seconds.
+    `hang_factor`: a running stage is stuck after this many median step times without a step.
     """
     from rich.console import Console
 
@@ -322,6 +336,7 @@ def follow(
     live = console.is_terminal
     interval = interval if interval is not None else (2.0 if live else 30.0)
     target = Target(Path(path))
+    target.hang_factor = hang_factor
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def step() -> bool:

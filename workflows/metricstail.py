@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
 
-ETA_WINDOW = 20  # steps of rank 0 the rate (and so the ETA) is measured over
+# Steps of rank 0 the pace (and so the ETA) is measured over: more than an epoch, so the pace
+# includes the evaluation and checkpoint at an epoch's end that the steps left will meet too.
+ETA_WINDOW = 500
 
 
 class MetricsTail:
@@ -22,6 +25,7 @@ class MetricsTail:
         self.total: int | None = None
         self.loss: float | None = None
         self.rank_ips: dict[int, float] = {}
+        self.rank_wall: dict[str, float] = {}  # each rank's newest step end (a hang shows here)
         self.top1: float | None = None
         self.summary_ips: float | None = None
         self.summary_mfu: float | None = None
@@ -74,6 +78,8 @@ class MetricsTail:
             return
         rank, step = int(rec.get("rank", 0)), int(rec["step"])
         self.rank_ips[rank] = float(rec.get("images_per_s", 0.0))
+        if "wall_time" in rec:
+            self.rank_wall[f"rank{rank}"] = float(rec["wall_time"])
         if rank != 0:
             return
         if self.step is not None and step < self.step:  # resumed from an older checkpoint
@@ -101,8 +107,12 @@ class MetricsTail:
             return None
         return self.flops_per_step * len(step_s) / sum(step_s) / self.peak_flops
 
-    def eta_s(self) -> float | None:
-        """Seconds left at the recent pace (wall clock, so data loading and checkpoints count)."""
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds left at the recent pace (wall clock, so data loading and checkpoints count).
+
+        The steps are stamped when they end but written in batches (every --log-interval
+        steps): the time since the newest written step's stamp has already been spent on the
+        steps not written yet, so it is taken off."""
         if self.done or (self.step is not None and self.total and self.step >= self.total):
             return 0.0  # finished, or past its last step (final eval, saving)
         if self.step is None or not self.total:
@@ -110,7 +120,8 @@ class MetricsTail:
         left = self.total - self.step
         if len(self.recent) >= 2 and self.recent[-1][0] > self.recent[0][0]:
             (s0, t0), (s1, t1) = self.recent[0], self.recent[-1]
-            return left * (t1 - t0) / (s1 - s0)
+            since = max(0.0, (time.time() if now is None else now) - t1)
+            return max(0.0, left * (t1 - t0) / (s1 - s0) - since)
         if self.step_s:  # an older trainer without wall_time: the measured step time
             return left * sum(self.step_s) / len(self.step_s)
         return None

@@ -90,15 +90,20 @@ def _log_order(path: Path) -> tuple[int, int, str]:
     )
 
 
-def root_cause(log_dir: Path) -> Traceback | None:
-    """The first non-communication traceback across the rank logs (else the first one at all)."""
+def attempt_logs(log_dir: Path) -> list[Path]:
+    """The log files of the newest (re)start, lower ranks first, and those of no restart."""
     if not log_dir.is_dir():
-        return None
+        return []
     # Only the (re)start that failed: an earlier one ended by a requeue may have left harmless
     # tracebacks at exit (multiprocessing's resource tracker) that would mask the cause.
     files = [p for p in sorted(log_dir.iterdir(), key=_log_order) if p.is_file()]
     newest = min((_log_order(p)[0] for p in files), default=0)
-    files = [p for p in files if _log_order(p)[0] == newest or not _RESTART.search(p.name)]
+    return [p for p in files if _log_order(p)[0] == newest or not _RESTART.search(p.name)]
+
+
+def root_cause(log_dir: Path) -> Traceback | None:
+    """The first non-communication traceback across the rank logs (else the first one at all)."""
+    files = attempt_logs(log_dir)
     tracebacks = [tb for p in files for tb in find_tracebacks(p)]
     real = [tb for tb in tracebacks if not tb.communication]
     if real:

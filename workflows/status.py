@@ -11,7 +11,7 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.registry.decision import engine_fields, find_decision
 from vitpod.trainer import labelset
-from vitpod.workflows import jobstate
+from vitpod.workflows import goodput, jobstate, triage
 from vitpod.workflows.rootcause import Traceback, restarts_from_logs, root_cause
 from vitpod.workflows.runsizes import world_sizes
 
@@ -29,6 +29,8 @@ class StageStatus:
     images_per_s: float | None
     top1: float | None
     traceback: Traceback | None
+    diagnosis: triage.Diagnosis | None = None
+    ledger: goodput.Ledger | None = None
     sizes: tuple[int, ...] = ()  # ranks of each stretch, when a restart changed the size
 
     def line(self) -> str:
@@ -79,8 +81,11 @@ def stage_status(
     job_ids: list[str],
     info: list[jobstate.JobInfo],
     recorded_state: str = "",
+    hang_factor: float = triage.HANG_FACTOR,
+    accounting: bool = True,
 ) -> StageStatus:
-    """Combine the scheduler's view of a stage's jobs with what its run directory holds."""
+    """Combine the scheduler's view of a stage's jobs with what its run directory holds
+    (`accounting`: the job ids are Slurm's, so sacct has their starts)."""
     if info:
         state = info[-1].state
         restarts = max(i.restarts for i in info)
@@ -93,10 +98,14 @@ def stage_status(
     last_step, ips, top1 = progress(run_dir)
     failed = state in jobstate.TERMINAL and state != "COMPLETED"
     tb = root_cause(run_dir / runfiles.LOGS) if failed else None
+    exit_code = info[-1].exit_code if info else ""
+    found = triage.diagnose(run_dir / runfiles.LOGS, state, exit_code) if failed else None
+    if state == "RUNNING":
+        found = triage.stuck(run_dir, hang_factor)
+    ledger = goodput.ledger(run_dir, job_ids if accounting else []) if last_step else None
     sizes = tuple(world_sizes(run_dir))
-    return StageStatus(
-        stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb, sizes
-    )
+    return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
+                       found, ledger, sizes)  # fmt: skip
 
 
 def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
@@ -113,7 +122,9 @@ def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
     return [(str(stage), run, [str(j) for j in ids], "")]
 
 
-def run_status(run: Path, executor: str | None = None) -> list[StageStatus]:
+def run_status(
+    run: Path, executor: str | None = None, hang_factor: float = triage.HANG_FACTOR
+) -> list[StageStatus]:
     """Status of every stage of a run; one batched scheduler poll for all of its jobs."""
     stages = stages_of(run)
     all_ids = [j for _, _, ids, _ in stages for j in ids]
@@ -122,7 +133,15 @@ def run_status(run: Path, executor: str | None = None) -> list[StageStatus]:
     uses_slurm = (executor or record.get("executor", "slurm")) == "slurm"
     polled = jobstate.poll_once(all_ids) if all_ids and uses_slurm else {}
     return [
-        stage_status(name, rd, ids, [polled[j] for j in ids if j in polled], recorded)
+        stage_status(
+            name,
+            rd,
+            ids,
+            [polled[j] for j in ids if j in polled],
+            recorded,
+            hang_factor,
+            uses_slurm,
+        )  # fmt: skip
         for name, rd, ids, recorded in stages
     ]
 
@@ -134,12 +153,17 @@ def format_status(statuses: list[StageStatus]) -> str:
         if s.traceback is not None:
             out.append(f"  root cause ({s.traceback.path}:{s.traceback.line}):")
             out.extend("    " + line for line in s.traceback.text.splitlines())
+        if s.diagnosis is not None:
+            out.extend("  " + line for line in s.diagnosis.text())
+        if s.ledger is not None:
+            out.append("  " + s.ledger.line())
     return "\n".join(out)
 
 
-def stage_report(stage: Mapping[str, Any], state: str) -> dict[str, Any]:
-    """One stage of report.json: its result (summary.json) and where its files are.
-    `stage`: the stage's entry in pipeline.json."""
+def stage_report(stage: Mapping[str, Any], state: str, accounting: bool = True) -> dict[str, Any]:
+    """One stage of report.json: its result (summary.json), goodput and where its files are.
+    `stage`: the stage's entry in pipeline.json; `accounting`: its job ids are Slurm's."""
+    ids = [str(j) for j in stage.get("job_ids", [])] if accounting else []
     run_dir = Path(stage["run_dir"])
     summary_path = run_dir / runfiles.SUMMARY
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -152,6 +176,7 @@ def stage_report(stage: Mapping[str, Any], state: str) -> dict[str, Any]:
         "checkpoints": str(run_dir / runfiles.CHECKPOINTS),
         "final_model": str(runfiles.final_model(run_dir)),
         "logs": str(run_dir / runfiles.LOGS),
+        "goodput": goodput.ledger(run_dir, ids).as_dict(),
     }
 
 
@@ -162,8 +187,9 @@ def pipeline_report(
     stage's result, and the token labels its labeling jobs made. `states` overrides the
     recorded state of a stage."""
     states = states or {}
+    slurm = record.get("executor", "slurm") == "slurm"
     stages = {
-        name: stage_report(stage, states.get(name, stage.get("state", "")))
+        name: stage_report(stage, states.get(name, stage.get("state", "")), slurm)
         for name, stage in record["stages"].items()
     }
     made = {
@@ -171,5 +197,9 @@ def pipeline_report(
                 "manifest": labelset.read_manifest(job["label_dir"])}
         for stage, job in record.get("labels", {}).items()
     }  # fmt: skip
-    report = {"pipeline": str(directory), "cluster": record.get("cluster"), "stages": stages}
+    total = goodput.Ledger()
+    for stage in stages.values():
+        total.add(goodput.Ledger(**{k: v for k, v in stage["goodput"].items() if k != "other"}))
+    report = {"pipeline": str(directory), "cluster": record.get("cluster"), "stages": stages,
+              "goodput": total.as_dict()}  # fmt: skip
     return {**report, "labels": made} if made else report

@@ -12,6 +12,7 @@ from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import USAGE
 from vitpod.workflows import follow
 from vitpod.workflows.status import format_status, run_status
+from vitpod.workflows.triage import HANG_FACTOR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interval", type=float, default=None, help="seconds between polls with --follow"
     )
+    parser.add_argument(
+        "--hang-factor", type=float, default=HANG_FACTOR,
+        help="a running stage is stuck after this many median step times without a step",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     run = Path(args.run) if args.run else None
     markers = (runfiles.PIPELINE, runfiles.MANIFEST, runfiles.STUDY)
@@ -40,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             target.poll()
             print("\n".join(follow.plain_lines(target)))
             return 0
-        return follow.follow(run, interval=args.interval)
-    statuses = run_status(run)
+        return follow.follow(run, interval=args.interval, hang_factor=args.hang_factor)
+    statuses = run_status(run, hang_factor=args.hang_factor)
     if args.json:
         print(json.dumps([asdict(s) for s in statuses], indent=2))
     else:

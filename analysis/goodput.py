@@ -1,0 +1,185 @@
+"""The goodput ledger: a run's wall time split into queue, start-up, training, stalls and loss."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitpod.registry import runfiles
+
+PARTS = ("queue", "container", "startup", "training", "checkpoint", "eval", "lost", "shutdown")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of a job as Slurm accounted it (sacct -D: each requeue is its own line; a
+    requeued attempt's Submit is the previous attempt's End)."""
+
+    job_id: str
+    restart: int
+    submit: float
+    start: float | None
+    end: float | None
+
+
+@dataclass
+class Ledger:
+    """Seconds per part; `other` is the wall time no part explains (between-step overhead)."""
+
+    wall: float = 0.0
+    parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    attempts: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def other(self) -> float:
+        return self.wall - sum(self.parts.values())
+
+    def add(self, other: Ledger) -> None:
+        self.wall += other.wall
+        self.attempts += other.attempts
+        for name, seconds in other.parts.items():
+            self.parts[name] += seconds
+        self.notes += [n for n in other.notes if n not in self.notes]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "other": self.other}
+
+    def line(self) -> str:
+        pct = (lambda s: f"{100 * s / self.wall:.0f}%") if self.wall > 0 else (lambda s: "-")
+        shown = " ".join(f"{k}={v:.1f}s({pct(v)})" for k, v in self.parts.items() if v)
+        return f"goodput: wall={self.wall:.1f}s {shown} other={self.other:.1f}s" + "".join(
+            f" [{n}]" for n in self.notes
+        )
+
+
+def container_seconds(run_dir: Path) -> float | None:
+    """Container start time from container_start.json (one record, or one per restart)."""
+    path = Path(run_dir) / runfiles.CONTAINER_START
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    records = data if isinstance(data, list) else [data]
+    return sum(_start_seconds(r) for r in records if isinstance(r, dict))
+
+
+def _start_seconds(record: dict[str, Any]) -> float:
+    """One start: its `seconds`, or (the job script's record) the slowest node's cold start
+    plus the slowest node's warm start, since the two srun steps run one after the other."""
+    if "seconds" in record:
+        return float(record["seconds"])
+    nodes = [n for n in record.get("nodes", {}).values() if isinstance(n, dict)]
+    return sum(
+        max((float(n.get(k, 0.0)) for n in nodes), default=0.0) for k in ("cold_s", "warm_s")
+    )
+
+
+def from_trainer(run_dir: Path) -> Ledger:
+    """The ledger from the trainer's records alone (no accounting: queue wait unknown)."""
+    return assemble(read_rank0(run_dir), [], container_seconds(run_dir))
+
+
+def read_rank0(run_dir: Path) -> list[dict[str, Any]]:
+    path = runfiles.metrics_file(run_dir, 0)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def segments(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank 0's records cut at each trainer start: one segment per process."""
+    out: list[dict[str, Any]] = []
+    for rec in records:
+        if rec.get("kind") == "timing" and rec.get("event") == "start":
+            out.append({"start": rec, "steps": [], "spans": [], "end": None})
+        elif out and rec.get("kind") == "step":
+            out[-1]["steps"].append(rec)
+        elif out and rec.get("kind") == "timing" and rec.get("event") in ("checkpoint", "eval"):
+            out[-1]["spans"].append(rec)
+        elif out and rec.get("kind") == "timing" and rec.get("event") == "end":
+            out[-1]["end"] = rec
+    return out
+
+
+def _redone(segs: list[dict[str, Any]], i: int) -> int:
+    """Steps of segment i that a later segment ran again (it resumed from an older step)."""
+    later = [s["start"]["step"] for s in segs[i + 1 :]]
+    return min(later, default=10**12)
+
+
+def segment_parts(seg: dict[str, Any], resumed_at: int, start: float) -> dict[str, float]:
+    """The parts of one process's time after its job started at `start`."""
+    parts = dict.fromkeys(PARTS, 0.0)
+    steps = seg["steps"]
+    for rec in seg["spans"]:
+        parts[rec["event"]] += float(rec["seconds"])
+    for rec in steps:
+        times = rec.get("time", {})
+        wait = float(times.get("checkpoint_wait", 0.0))
+        parts["checkpoint"] += wait
+        name = "lost" if rec["step"] > resumed_at else "training"
+        parts[name] += float(times.get("step", 0.0)) - wait
+    if steps:  # the first step is start-up (compilation, first batch), not training
+        first = steps[0]
+        name = "lost" if first["step"] > resumed_at else "training"
+        parts[name] -= float(first.get("time", {}).get("step", 0.0)) - float(
+            first.get("time", {}).get("checkpoint_wait", 0.0)
+        )
+        parts["startup"] = float(first["wall_time"]) - start
+    # The newest stamp: a span (an evaluation cut short by a failing peer) may end after the
+    # last step; the time after it is shut-down (the job's End is added by the caller).
+    stamps = [r["wall_time"] for r in (seg["start"], *steps, *seg["spans"], seg["end"] or {})
+              if "wall_time" in r]  # fmt: skip
+    parts["shutdown_at"] = float(max(stamps))
+    return parts
+
+
+def assemble(
+    records: list[dict[str, Any]], attempts: list[Attempt], container_s: float | None
+) -> Ledger:
+    """The ledger of one run from rank 0's records and Slurm's attempts (none: no scheduler)."""
+    segs = segments(records)
+    ledger = Ledger()
+    by_key = {(s["start"].get("job_id"), s["start"].get("restart", 0)): s for s in segs}
+    if not attempts:  # no accounting: the processes' own clocks bound the run
+        ledger.notes.append("no Slurm accounting: queue wait unknown")
+        attempts = [
+            Attempt(str(s["start"].get("job_id")), s["start"].get("restart", 0),
+                    s["start"]["process_start"], s["start"]["process_start"], None)
+            for s in segs
+        ]  # fmt: skip
+    for attempt in attempts:
+        seg = by_key.get((attempt.job_id, attempt.restart))
+        resumed_at = _redone(segs, segs.index(seg)) if seg is not None else 0
+        ledger.add(_attempt_ledger(attempt, seg, resumed_at))
+    if container_s is None:
+        ledger.notes.append("no container_start.json: container start counted as 0")
+    else:
+        ledger.parts["container"] = container_s
+        ledger.parts["startup"] -= container_s
+    return ledger
+
+
+def _attempt_ledger(attempt: Attempt, seg: dict[str, Any] | None, resumed_at: int) -> Ledger:
+    one = Ledger(attempts=1)
+    start = attempt.start if attempt.start is not None else attempt.submit
+    parts = segment_parts(seg, resumed_at, start) if seg is not None else {}
+    shutdown_at = parts.pop("shutdown_at", start)
+    end = attempt.end if attempt.end is not None else max(shutdown_at, start)
+    one.wall = end - attempt.submit
+    one.parts["queue"] = start - attempt.submit
+    for name, seconds in parts.items():
+        one.parts[name] += seconds
+    one.parts["shutdown"] = end - shutdown_at
+    if seg is None and attempt.start is not None:  # ended before the trainer started
+        one.parts["startup"] = end - start
+        one.parts["shutdown"] = 0.0
+    return one

@@ -1,0 +1,94 @@
+"""The goodput ledger's assembly from trainer records and Slurm attempts (hand-made timelines
+whose parts are known), and its table in the scaling report. Measured live in
+tests/test_progress_slurm.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vitpod.analysis.goodput import Attempt, assemble, from_trainer
+
+
+def _start(job, restart, step, t):
+    return {"kind": "timing", "event": "start", "step": step, "wall_time": t,
+            "process_start": t - 1, "job_id": job, "restart": restart}  # fmt: skip
+
+
+def _step(n, end, seconds=1.0, wait=0.0):
+    return {"kind": "step", "step": n, "wall_time": end,
+            "time": {"step": seconds, "checkpoint_wait": wait}}  # fmt: skip
+
+
+def _span(event, step, seconds, t):
+    return {"kind": "timing", "event": event, "step": step, "seconds": seconds, "wall_time": t}
+
+
+def timeline():
+    """Job 7 starts at 110 (queued 10 s), steps 1-6 (1 s each, 2 s for the first), checkpoint at
+    step 4 (0.5 s), killed after step 6; job 8 resumes from step 4 (steps 5, 6 redone)."""
+    first = [_start("7", 0, 0, 112), _step(1, 115, 2.0), _step(2, 116), _step(3, 117),
+             _step(4, 118), _span("checkpoint", 4, 0.5, 118.5), _step(5, 119.5, wait=0.2),
+             _step(6, 120.5)]  # fmt: skip
+    second = [_start("8", 0, 4, 205), _step(5, 208), _step(6, 209), _span("eval", 6, 1.5, 210.5),
+              {"kind": "timing", "event": "end", "step": 6, "wall_time": 211}]  # fmt: skip
+    attempts = [Attempt("7", 0, 100, 110, 122), Attempt("8", 0, 200, 203, 212)]
+    return first + second, attempts
+
+
+def test_parts_of_a_killed_and_resubmitted_run():
+    records, attempts = timeline()
+    ledger = assemble(records, attempts, container_s=None)
+    parts = ledger.parts
+    assert ledger.wall == 22 + 12 and ledger.attempts == 2
+    assert parts["queue"] == 10 + 3
+    assert parts["startup"] == (115 - 110) + (208 - 203)
+    # Kept: steps 2-4 of job 7, step 6 of job 8 (the first step of each start is start-up).
+    assert parts["training"] == pytest.approx(3 + 1)
+    assert parts["lost"] == pytest.approx((1.0 - 0.2) + 1.0)  # steps 5 and 6 of job 7
+    assert parts["checkpoint"] == pytest.approx(0.5 + 0.2)
+    assert parts["eval"] == 1.5
+    assert parts["shutdown"] == (122 - 120.5) + (212 - 211)
+    assert ledger.other == pytest.approx(ledger.wall - sum(parts.values()))
+    assert "no container_start.json" in ledger.notes[0]
+
+
+def test_a_span_after_the_last_step_is_not_counted_twice():
+    """A final evaluation cut short by a failing peer: its span ends after the last step and
+    no end record follows; shut-down starts where the span ended."""
+    records, attempts = timeline()
+    records = [r for r in records if r.get("event") != "end"]
+    ledger = assemble(records, attempts, container_s=None)
+    assert ledger.parts["eval"] == 1.5 and ledger.parts["shutdown"] == 1.5 + (212 - 210.5)
+
+
+def test_container_start_is_taken_out_of_start_up():
+    records, attempts = timeline()
+    ledger = assemble(records, attempts, container_s=4.0)
+    assert ledger.parts["container"] == 4.0 and ledger.parts["startup"] == 10 - 4.0
+    assert not ledger.notes
+
+
+def test_without_accounting_the_processes_bound_the_run(tmp_path):
+    records, _ = timeline()
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "rank0.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records)
+    )
+    ledger = from_trainer(tmp_path)
+    assert ledger.parts["queue"] == 0 and ledger.attempts == 2
+    assert ledger.parts["startup"] == (115 - 111) + (208 - 204)
+    assert "queue wait unknown" in ledger.notes[0]
+    assert ledger.line().startswith("goodput: wall=")
+
+
+def test_container_start_reads_the_job_scripts_per_node_record(tmp_path):
+    """container_start.json as the sbatch script writes it: cold then warm step, per node."""
+    from vitpod.analysis.goodput import container_seconds
+
+    record = {"job_id": "7", "restart": 0, "image": "x", "method": "m",
+              "nodes": {"node1": {"cold_s": 3.0, "warm_s": 0.5},
+                        "node2": {"cold_s": 4.0, "warm_s": 0.25}}}  # fmt: skip
+    (tmp_path / "container_start.json").write_text(json.dumps(record))
+    assert container_seconds(tmp_path) == 4.0 + 0.5

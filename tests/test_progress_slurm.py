@@ -1,0 +1,117 @@
+"""True progress and the goodput ledger on the real local Slurm (2 nodes x 2 ranks, volo_tiny).
+
+- ETA: a run with the DEFAULT log interval (steps are written every 50 steps, each stamped when
+  it ended); the ETA that the follow view shows at the middle of the run, read through its own
+  code path (follow.Target), is compared with the time the run's last step really ended.
+- Goodput: a run preempted with `scancel --signal=USR2`, requeued, then one rank SIGKILLed after
+  a checkpoint and the job resubmitted: the ledger's parts add up to its wall time, lost work is
+  counted for the steps redone after the kill, and the queue wait covers every start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.test_resume_slurm import _kill_rank, _last_step, _profile, _submit, _wait_until
+from vitpod.analysis.goodput import segments
+from vitpod.workflows import follow, goodput, status
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# 4 ranks x 16 images: 23 steps an epoch on digits; 100 steps cross 4 epoch ends (evaluation and
+# a checkpoint each), as a real run's pace includes them.
+ETA_ARGS = "--loader torch --workers 0 --epochs 5 --max-steps 100"
+# The ETA is a forecast from the 20 steps before the middle; the other half of the run meets
+# the same kinds of work (epoch ends) but the 2 shared CPU cores are shared with other jobs, so
+# its pace varies by some 10-20 % over a minute: 25 % is the issue's bound, measured honestly.
+ETA_TOLERANCE = 0.25
+
+
+def test_eta_at_the_middle_of_a_run_matches_its_real_end(local_slurm, digits_dir, tmp_path):
+    profile = _profile(tmp_path, digits_dir.parent)
+    job, run = _submit(tmp_path, profile, ETA_ARGS)
+    target = follow.Target(run)
+    eta, read_at = None, 0.0
+    deadline = time.monotonic() + 600
+    while eta is None:
+        assert time.monotonic() < deadline, "no step written within 600 s"
+        target.poll()
+        tail = target.rows[0].tail
+        assert tail is not None
+        # Steps are written every 50 steps and at each epoch's end (23, 46, ...): the middle.
+        if tail.step is not None and tail.total and tail.total // 2 - 5 <= tail.step < tail.total:
+            read_at = time.time()
+            eta = tail.eta_s(now=read_at)
+            shown = follow.cells(target.rows[0])["ETA"]
+        time.sleep(0.5)
+    assert local_slurm.wait(job, timeout=600) == "COMPLETED"
+    steps = [r for r in map(json.loads, (run / "metrics" / "rank0.jsonl").read_text().splitlines())
+             if r["kind"] == "step"]  # fmt: skip
+    assert [r["step"] for r in steps] == list(range(1, 101))
+    stamps = [r["wall_time"] for r in steps]
+    assert len(set(stamps)) == 100, "every step carries its own end time"
+    real = stamps[-1] - read_at
+    print(f"ETA at step {tail.step}: {eta:.1f} s (shown {shown}); the run's last step ended "
+          f"{real:.1f} s later")  # fmt: skip
+    assert 40 <= tail.step <= 60  # the first batch written (step 50) is the middle
+    assert real > 10
+    assert abs(eta - real) <= ETA_TOLERANCE * real
+
+
+def test_goodput_ledger_of_a_preempted_and_killed_run(local_slurm, digits_dir, tmp_path):
+    profile = _profile(tmp_path, digits_dir.parent)
+    args = "--loader torch --workers 0 --epochs 2 --log-interval 1 --checkpoint-every 10"
+    job, run = _submit(tmp_path, profile, args)
+    _wait_until("step 5", lambda: _last_step(run) >= 5, timeout=600)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    _wait_until(
+        "the requeued start",
+        lambda: (run / "logs" / f"train-{job}-restart1-rank0.log").is_file(),
+        timeout=600,
+    )
+    _wait_until("step 33", lambda: _last_step(run) >= 33, timeout=600)
+    _kill_rank(job, 1)  # after the checkpoint of step 30: the steps after it are redone
+    assert local_slurm.wait(job, timeout=600) == "FAILED"
+    found = status.run_status(run)[0].diagnosis  # the triage of a killed rank, on the way
+    assert found is not None and found.cause == "a rank was killed", found
+    assert any("task 1" in line for line in found.lines), found
+    again = subprocess.run(["sbatch", "--parsable", str(run / "job.sbatch")],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    job2 = again.stdout.strip().split(";")[0]
+    assert local_slurm.wait(job2, timeout=600) == "COMPLETED"
+
+    ledger = goodput.ledger(run, [job, job2])
+    attempts = goodput.attempts([job, job2])
+    print(ledger.line())
+    assert [(a.job_id, a.restart) for a in attempts] == [(job, 0), (job, 1), (job2, 0)]
+    assert ledger.attempts == 3
+    # Every start waited in the queue (the requeue's hold included), and the queue part is
+    # exactly the sum of sacct's Submit -> Start of the three starts.
+    queue = [a.start - a.submit for a in attempts if a.start is not None]
+    assert len(queue) == 3 and ledger.parts["queue"] == pytest.approx(sum(queue))
+    assert queue[1] > 0  # a requeued job is held before it starts again
+    wall = sum(a.end - a.submit for a in attempts if a.end is not None)
+    assert ledger.wall == pytest.approx(wall)
+    # The parts are measured apart (sacct's whole seconds, the trainer's step, checkpoint and
+    # evaluation timers); what none explains is the loop's overhead between steps (the
+    # preemption vote, logging) plus sacct's rounding: at most 1 s per start plus 10 %.
+    assert abs(ledger.other) <= 3 * 1.0 + 0.10 * wall, ledger.as_dict()
+    assert all(v >= -1.0 for v in ledger.parts.values()), ledger.as_dict()
+    segs = segments(
+        [json.loads(x) for x in (run / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    )
+    assert [s["start"]["step"] for s in segs][0] == 0
+    killed_at = segs[1]["steps"][-1]["step"]
+    resumed_at = segs[2]["start"]["step"]
+    # USR2 checkpoints where it lands: the requeued start lost nothing. The kill did.
+    assert segs[1]["start"]["step"] == segs[0]["steps"][-1]["step"]
+    # The newest complete checkpoint: step 30's, or the epoch end's (23) if 30's write was
+    # still in flight when the rank died.
+    assert resumed_at in (23, 30) and killed_at > resumed_at
+    assert ledger.parts["lost"] > 0
+    assert ledger.parts["checkpoint"] > 0 and ledger.parts["eval"] > 0
+    assert ledger.parts["startup"] > 0 and ledger.parts["training"] > 0
+    assert "container_start.json" in " ".join(ledger.notes)
