@@ -113,7 +113,7 @@ def test_doctor_true_runs_the_checks_on_every_node_before_the_ranks(tmp_path):
         plan = plan_job(Request(cluster=str(path), model="volo_tiny", run_root=str(tmp_path)))
         script = plan.script
         if doctor:
-            assert script.index("-m vitpod.workflows.doctor") < script.index("bind.sh")
+            assert script.index("-m vitpod.workflows.doctor") < script.index("-m vitpod.trainer")
             assert "--ntasks-per-node=1" in script and "exit 3" in script
             (tmp_path / "job.sbatch").write_text(script)
             lint = subprocess.run(["shellcheck", "-s", "bash", str(tmp_path / "job.sbatch")],
