@@ -76,3 +76,17 @@ def preempted_once_python(path: Path, then: str) -> Path:
     )
     path.chmod(0o755)
     return path
+
+
+def trainer_pid(job: str, rank: int) -> int:
+    """The pid of `rank`'s trainer process in `job` (every local node is this host)."""
+    want = {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={rank}".encode()}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if cmd[1:3] == [b"-m", b"vitpod.trainer"] and want <= env:
+            return int(pid)
+    raise AssertionError(f"no trainer process of job {job} rank {rank}")

@@ -24,6 +24,7 @@ import pytest
 import torch
 import yaml
 
+from tests.fixtures_slurm import trainer_pid
 from vitpod.workflows.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,17 +93,9 @@ def _wait_until(what: str, check, timeout: float = 900) -> None:
 
 def _kill_rank(job: str, rank: int) -> int:
     """SIGKILL the trainer process of `rank` of `job` (all nodes are this host)."""
-    want = {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={rank}".encode()}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if cmd[1:3] == [b"-m", b"vitpod.trainer"] and want <= env:
-            os.kill(int(pid), signal.SIGKILL)
-            return int(pid)
-    raise AssertionError(f"no trainer process of job {job} rank {rank}")
+    pid = trainer_pid(job, rank)
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, int]]) -> str:

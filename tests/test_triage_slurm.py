@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures_slurm import trainer_pid
 from tests.test_resume_slurm import _last_step, _make_env, _profile, _submit, _wait_until
 from vitpod.workflows import follow, status
 
@@ -108,19 +109,6 @@ def _variant(tmp_path: Path, data: Path, name: str, **changes) -> Path:
     return path
 
 
-def _trainer_pid(job: str, rank: int) -> int:
-    want = {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={rank}".encode()}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if cmd[1:3] == [b"-m", b"vitpod.trainer"] and want <= env:
-            return int(pid)
-    raise AssertionError(f"no trainer process of job {job} rank {rank}")
-
-
 def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits_dir, tmp_path):
     data = digits_dir.parent
     # Submitted first: the time limit ends it while the others run.
@@ -148,7 +136,7 @@ def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits
 
     # The hung rank: stopped, the stage shows as stuck; continued, it trains on.
     _wait_until("step 5", lambda: _last_step(hang_run) >= 5, timeout=600)
-    pid = _trainer_pid(hang_job, 1)
+    pid = trainer_pid(hang_job, 1)
     os.kill(pid, signal.SIGSTOP)
     try:
         stopped_at = time.monotonic()
