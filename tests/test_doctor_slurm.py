@@ -14,7 +14,7 @@ import yaml
 
 from tests.fixtures_slurm import REPO
 from vitpod.analysis import calibrate as fitting
-from vitpod.workflows.doctor import image_check, volatile_uncorrectable
+from vitpod.workflows.doctor import image_check, read_records, record_lines, volatile_uncorrectable
 from vitpod.workflows.doctor_allreduce import verdict
 from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.profile import PROFILE_DIR
@@ -92,6 +92,18 @@ def calibration(bw: float, latency: float = 1e-5, overhead: float = 1e-4):
         nodes=2, ranks_per_node=2, call_overhead=overhead, partition="pretrain",
         levels={"world": fitting.LevelFit(4, 2, latency, bw, 0.0)},
     )  # fmt: skip
+
+
+def test_records_survive_srun_interleaving_the_nodes_lines():
+    # srun forwards a line over 1 KiB in pieces: every record line stays short, and the lines
+    # of two nodes read back in any interleaving (here alternating) give each node its checks.
+    checks = {n: [{"check": f"disk {i}", "detail": "x" * 300, "status": "ok"} for i in range(9)]
+              for n in ("node1", "node2")}  # fmt: skip
+    lines = {n: record_lines(n, c) for n, c in checks.items()}
+    assert all(len(line) < 1000 for ls in lines.values() for line in ls)
+    mixed = [x for pair in zip(lines["node1"], lines["node2"], strict=True) for x in pair]
+    assert read_records(["doctor: node1: ok: noise", *mixed]) == checks
+    assert read_records(lines["node1"][:-1]) == {}  # a node whose record was cut is no answer
 
 
 def test_allreduce_is_flagged_only_past_the_factor():

@@ -82,24 +82,21 @@ def test_preempted_jobs_continue_on_another_node_count(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
     profile = _profile(tmp_path, digits_dir.parent)
+    # The local nodes are shared: the reference and the stopped jobs run side by side.
     ref_job, reference = _submit(tmp_path, profile, 2)
-    pending = [_submit(tmp_path, profile, 2)]
-    assert local_slurm.wait(ref_job, timeout=1800) == "COMPLETED"
-    want = _steps(reference)
-    assert sorted(want) == list(range(1, STEPS + 1))
     resumed = []
-    # 2 -> 1 node live. The reverse (1 -> 2) did not pass on the shared development cluster
-    # (node1 dropped out of the resumed job three times); it is held in-process by
-    # tests/test_elastic_resume.py (2 -> 4 ranks) until it passes live.
-    for nodes in (2,):
-        job, run = pending.pop()
-        stopped_at = _stop(job, run, random.Random(nodes).randrange(5, 35))
+    for nodes in (2, 1):  # 2 -> 1 node, then 1 -> 2
+        job, run = _submit(tmp_path, profile, nodes)
+        stopped_at = _stop(job, run, random.Random(nodes).randrange(5, 25))
         out = _make(tmp_path, "resume", f"RUN={run}", f"NODES={3 - nodes}")
         assert "accumulation" in out and (run / "plan.restart1.json").is_file(), out
         assert json.loads((run / "plan.json").read_text())["resources"]["nodes"] == 3 - nodes
         new_job = re.search(r"submitted batch job (\d+)", out)
         assert new_job, out
         resumed.append((nodes, stopped_at, new_job[1], run))
+    assert local_slurm.wait(ref_job, timeout=1800) == "COMPLETED"
+    want = _steps(reference)
+    assert sorted(want) == list(range(1, STEPS + 1))
     for nodes, stopped_at, job, run in resumed:
         assert local_slurm.wait(job, timeout=1800) == "COMPLETED", run
         got = _steps(run)

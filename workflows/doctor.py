@@ -14,6 +14,7 @@ from pathlib import Path
 from vitpod.workflows.probe import NOT_FOUND, infiniband_ports, tool
 
 PREFIX = "vitpod-doctor: "
+CHUNK = 512  # characters of JSON a line
 BAD = 1
 ENROOT_PATHS = {  # enroot's defaults (github.com/NVIDIA/enroot doc/configuration.md)
     "ENROOT_RUNTIME_PATH": "${XDG_RUNTIME_DIR}/enroot",
@@ -157,6 +158,31 @@ def run_checks(ns: argparse.Namespace) -> list[dict[str, str]]:
     return out
 
 
+def record_lines(node: str, checks: list[dict]) -> list[str]:
+    """The node's checks as JSON cut into short numbered lines: srun forwards a line over
+    1 KiB in pieces, which interleave with the other nodes' output."""
+    text = json.dumps(checks, sort_keys=True)
+    chunks = [text[i : i + CHUNK] for i in range(0, len(text), CHUNK)] or [""]
+    return [f"{PREFIX}{node} {i}/{len(chunks)} {c}" for i, c in enumerate(chunks)]
+
+
+def read_records(lines: list[str]) -> dict[str, list[dict]]:
+    """node -> checks, from record_lines' output of every node (in any interleaving)."""
+    parts: dict[str, dict[int, str]] = {}
+    counts: dict[str, int] = {}
+    for line in lines:
+        if line.startswith(PREFIX):
+            node, where, chunk = (line[len(PREFIX) :].split(" ", 2) + [""])[:3]
+            index, count = map(int, where.split("/"))
+            parts.setdefault(node, {})[index] = chunk
+            counts[node] = count
+    return {
+        node: json.loads("".join(got[i] for i in range(counts[node])))
+        for node, got in parts.items()
+        if len(got) == counts[node]
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vitpod.workflows.doctor", description=__doc__)
     p.add_argument("--gpus", type=int, default=0, help="GPUs the profile expects a node")
@@ -173,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     checks = run_checks(ns)
     for c in checks:
         print(f"doctor: {node}: {c['status']}: {c['check']}: {c['detail']}", flush=True)
-    print(PREFIX + json.dumps({"node": node, "checks": checks}, sort_keys=True), flush=True)
+    for line in record_lines(node, checks):
+        print(line, flush=True)
     return BAD if any(c["status"] == "bad" for c in checks) else 0
 
 

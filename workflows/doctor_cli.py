@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 from dataclasses import dataclass
 
 from vitpod.workflows import discover
-from vitpod.workflows.doctor import PREFIX
+from vitpod.workflows.doctor import read_records
 from vitpod.workflows.doctor_step import doctor_argv
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
@@ -71,12 +70,10 @@ def node_verdicts(profile: Profile, ns: argparse.Namespace, nodes: list[str]) ->
     except subprocess.TimeoutExpired:
         why = f"no answer in {SRUN_WAIT_S} s (the nodes are busy, or srun hangs)"
         return [Verdict(node, [why]) for node in nodes]
-    results = {}
-    for line in out.stdout.splitlines():
-        if line.startswith(PREFIX):
-            record = json.loads(line[len(PREFIX) :])
-            results[record["node"]] = record["checks"]
-        elif line.startswith("doctor: "):
+    lines = out.stdout.splitlines()
+    results = read_records(lines)
+    for line in lines:
+        if line.startswith("doctor: "):
             print(line)
     verdicts = []
     for node in nodes:
