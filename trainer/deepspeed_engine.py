@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitpod.trainer import ds_universal as universal
+from vitpod.trainer.checkpoint import ResumeError
 from vitpod.trainer.engine import NotPipelined, token_label_forward
 
 
@@ -47,9 +49,13 @@ class DeepSpeedEngine(NotPipelined):
         self.token_label = token_label
         self.dtype = next(self.model.parameters()).dtype
         self.accum_steps = config["gradient_accumulation_steps"]
+        self._saved_buffers: dict[str, torch.Tensor] = {}
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()  # DeepSpeed knows the accumulation boundary itself
+        # The loop calls step() once per optimizer step, not after every micro-batch: DeepSpeed's
+        # own micro-step count would put the boundary at the A-th step() call, A x A batches.
+        self.engine.set_gradient_accumulation_boundary(last)
+        return contextlib.nullcontext()
 
     def forward(self, images: torch.Tensor) -> Any:
         if self.token_label:  # ZeRO-3 would need the engine's own forward here
@@ -77,14 +83,60 @@ class DeepSpeedEngine(NotPipelined):
         return self.model.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        return {}  # model and ZeRO partitions are in DeepSpeed's own sharded files
+        # Parameters and ZeRO partitions are in DeepSpeed's own files; the buffers (BatchNorm
+        # statistics) also here, because its universal checkpoint does not restore them.
+        return {"buffers": dict(self.model.named_buffers())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        self._saved_buffers = state.get("buffers", {})
 
     def save_sharded(self, directory: Path) -> None:
         """Collective: every rank writes its ZeRO partition under directory/deepspeed/."""
-        self.engine.save_checkpoint(str(directory), tag="deepspeed", save_latest=False)
+        self.engine.save_checkpoint(str(directory), tag=universal.TAG, save_latest=False)
 
     def load_sharded(self, directory: Path) -> None:
-        self.engine.load_checkpoint(str(directory), tag="deepspeed", load_lr_scheduler_states=False)
+        """The world size that wrote the partitions reads them (bit-exact); another reads the
+        universal checkpoint rank 0 converts them to (ds_universal.py)."""
+        partitions = universal.saved_partitions(directory / universal.TAG)
+        if partitions in (0, self.engine.dp_world_size):  # ZeRO-0 state is not partitioned
+            self._load(directory, universal.TAG)
+            return
+        try:
+            converted = universal.ensure_universal(directory, self.engine.global_rank)
+        except universal.NotConvertible as err:  # before any step: exit 2, like a refusal
+            raise ResumeError(str(err)) from err
+        self._load_universal(directory, converted)
+
+    def _load_universal(self, directory: Path, converted: Path) -> None:
+        # ZeRO-3's universal load gives every param group group 0's hyperparameters (weight
+        # decay 0.05 -> 0): ours come from the flags, the LR from the schedule at each step.
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self._param_groups()]
+        config = self.engine._config  # DeepSpeed reads the flag at load time
+        config.load_universal_checkpoint = True
+        try:
+            self._load(directory, converted.name)
+        finally:
+            config.load_universal_checkpoint = False
+        for group, hyper in zip(self._param_groups(), groups, strict=True):
+            group.update({k: v for k, v in hyper.items() if k != "lr"})
+        self._unshare_adam_steps()
+        self._restore_buffers()
+
+    def _unshare_adam_steps(self) -> None:
+        # ZeRO-3's universal load hands every sub-group the same `step` tensor, which torch's
+        # Adam increments in place: once per sub-group and step, a wrong bias correction.
+        for state in self.engine.optimizer.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
+
+    def _param_groups(self) -> list[dict[str, Any]]:
+        return self.engine.optimizer.param_groups
+
+    def _restore_buffers(self) -> None:
+        with torch.no_grad():
+            for name, buffer in self.model.named_buffers():
+                if name in self._saved_buffers:
+                    buffer.copy_(self._saved_buffers[name])
+
+    def _load(self, directory: Path, tag: str) -> None:
+        self.engine.load_checkpoint(str(directory), tag=tag, load_lr_scheduler_states=False)
