@@ -90,3 +90,15 @@ def trainer_pid(job: str, rank: int) -> int:
         if cmd[1:3] == [b"-m", b"vitpod.trainer"] and want <= env:
             return int(pid)
     raise AssertionError(f"no trainer process of job {job} rank {rank}")
+
+
+def wait_usable(node: str, timeout: float = 60) -> None:
+    """After a resume the node answers again within seconds ('idle*' until then)."""
+    from vitpod.workflows.partitions import partition_info
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = partition_info("pretrain")
+        if info is not None and all(n.usable for n in info.nodes if n.name == node):
+            return
+        time.sleep(0.5)

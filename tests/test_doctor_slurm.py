@@ -7,13 +7,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.fixtures_slurm import REPO
+from tests.fixtures_slurm import REPO, wait_usable
 from vitpod.analysis import calibrate as fitting
 from vitpod.workflows.doctor import image_check, read_records, record_lines, volatile_uncorrectable
 from vitpod.workflows.doctor_allreduce import verdict
@@ -32,18 +31,6 @@ def make(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def scontrol(*argv: str) -> None:
     subprocess.run(["scontrol", *argv], check=True, timeout=30)
-
-
-def wait_responding(node: str, timeout: float = 60) -> None:
-    """A resumed node is NOT_RESPONDING until its slurmd registers again (about a second)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        shown = subprocess.run(["scontrol", "show", "node", node], capture_output=True,
-                               text=True, timeout=30).stdout  # fmt: skip
-        if "NOT_RESPONDING" not in shown:
-            return
-        assert time.monotonic() < deadline, shown
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -167,7 +154,7 @@ def test_doctor_reports_a_drained_node_without_running_on_it(local_slurm):
         done = make("doctor", "CLUSTER=localslurm", "ARGS=--min-free-gb 0.1")
     finally:
         scontrol("update", "nodename=node2", "state=resume")
-        wait_responding("node2")
+        wait_usable("node2")
     out = done.stdout
     drained = r"doctor: node2: BAD: slurm state \S*DRAIN\S* \(reason: vitpod-test[^)]*\); not run"
     assert re.search(drained, out), out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.fixtures_slurm import wait_usable
 from vitpod.workflows import preflight
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.partitions import SlurmSilent, partition_info
@@ -91,19 +91,9 @@ def test_drained_node_refused_like_slurm(local_slurm, tmp_path):
         ours, slurms = _ours(plan), _slurms(plan, tmp_path)
     finally:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=30)
-        _wait_usable(node)
+        wait_usable(node)
     assert slurms is not None and ours is not None
     assert "1 usable node(s)" in ours and f"{node}:drained" in ours, ours
-
-
-def _wait_usable(node: str, timeout: float = 60) -> None:
-    """After a resume the node answers again within seconds ('idle*' until then)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = partition_info("pretrain")
-        if info is not None and all(n.usable for n in info.nodes if n.name == node):
-            return
-        time.sleep(1)
 
 
 def test_more_ranks_than_gpus_refused(local_slurm, tmp_path):
