@@ -56,6 +56,11 @@ class TrainConfig:
     )
     reprob: float = field(default=0.25, metadata=_arg("data", "random-erase (CutOut) probability"))
     hflip: float = field(default=0.5, metadata=_arg("data", "horizontal flip probability"))
+    drop_last: bool = field(
+        default=False,
+        metadata=_arg("data", "drop each epoch's partial last step, as timm's train loader does "
+                      "(always with --pp: pipeline stages take one micro-batch shape)"),
+    )  # fmt: skip
     corrupt: str = field(
         default="skip", metadata=_arg("data", "corrupt images", choices=("skip", "fail"))
     )

@@ -179,9 +179,7 @@ class Trainer:
             timer.lap("data")
             reseed_for_step(cfg.seed, self.data_rank, self.step, micro)
             last = micro + 1 == cfg.accum_steps
-            if engine.pipelined:  # the schedule runs the step's micro-batches together
-                if len(images) != cfg.batch_size:  # stages are built for one micro-batch shape
-                    break  # an epoch's short tail: dropped, as an incomplete accumulation is
+            if engine.pipelined:  # the step's micro-batches, all full (--pp implies --drop-last)
                 with self.precision.autocast():
                     loss = engine.pipeline_micro(
                         self.precision.prepare_input(images), _to_device(targets, self.device), last
