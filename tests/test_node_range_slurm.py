@@ -1,0 +1,61 @@
+"""A node-range job (`nodes: 1-2`) on the real local Slurm: with node2 drained Slurm starts it
+on one node, otherwise on two; both keep the planned global batch and read the same samples."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures_slurm import wait_usable
+from tests.test_resume_slurm import _profile, _submit, _wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+ARGS = ("-b 8 --workers 0 --loader torch --epochs 1 --max-steps 6 --log-interval 1"
+        " --checkpoint-every 0 --log-sample-ids --no-eval")  # fmt: skip
+
+
+def _ranged(tmp_path: Path, data: Path) -> Path:
+    path = _profile(tmp_path, data)
+    profile = yaml.safe_load(path.read_text())
+    profile["nodes"] = "1-2"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def _steps(run: Path) -> dict[int, dict]:
+    lines = (run / "metrics" / "rank0.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines) if r["kind"] == "step"}
+
+
+def _job_state(job: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def test_a_node_range_job_runs_on_what_slurm_gives_with_the_same_samples(
+    local_slurm, digits_dir: Path, tmp_path: Path
+) -> None:
+    profile = _ranged(tmp_path, digits_dir.parent)
+    drain = ["scontrol", "update", "nodename=node2", "state=drain", "reason=vitpod-test"]
+    try:
+        subprocess.run(drain, check=True, timeout=30)
+        one, one_run = _submit(tmp_path, profile, ARGS)
+        _wait_until(f"job {one} to start", lambda: _job_state(one) != "PENDING", timeout=300)
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], timeout=30)
+        wait_usable("node2")
+    two, two_run = _submit(tmp_path, profile, ARGS)
+    assert local_slurm.wait(one, timeout=900) == "COMPLETED"
+    assert local_slurm.wait(two, timeout=900) == "COMPLETED"
+    a, b = _steps(one_run), _steps(two_run)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert {r["world_size"] for r in a.values()} == {2}  # 1 node x 2 ranks
+    assert {r["world_size"] for r in b.values()} == {4}  # 2 nodes x 2 ranks
+    assert [a[s]["sample_digest"] for s in a] == [b[s]["sample_digest"] for s in a]
+    configs = [json.loads((r / "config.json").read_text()) for r in (one_run, two_run)]
+    assert [c["accum_steps"] for c in configs] == [2, 1]
+    assert configs[0]["global_batch"] == configs[1]["global_batch"] == 32
