@@ -31,6 +31,7 @@ class Ledger:
     wall: float = 0.0
     parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     attempts: int = 0
+    ranks: list[int] = field(default_factory=list)  # the world size of each start that stepped
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -40,6 +41,7 @@ class Ledger:
     def add(self, other: Ledger) -> None:
         self.wall += other.wall
         self.attempts += other.attempts
+        self.ranks += other.ranks
         for name, seconds in other.parts.items():
             self.parts[name] += seconds
         self.notes += [n for n in other.notes if n not in self.notes]
@@ -50,7 +52,9 @@ class Ledger:
     def line(self) -> str:
         pct = (lambda s: f"{100 * s / self.wall:.0f}%") if self.wall > 0 else (lambda s: "-")
         shown = " ".join(f"{k}={v:.1f}s({pct(v)})" for k, v in self.parts.items() if v)
-        return f"goodput: wall={self.wall:.1f}s {shown} other={self.other:.1f}s" + "".join(
+        sizes = [n for i, n in enumerate(self.ranks) if i == 0 or self.ranks[i - 1] != n]
+        ranks = f" ranks={'>'.join(map(str, sizes))}" if sizes else ""
+        return f"goodput: wall={self.wall:.1f}s {shown} other={self.other:.1f}s{ranks}" + "".join(
             f" [{n}]" for n in self.notes
         )
 
@@ -170,6 +174,8 @@ def assemble(
 
 def _attempt_ledger(attempt: Attempt, seg: dict[str, Any] | None, resumed_at: int) -> Ledger:
     one = Ledger(attempts=1)
+    if seg is not None and seg["steps"] and "world_size" in seg["steps"][0]:
+        one.ranks = [int(seg["steps"][0]["world_size"])]
     start = attempt.start if attempt.start is not None else attempt.submit
     parts = segment_parts(seg, resumed_at, start) if seg is not None else {}
     shutdown_at = parts.pop("shutdown_at", start)

@@ -54,6 +54,16 @@ def test_parts_of_a_killed_and_resubmitted_run():
     assert "no container_start.json" in ledger.notes[0]
 
 
+def test_the_ledger_shows_the_size_of_each_restart():
+    records, attempts = timeline()
+    for rec in records:  # job 7 ran on 4 ranks, job 8 resumed on 2 (elastic resume)
+        if rec["kind"] == "step":
+            rec["world_size"] = 4 if rec["wall_time"] < 200 else 2
+    ledger = assemble(records, attempts, container_s=None)
+    assert ledger.ranks == [4, 2] and ledger.as_dict()["ranks"] == [4, 2]
+    assert " ranks=4>2 " in ledger.line()
+
+
 def test_a_span_after_the_last_step_is_not_counted_twice():
     """A final evaluation cut short by a failing peer: its span ends after the last step and
     no end record follows; shut-down starts where the span ended."""
