@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from timm.models.volo import OutlookAttention  # noqa: E402
 
 from vitpod.registry.io import write_json_atomic  # noqa: E402
-from vitpod.trainer.hardware import CPU_BF16_FLAGS, cpu_flags  # noqa: E402
+from vitpod.trainer.hardware import cpu_vector_flags  # noqa: E402
 from vitpod.trainer.outlook import use_fused_outlook  # noqa: E402
 
 
@@ -60,12 +60,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/outlook_cpu.json"))
     args = parser.parse_args()
-    flags = cpu_flags()
     record = {
         "shape": [args.batch, 28, 28, 192], "heads": 6, "dtype": "fp32",
         "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
-        "cpu_bf16": sorted(set(CPU_BF16_FLAGS) & flags),
+        **cpu_vector_flags(),
         "results": measure(args.batch, args.steps),
     }  # fmt: skip
     write_json_atomic(Path(args.out), record)

@@ -251,6 +251,7 @@ def write(a: argparse.Namespace, timm_model: str, extra: list[str], steps: tuple
     import torch
 
     from vitpod.registry.io import write_json_atomic
+    from vitpod.trainer.hardware import cpu_vector_flags
 
     result = {
         "benchmark": "training throughput vs timm's train.py (the real script), end to end",
@@ -266,7 +267,7 @@ def write(a: argparse.Namespace, timm_model: str, extra: list[str], steps: tuple
         "no eval, loader workers",
         "configs": configs,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch": torch.__version__, "device": "cpu",
+                    "torch": torch.__version__, "device": "cpu", **cpu_vector_flags(),
                     "note": "shared 2-core machine: other engineers' jobs ran beside this one"},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip

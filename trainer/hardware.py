@@ -45,6 +45,15 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
+def cpu_vector_flags() -> dict[str, list[str]]:
+    """What benchmark results record of the CPU: its AVX/AMX/FMA flags and the bf16 ones."""
+    flags = cpu_flags()
+    return {
+        "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
+        "cpu_bf16": sorted(set(CPU_BF16_FLAGS) & flags),
+    }
+
+
 def cpu_has_bf16(flags: set[str] | None = None) -> bool:
     """AVX512-BF16 or AMX-BF16: without either, oneDNN emulates bf16 matmuls (slowly)."""
     return bool(set(CPU_BF16_FLAGS) & (cpu_flags() if flags is None else flags))
