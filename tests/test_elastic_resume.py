@@ -91,9 +91,9 @@ def step_records(run: Path, rank: int = 0) -> dict[int, dict]:
     return {r["step"]: r for r in records if r["kind"] == "step"}  # the resumed run's win
 
 
-def train(data: Path, tmp: Path, name: str, ranks: int) -> Path:
+def train(data: Path, tmp: Path, name: str, ranks: int, flags: list[str] = ARGS) -> Path:
     run = tmp / name
-    args = [str(data), *ARGS, "--output", str(run)]
+    args = [str(data), *flags, "--output", str(run)]
     codes = run_ranks(ranks, args, tmp / f"{name}.log", timeout=900)
     assert codes == [OK] * ranks, logs(tmp / f"{name}.log")
     return run
