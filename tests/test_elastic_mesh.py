@@ -1,4 +1,4 @@
-"""Elastic resume on 4 -> 3 DDP ranks and on the mesh engine: FSDP2 dp 4 -> 2, tp2 dp 2 -> 1."""
+"""Elastic resume: DDP 4 -> 3 ranks, parameter server 4 -> 2, FSDP2 dp 4 -> 2, tp2 dp 2 -> 1."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ ARGS = [
 # the micro-steps, each a round of tp all-reduces, on dp 1 (6 instead of 12 a step).
 CASES = {
     "ddp_4_to_3": (4, 3, ["-b", "8"]),
+    "ps_4_to_2": (4, 2, ["-b", "8", "--topology", "ps", "--ps-servers", "1"]),
     "fsdp_dp4_to_dp2": (4, 2, ["-b", "8", "--fsdp"]),
     "tp2_dp2_to_dp1": (4, 2, ["-b", "16", "--tp", "2"]),
 }
