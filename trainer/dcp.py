@@ -27,6 +27,10 @@ from torch.distributed.checkpoint.state_dict import (
 log = logging.getLogger(__name__)
 SUBDIR = "dcp"
 METADATA = ".metadata"  # written last by DCP's coordinator: its presence means complete
+# Optimizer hyperparameters keyed per parameter name too (param_groups.<fqn>.lr ...): a nested
+# `param_groups` list is one object that DCP keeps from one rank only, so pipeline stages (whose
+# groups hold other parameters) would load another stage's groups. torchtitan flattens likewise.
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class AsyncSaver:
@@ -43,7 +47,7 @@ class AsyncSaver:
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """Stage to host memory now (the optimizer may then step), write in the background."""
         self.wait()
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=FLAT)
         state = {"model": model_state, "optim": optim_state}
         result = dcp.async_save(
             state, checkpoint_id=str(directory / SUBDIR), process_group=self._group
@@ -72,11 +76,12 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) ->
             f"--resume {directory}: no {SUBDIR}/{METADATA}; the checkpoint was written by another"
             " engine (DDP/DeepSpeed) or is incomplete: resume with the same flags or --resume none"
         )
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=FLAT)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(directory / SUBDIR))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+        options=FLAT,
     )
 
 

@@ -308,10 +308,9 @@ class Trainer:
             return
         if self.engine.pipelined:  # every rank, before any step: exit 2 naming what works
             raise ckpt.ResumeError(
-                f"cannot resume {directory} under --pp: a pipeline stage's optimizer state does "
-                "not load through torch.distributed.checkpoint here yet (its first step after "
-                "loading fails or trains on wrong state); resume --fsdp/--tp layouts, or start "
-                "a fresh run (--resume none)"
+                f"cannot resume {directory} under --pp: a pipeline run's resumed losses are not "
+                "yet those of the run never stopped (measured 0.39 apart); resume --fsdp/--tp "
+                "layouts, or start a fresh run (--resume none)"
             )
         shared, own = self.checkpointer.load(directory)
         self.engine.load_state_dict(shared)
