@@ -80,7 +80,10 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) ->
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(directory / SUBDIR))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
         options=FLAT,
     )
 
