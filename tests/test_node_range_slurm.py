@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import wait_usable
+from tests.test_elastic_resume import step_records
 from tests.test_resume_slurm import _profile, _submit, _wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -24,11 +25,6 @@ def _ranged(tmp_path: Path, data: Path) -> Path:
     profile["nodes"] = "1-2"
     path.write_text(yaml.safe_dump(profile))
     return path
-
-
-def _steps(run: Path) -> dict[int, dict]:
-    lines = (run / "metrics" / "rank0.jsonl").read_text().splitlines()
-    return {r["step"]: r for r in map(json.loads, lines) if r["kind"] == "step"}
 
 
 def _job_state(job: str) -> str:
@@ -51,7 +47,7 @@ def test_a_node_range_job_runs_on_what_slurm_gives_with_the_same_samples(
     two, two_run = _submit(tmp_path, profile, ARGS)
     assert local_slurm.wait(one, timeout=900) == "COMPLETED"
     assert local_slurm.wait(two, timeout=900) == "COMPLETED"
-    a, b = _steps(one_run), _steps(two_run)
+    a, b = step_records(one_run), step_records(two_run)
     assert sorted(a) == sorted(b) == list(range(1, 7))
     assert {r["world_size"] for r in a.values()} == {2}  # 1 node x 2 ranks
     assert {r["world_size"] for r in b.values()} == {4}  # 2 nodes x 2 ranks
