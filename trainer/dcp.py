@@ -4,7 +4,7 @@ Each rank writes only its shards; the metadata records every tensor's global sha
 checkpoint written at one (dp, tp, pp) loads into another: DCP reads the pieces each rank now
 owns (https://pytorch.org/docs/stable/distributed.checkpoint.html). Model and optimizer state
 go through torch's `get_state_dict`/`set_state_dict`, which key optimizer state by parameter
-name rather than position (`--pp` runs do not resume yet: train.py refuses them).
+name rather than position, so pipeline stages and shards find their own.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ class Engine(Protocol):
     model: nn.Module
     optimizer: Any  # a torch optimizer, or DeepSpeed's wrapper around one
     accum_steps: int
+    batch_losses: torch.Tensor  # --pp: the last step's loss per loader batch
 
     @property
     def name(self) -> str:
@@ -59,6 +60,7 @@ class NotPipelined:
     """The pipeline calls of an engine that runs whole models (ring, ps, deepspeed)."""
 
     pipelined = False
+    batch_losses = torch.zeros(0)
 
     def pipeline_micro(self, images: torch.Tensor, targets: Any, last: bool) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no pipeline schedule")

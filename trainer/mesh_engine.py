@@ -85,6 +85,7 @@ class MeshEngine:
         self.saver = dcp.AsyncSaver()
         self._comm = 0.0
         self._buffer: list[tuple[torch.Tensor, Any]] = []
+        self.batch_losses = torch.zeros(0)
         if self.pipelined:
             # The micro-batches are the accumulation steps; with fewer steps than stages the
             # step's batch is cut into pp micro-batches instead, so every stage has work.
@@ -113,7 +114,8 @@ class MeshEngine:
         """Collect the accumulation's micro-batches; on the last one run the schedule over them.
 
         Returns, on every rank, the loss of the last loader batch (what the loop reports for the
-        other engines, so the curves compare); the last stage computed it."""
+        other engines, so the curves compare); the last stage computed it. `batch_losses` then
+        holds the loss of each of the step's loader batches, in order."""
         self._buffer.append((images, targets))
         if not last:
             return torch.zeros((), device=images.device)
@@ -124,16 +126,16 @@ class MeshEngine:
         first, final = self.mesh.pp_rank == 0, self.mesh.pp_rank == self.mesh.shape.pp - 1
         args = (batch,) if first else ()
         self.schedule.step(*args, target=target if final else None, losses=losses)
-        # The last loader batch may have been cut into several micro-batches: average those.
+        # A loader batch may have been cut into several micro-batches: average those.
         per_batch = self.micro_batches // self.accum_steps
-        loss = (
-            torch.stack(losses[-per_batch:]).mean().detach().float()
+        self.batch_losses = (
+            torch.stack(losses).detach().float().view(self.accum_steps, per_batch).mean(1)
             if final
-            else torch.zeros((), device=batch.device)
+            else torch.zeros(self.accum_steps, device=batch.device)
         )
         src = self.mesh.global_rank("pp", self.mesh.shape.pp - 1)
-        dist.broadcast(loss, src=src, group=self.mesh.group("pp"))
-        return loss
+        dist.broadcast(self.batch_losses, src=src, group=self.mesh.group("pp"))
+        return self.batch_losses[-1]
 
     def discard_partial(self) -> None:
         """Forget the micro-batches of an accumulation the epoch's end cut short."""

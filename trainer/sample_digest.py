@@ -15,15 +15,23 @@ class StepSamples:
     def __init__(self, data_rank: int) -> None:
         self.data_rank = data_rank
         self.ids: list[int] = []
+        self.sizes: list[int] = []
         self.loss_sum = 0.0
 
     def add(self, indices: torch.Tensor, loss: torch.Tensor | None) -> None:
+        """A loader batch's ids and mean loss (None: the loss comes later, see `add_losses`)."""
         self.ids.extend(int(i) for i in indices.tolist())
+        self.sizes.append(len(indices))
         if loss is not None:  # a micro-batch's mean loss, weighted by its samples
             self.loss_sum += float(loss.detach()) * len(indices)
 
+    def add_losses(self, losses: torch.Tensor) -> None:
+        """The mean losses of the last len(losses) batches, known only once all ran (--pp)."""
+        sizes = self.sizes[-len(losses) :]
+        self.loss_sum += sum(float(v) * n for v, n in zip(losses.tolist(), sizes, strict=True))
+
     def clear(self) -> None:
-        self.ids, self.loss_sum = [], 0.0
+        self.ids, self.sizes, self.loss_sum = [], [], 0.0
 
     def digest(self) -> dict[str, Any]:
         """{"sample_digest", "global_loss"}, the same on every rank: the hash of the step's ids of

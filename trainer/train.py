@@ -190,8 +190,10 @@ class Trainer:
                     loss = self.criterion(output, _to_device(targets, self.device))
                 engine.backward(loss)
             timer.lap("compute")
-            if self.samples is not None:
-                self.samples.add(self.train_loader.last_indices, loss)
+            if self.samples is not None:  # a pipeline's losses are known after its last batch
+                self.samples.add(self.train_loader.last_indices, None if engine.pipelined else loss)
+                if engine.pipelined and last:
+                    self.samples.add_losses(engine.batch_losses)
             micro += 1
             if not last:
                 continue
@@ -306,12 +308,6 @@ class Trainer:
         )
         if directory is None:
             return
-        if self.engine.pipelined:  # every rank, before any step: exit 2 naming what works
-            raise ckpt.ResumeError(
-                f"cannot resume {directory} under --pp: a pipeline run's resumed losses are not "
-                "yet those of the run never stopped (measured 0.39 apart); resume --fsdp/--tp "
-                "layouts, or start a fresh run (--resume none)"
-            )
         shared, own = self.checkpointer.load(directory)
         self.engine.load_state_dict(shared)
         self.engine.load_sharded(directory)
