@@ -223,3 +223,29 @@ def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
         assert re.findall(r"^container: (\S+)$", out.read_text(), re.M) == [pyxis_image.digest]
     manifest = json.loads((record.run_dir / "manifest.json").read_text())
     assert manifest["image"]["digest"] == pyxis_image.digest
+
+
+def test_the_python_api_starts_the_container_once_per_node(pyxis_image, tmp_path):
+    """container.start_once on the submitit path: one named container per node, measured cold
+    and warm, and every rank's step runs inside it (its root is pyxis_<name> on its node)."""
+    from vitpod.workflows.chain import Chain
+
+    profile, _ = localpyxis_copy(tmp_path, start_once=True)
+    run = Chain(str(profile), "volo_tiny", stages=("pretrain",), entry="rankinfo",
+                run_root=str(tmp_path / "runs")).submit()  # fmt: skip
+    record = run.stages["pretrain"]
+    job = record.job_ids[0]
+    assert wait(job, timeout=600) == "COMPLETED", list((record.run_dir / "submitit").iterdir())
+    start = json.loads((record.run_dir / "container_start.json").read_text())
+    assert sorted(start["nodes"]) == ["node1", "node2"]
+    assert all(0 < n["warm_s"] < n["cold_s"] for n in start["nodes"].values())
+    for log in rank_logs(record.run_dir, job):
+        line = next(x for x in log.splitlines() if x.startswith(PREFIX))
+        info = json.loads(line[len(PREFIX) :])
+        root = info["container_root"] or ""  # .runtime/var/data/<node>/user-<uid>/pyxis_<name>
+        assert root.endswith(f"/pyxis_vitpod-{job}-0"), root
+        assert f"/{info['SLURMD_NODENAME']}/" in root, root
+    for node in ("node1", "node2"):  # the teardown removed them
+        listed = subprocess.run(["enroot", "list"], env={**os.environ, "SLURMD_NODENAME": node},
+                                capture_output=True, text=True).stdout  # fmt: skip
+        assert f"pyxis_vitpod-{job}-" not in listed

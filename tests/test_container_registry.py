@@ -101,7 +101,8 @@ def test_the_job_script_writes_credentials_by_name_and_starts_the_container_once
     script = Path(out.stdout.strip().splitlines()[-1]).read_text()
     assert "password $VITPOD_REGISTRY_PASSWORD'" in script  # expanded by enroot, on the node
     assert "export ENROOT_CONFIG_PATH=$VITPOD_ENROOT_CONFIG" in script
-    assert script.count('--container-name="$VITPOD_CONTAINER"') == 2  # start step + ranks
+    assert script.count('--container-name="$VITPOD_CONTAINER"') == 1  # the start step's
+    assert 'export PYXIS_CONTAINER_NAME="$VITPOD_CONTAINER"' in script  # the ranks' step
     assert 'enroot remove -f "pyxis_$VITPOD_CONTAINER"' in script
     assert "container_start.json" in script
 

@@ -195,8 +195,7 @@ def plan_job(req: Request) -> JobPlan:
         if profile.scheduler == "slurm"
         else ("local.sh.j2", runfiles.LOCAL_SCRIPT)
     )
-    context = {"spec": spec, "launch": launch, "container_start_file": runfiles.CONTAINER_START}
-    script = render(template, context)
+    script = render(template, {"spec": spec, "launch": launch})
     return JobPlan(
         request=req, profile=profile, recipe=recipe, spec=spec, launch=launch,
         trainer=_config_record(cfg) if cfg else None, decision=decision, memory=memory,

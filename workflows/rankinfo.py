@@ -1,4 +1,4 @@
-"""Print one rank's facts (Slurm ids, rendezvous, binding, CPU affinity) as a JSON line."""
+"""Print one rank's facts (Slurm ids, rendezvous, binding, CPU affinity, container) as JSON."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 PREFIX = "rankinfo: "
 _VARS = (
@@ -34,7 +35,21 @@ def facts() -> dict[str, object]:
     info: dict[str, object] = {name: os.environ.get(name) for name in _VARS}
     info["hostname"] = socket.gethostname()
     info["affinity"] = sorted(os.sched_getaffinity(0))
+    info["container_root"] = container_root()
     return info
+
+
+def container_root() -> str | None:
+    """The host directory mounted as this process's `/` (an enroot container's, e.g. pyxis_NAME
+    for a named pyxis container), or None outside a container (proc(5): mountinfo fields 4-5)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for fields in (line.split() for line in lines):
+        if len(fields) > 4 and fields[4] == "/" and fields[3] != "/":
+            return fields[3]
+    return None
 
 
 def main() -> int:

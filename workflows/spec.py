@@ -324,6 +324,17 @@ def _container_args(spec: JobSpec, env_names: list[str]) -> list[str]:
     return container.srun_args(spec.profile.container, env_names, extra)
 
 
+def _container_start_lines(spec: JobSpec, srun_args: list[str]) -> list[str]:
+    """container.start_once: one step per node creates the job's named container (cold, then
+    warm start measured); the lines export PYXIS_CONTAINER_NAME for the ranks' step."""
+    container = spec.profile.container
+    if container is None or not container.start_once or spec.profile.scheduler != "slurm":
+        return []
+    context = {"spec": spec, "srun_args": srun_args,
+               "container_start_file": runfiles.CONTAINER_START}  # fmt: skip
+    return render("partials/container_start.sh.j2", context).strip("\n").splitlines()
+
+
 def launch_for(spec: JobSpec) -> Launch:
     """The single source of srun flags, environment and per-rank binding for one job."""
     profile = spec.profile
@@ -343,6 +354,7 @@ def launch_for(spec: JobSpec) -> Launch:
     }
     setup = render("partials/env.sh.j2", context).strip("\n").splitlines()
     setup += doctor_step.setup_lines(profile, spec.stage, spec.run_dir)
+    setup += _container_start_lines(spec, srun_args)
     teardown = render(
         "partials/teardown.sh.j2", {"spec": spec, "enroot_dir": runfiles.ENROOT_CONFIG}
     )
