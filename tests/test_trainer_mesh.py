@@ -23,6 +23,7 @@ COMMON = [
     "--reprob", "0", "--drop-path", "0", "--lr", "2e-3", "--warmup-epochs", "0",
     "--checkpoint-every", "0", "--log-interval", "1000", "--seed", "5", "--no-eval",
     "--drop-last",  # as --pp must: every layout then reads the same samples at every step
+    "--log-sample-ids",
 ]  # fmt: skip
 # Same arithmetic, different kernels: a tp rank's matmuls see half the columns, FSDP2
 # reduce-scatters instead of all-reducing and the mesh engine's AdamW is the multi-tensor one
@@ -32,9 +33,11 @@ COMMON = [
 LOSS_TOL = 1e-4
 
 
-def losses(run: Path) -> list[float]:
+def losses(run: Path, key: str = "loss") -> list:
+    """Per step: `loss` (the last loader batch's on rank 0), `global_loss` (the mean over the
+    step's samples on every rank) or `sample_digest`."""
     lines = (run / "metrics" / "rank0.jsonl").read_text().splitlines()
-    return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "step"]
+    return [r[key] for r in map(json.loads, lines) if r["kind"] == "step"]
 
 
 def summary(run: Path) -> dict:
@@ -96,10 +99,12 @@ def test_layout_loss_curve_matches_ddp(
 ) -> None:  # fmt: skip
     run = ddp_reference.parent / name
     result = train(nproc, run, digits_dir, *flags, steps=steps)
-    reference, got = losses(ddp_reference)[:steps], losses(run)
-    assert len(got) == len(reference) == steps
-    worst = max(abs(a - b) for a, b in zip(got, reference, strict=True))
-    assert worst <= LOSS_TOL, (worst, got[:5], reference[:5])
+    assert losses(run, "sample_digest") == losses(ddp_reference, "sample_digest")[:steps]
+    for key in ("global_loss", "loss"):
+        reference, got = losses(ddp_reference, key)[:steps], losses(run, key)
+        assert len(got) == len(reference) == steps
+        worst = max(abs(a - b) for a, b in zip(got, reference, strict=True))
+        assert worst <= LOSS_TOL, (key, worst, got[:5], reference[:5])
     if steps >= 20:  # a short run's loss is still noise around its start
         assert sum(got[-5:]) < sum(got[:5]), "the loss falls"
     assert result["mesh"] == mesh
