@@ -92,6 +92,13 @@ def trainer_pid(job: str, rank: int) -> int:
     raise AssertionError(f"no trainer process of job {job} rank {rank}")
 
 
+def queue_state(job: str) -> str:
+    """The job's state in the queue ('PENDING', 'RUNNING', ...); '' once it has left it (sacct
+    may keep saying REQUEUED for a requeued job cancelled while pending)."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
 def wait_usable(node: str, timeout: float = 60) -> None:
     """After a resume the node answers again within seconds ('idle*' until then)."""
     from vitpod.workflows.partitions import partition_info

@@ -36,7 +36,7 @@ CASES = {
 }
 # "global_loss" of each of the 20 steps against the run never stopped, float32 on CPU. Measured
 # maxima: DDP 4 -> 3 (stopped at step 10) 7.95e-8, FSDP2 dp 4 -> 2 (step 3-4) 5.96e-8, tp2 dp 2 -> 1
-# (step 6) 7.95e-8, pp2 dp 2 -> 1 (step 6) 7.95e-8. A resume that loses Adam's moments
+# (step 6) 7.95e-8, pp2 dp 2 -> 1 (step 9) 7.95e-8. A resume that loses Adam's moments
 # (optimizer.state cleared after the DCP load) measured 1.78e-2.
 LOSS_TOLERANCE = 1e-5
 LR_TOLERANCE = 1e-12  # measured 0: the schedule's position is the step count

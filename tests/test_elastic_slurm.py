@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures_slurm import queue_state
 from tests.test_elastic_resume import LOSS_TOLERANCE, TOP1_TOLERANCE
 from tests.test_resume_slurm import REPO, _last_step, _make_env, _profile, _wait_until
 
@@ -64,14 +65,8 @@ def _stop(job: str, run: Path, step: int) -> int:
     _wait_until("the preemption checkpoint", lambda: bool(list(run.glob("checkpoints/step_*"))))
     _wait_until("the requeue", lambda: "requeueing" in _batch_logs(run))
     subprocess.run(["scancel", job], check=True)
-    # sacct may keep saying REQUEUED for a requeued job cancelled while pending: ask squeue.
-    _wait_until(f"job {job} to leave the queue", lambda: not _queued(job))
+    _wait_until(f"job {job} to leave the queue", lambda: not queue_state(job))
     return int(sorted(run.glob("checkpoints/step_*"))[-1].name.split("_")[1])
-
-
-def _queued(job: str) -> bool:
-    out = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True)
-    return bool(out.stdout.strip())
 
 
 def _batch_logs(run: Path) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures_slurm import wait_usable
+from tests.fixtures_slurm import queue_state, wait_usable
 from tests.test_elastic_resume import step_records
 from tests.test_resume_slurm import _profile, _submit, _wait_until
 
@@ -27,11 +27,6 @@ def _ranged(tmp_path: Path, data: Path) -> Path:
     return path
 
 
-def _job_state(job: str) -> str:
-    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
-    return out.stdout.strip()
-
-
 def test_a_node_range_job_runs_on_what_slurm_gives_with_the_same_samples(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
@@ -40,7 +35,7 @@ def test_a_node_range_job_runs_on_what_slurm_gives_with_the_same_samples(
     try:
         subprocess.run(drain, check=True, timeout=30)
         one, one_run = _submit(tmp_path, profile, ARGS)
-        _wait_until(f"job {one} to start", lambda: _job_state(one) != "PENDING", timeout=300)
+        _wait_until(f"job {one} to start", lambda: queue_state(one) != "PENDING", timeout=300)
     finally:
         subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], timeout=30)
         wait_usable("node2")
