@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import tempfile
@@ -31,15 +32,15 @@ COMMON_MISTAKES = {
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+    """Make a rename in `path` durable. A failure is raised (a rename that may not survive a
+    crash must not be reported as saved), except where the file system cannot fsync a
+    directory at all (EINVAL, ENOTSUP: there is nothing more to do)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 

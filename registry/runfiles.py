@@ -51,4 +51,7 @@ STUDY_REPORT = "report"
 """A scaling study's report folder (report.html, table.json, plots)."""
 STUDY_REPORT_HTML = "report.html"
 CHECKPOINT_RANK0 = "rank0.json"
-"""Inside each checkpoint folder: rank 0's manifest, written last."""
+"""Inside each checkpoint folder: rank 0's own manifest (its file, checksum, step)."""
+CHECKPOINT_COMMIT = "COMMIT.json"
+"""Inside each checkpoint folder, written last by rank 0 once every rank's files are on disk:
+every file with its sha256 and size, and the job and start that wrote them."""

@@ -105,8 +105,9 @@ def test_preempted_zero_run_continues_on_another_world_size(
 
 
 def test_a_checkpoint_without_deepspeed_partitions_is_refused_clearly(tmp_path: Path) -> None:
-    for rank in range(2):
-        ck = Checkpointer(tmp_path, rank=rank, world_size=2, elastic=Resize(32, "deepspeed"))
+    for rank in (1, 0):  # rank 0 commits once rank 1's files are down
+        ck = Checkpointer(tmp_path, rank=rank, world_size=2, elastic=Resize(32, "deepspeed"),
+                          launch="start1")  # fmt: skip
         ck.save(4, 0, {"step": 4})
         ck.close()
     with pytest.raises(ResumeError, match="holds no deepspeed/ folder"):

@@ -98,25 +98,118 @@ def test_a_checkpoint_pruning_cannot_remove_is_named_in_a_warning(
     assert "Permission denied" in caplog.text
 
 
-def test_resume_auto_skips_a_corrupt_checkpoint_with_a_warning(tmp_path: Path, caplog) -> None:
+def _cut(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # a torn write
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, the size unchanged
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "cut": (lambda d: _cut(d / "rank0.pt"), "cut short"),
+    "flipped": (lambda d: _flip(d / "rank0.pt"), "checksum mismatch"),
+    "missing_file": (lambda d: (d / "rank0.pt").unlink(), "rank0.pt: missing"),
+    "no_commit": (lambda d: (d / "COMMIT.json").unlink(), "no COMMIT.json"),
+    "malformed_commit": (lambda d: (d / "COMMIT.json").write_text("{"), "COMMIT.json unreadable"),
+    "sidecar_without_sha": (
+        lambda d: (d / "rank0.json").write_text(json.dumps({"step": 20})), "rank0.json: 12 bytes"
+    ),
+    "commit_entry_without_sha": (lambda d: _drop_sha(d / "COMMIT.json"), "malformed entry"),
+}
+
+
+def _drop_sha(path: Path) -> None:
+    record = json.loads(path.read_text())
+    del record["files"]["rank0.pt"]["sha256"]
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_resume_auto_skips_a_damaged_checkpoint_with_a_warning(
+    tmp_path: Path, caplog, damage: str
+) -> None:
     ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=5)
     for step in (10, 20):
         ck.save(step, epoch=0, state=state(step))
     ck.close()
-    newest = tmp_path / "step_000000020"
-    data = (newest / "rank0.pt").read_bytes()
-    (newest / "rank0.pt").write_bytes(data[: len(data) // 2])  # a torn write
+    harm, reason = DAMAGE[damage]
+    harm(tmp_path / "step_000000020")
     with caplog.at_level(logging.WARNING):
         assert ck.latest_valid() == tmp_path / "step_000000010"
-    assert "skipping checkpoint" in caplog.text and "checksum mismatch" in caplog.text
+    assert "skipping checkpoint" in caplog.text and reason in caplog.text
     shared, own = ck.load(tmp_path / "step_000000010")
     assert shared["step"] == 10 and own is shared
 
 
-def test_a_checkpoint_missing_a_rank_is_not_valid(tmp_path: Path) -> None:
-    ck = Checkpointer(tmp_path, rank=0, world_size=2)
-    ck.save(5, 0, state(5))
+def test_rotation_never_deletes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    """A newer-named step whose checksum is bad (left by an earlier start) does not count:
+    saving 50 and then 60 with keep_last=1 keeps 60, the newest complete one."""
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=1)
+    ck.save(100, epoch=0, state=state(100))
+    ck.wait()
+    _flip(tmp_path / "step_000000100" / "rank0.pt")
+    for step in (50, 60):
+        ck.save(step, epoch=0, state=state(step))
+        ck.wait()
+        assert ck.step_dir(step).is_dir(), f"step {step} was deleted by its own save"
     ck.close()
+    assert not ck.step_dir(50).exists()
+    assert ck.latest_valid() == ck.step_dir(60)
+
+
+def test_an_unreadable_milestone_record_is_kept(tmp_path: Path, caplog) -> None:
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=1, milestone_every=1)
+    ck.save(1, epoch=1, state=state(1), epoch_end=True)
+    ck.wait()
+    (ck.step_dir(1) / "COMMIT.json").chmod(0)  # unreadable, not absent
+    (ck.step_dir(1) / "COMMIT.json").write_text("{")  # ... and, for root, malformed
+    with caplog.at_level(logging.WARNING):
+        for step in (2, 3):
+            ck.save(step, epoch=1, state=state(step))
+            ck.wait()
+    assert ck.step_dir(1).is_dir() and "keeping" in caplog.text
+    assert not ck.step_dir(2).exists()
+
+
+def test_every_file_records_its_job_and_start(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, launch="abc")
+    ck.save(7, epoch=0, state=state(7))
+    ck.close()
+    for name in ("rank0.json", "COMMIT.json"):
+        record = json.loads((ck.step_dir(7) / name).read_text())
+        assert (record["job_id"], record["restart"], record["launch"]) == ("4242", 3, "abc")
+    assert set(json.loads((ck.step_dir(7) / "COMMIT.json").read_text())["files"]) == {
+        "rank0.pt", "rank0.json"
+    }
+
+
+def test_unusable_checkpoints_newer_than_the_resume_point_are_moved_aside(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=5)
+    for step in (10, 20):
+        ck.save(step, epoch=0, state=state(step))
+    ck.close()
+    (ck.step_dir(20) / "COMMIT.json").unlink()  # as if the job died before its commit
+    assert ck.agree_on_latest() == ck.step_dir(10)
+    assert not ck.step_dir(20).exists()
+    moved = list((tmp_path / "discarded").iterdir())
+    assert [p.name.split(".")[0] for p in moved] == ["step_000000020"]
+    ck.save(30, epoch=0, state=state(30))  # a newer commit supersedes what was moved aside
+    ck.close()
+    assert not list((tmp_path / "discarded").iterdir())
+
+
+def test_a_checkpoint_missing_a_rank_is_not_valid(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, rank=0, world_size=2, commit_timeout_s=0.5)
+    ck.save(5, 0, state(5))
+    with pytest.raises(RuntimeError, match=r"still waiting for rank1\.json"):
+        ck.close()
+    assert not (tmp_path / "step_000000005" / "COMMIT.json").exists()
     assert ck.latest_valid() is None  # rank 1 never wrote its part: not a resume point
 
 

@@ -42,9 +42,10 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(small_disk: Path)
     assert not [p for p in small_disk.rglob("*") if ".tmp-" in p.name]  # space given back
 
 
-def _checkpoint(root: Path, world_size: int) -> None:
-    for rank in range(world_size):
-        ck = Checkpointer(root, rank=rank, world_size=world_size)
+def _checkpoint(root: Path, world_size: int, **kwargs) -> None:
+    """One step saved as `world_size` ranks of one start would (rank 0 commits last)."""
+    for rank in reversed(range(world_size)):
+        ck = Checkpointer(root, rank=rank, world_size=world_size, launch="start1", **kwargs)
         ck.save(4, 0, {"step": 4})
         ck.close()
 
@@ -64,10 +65,7 @@ def test_resume_onto_another_world_size_is_refused_clearly(tmp_path: Path) -> No
 def test_another_world_size_resumes_with_the_same_global_batch(
     tmp_path: Path,
 ) -> None:
-    for rank in range(4):
-        ck = Checkpointer(tmp_path, rank=rank, world_size=4, elastic=Resize(64, "ring"))
-        ck.save(4, 0, {"step": 4})
-        ck.close()
+    _checkpoint(tmp_path, 4, elastic=Resize(64, "ring"))
     step = tmp_path / "step_000000004"
     assert Checkpointer(tmp_path, 0, 2, elastic=Resize(64, "ps")).agree_on_latest() == step
     with pytest.raises(ResumeError, match="global batch 64, this job has 2 ranks and global batch"):

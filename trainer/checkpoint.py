@@ -15,12 +15,14 @@ import torch
 import torch.distributed as dist
 
 from vitpod.registry import io, runfiles
+from vitpod.trainer import checkpoint_commit as commit
 from vitpod.trainer import elastic as elastic_rules
 from vitpod.trainer.host_stage import HostStager
-from vitpod.trainer.torchsave import atomic_torch_save, sha256_of
+from vitpod.trainer.torchsave import atomic_torch_save
 
 log = logging.getLogger(__name__)
 STEP_PREFIX = "step_"
+DISCARDED = "discarded"  # unusable step directories moved aside at a resume
 
 
 class ResumeError(RuntimeError):
@@ -32,7 +34,9 @@ class Checkpointer:
 
     def __init__(self, root: Path, rank: int, world_size: int, keep_last: int = 3,
                  milestone_every: int = 0, use_async: bool = True,
-                 elastic: elastic_rules.Resize | None = None) -> None:  # fmt: skip
+                 elastic: elastic_rules.Resize | None = None,
+                 await_files: Collection[str] = (), commit_timeout_s: float = 1800.0,
+                 launch: str | None = None) -> None:  # fmt: skip
         if keep_last < 1:
             raise ValueError(
                 "--keep-last must be at least 1 (the newest checkpoint is the resume point)"
@@ -50,6 +54,12 @@ class Checkpointer:
         self._staged = threading.Event()
         self._staged.set()
         self.last_stall_s = 0.0  # time the loop was blocked by the latest save (save + fence)
+        # Files another writer finishes on its own (DCP's .metadata, written by its coordinator
+        # once every rank's shards are down): the commit waits for them too.
+        self._await_files = tuple(await_files)
+        self.commit_timeout_s = commit_timeout_s
+        self.launch = launch or _agreed_launch_id()
+        self.attempt = commit.attempt_record(self.launch)
 
     def preallocate(self, state: dict[str, Any]) -> None:
         """Allocate (and touch) the host staging buffers now, so the first save stalls no longer."""
@@ -84,6 +94,7 @@ class Checkpointer:
         )
         meta = {"step": step, "epoch": epoch, "rank": self.rank, "world_size": self.world_size,
                 "milestone": milestone, "epoch_end": epoch_end}  # fmt: skip
+        meta.update(self.attempt)
         if self.elastic is not None:
             meta["global_batch"] = self.elastic.global_batch
         if not self.use_async:
@@ -137,7 +148,9 @@ class Checkpointer:
                 directory / f"rank{self.rank}.json", {**meta, **info, "time": time.time()}
             )
             if self.rank == 0:
-                self._prune()
+                commit.commit(directory, meta, self.world_size, self.launch, self._await_files,
+                              self.commit_timeout_s)  # fmt: skip
+                self._prune(directory)
         except BaseException as exc:  # surfaced on the training thread by wait()
             self._error = exc
 
@@ -154,11 +167,8 @@ class Checkpointer:
             raise RuntimeError(
                 f"checkpoint write failed under {self.root}: {error}; the previous "
                 "checkpoints are untouched (each file is written under a temporary name and "
-                "renamed only when complete)"
+                "renamed only when complete, and a step counts only once committed)"
             ) from error
-
-    def _complete(self, directory: Path) -> bool:
-        return all((directory / f"rank{r}.json").is_file() for r in range(self.world_size))
 
     def step_dirs(self) -> list[Path]:
         """Step directories, newest first."""
@@ -167,65 +177,102 @@ class Checkpointer:
         found = [p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)]
         return sorted(found, key=lambda p: p.name, reverse=True)
 
-    def _prune(self) -> None:
-        complete = [d for d in self.step_dirs() if self._complete(d)]
-        if len(complete) <= self.keep_last:
-            return
-        oldest_kept = complete[self.keep_last - 1].name
+    def _prune(self, just_committed: Path) -> None:
+        """Keep the newest `keep_last` complete checkpoints, the one just committed (even when a
+        newer-named one exists) and every milestone; older incomplete ones go too."""
+        complete = [d for d in self.step_dirs() if commit.check(d, checksums=False) is None]
+        kept = {just_committed.name, *(d.name for d in complete[: self.keep_last])}
+        oldest_kept = min(kept)
         for directory in self.step_dirs():
-            if directory.name < oldest_kept and not self._is_milestone(directory):
+            if directory.name >= oldest_kept or self._is_milestone(directory):
+                continue
+            shutil.rmtree(directory, onerror=_warn_not_removed)
+        discarded = self.root / DISCARDED
+        for directory in sorted(discarded.glob(f"{STEP_PREFIX}*")) if discarded.is_dir() else []:
+            if directory.name.split(".")[0] < just_committed.name:  # superseded by a newer save
                 shutil.rmtree(directory, onerror=_warn_not_removed)
 
     def _is_milestone(self, directory: Path) -> bool:
-        try:
-            return bool(json.loads((directory / "rank0.json").read_text()).get("milestone"))
-        except (OSError, ValueError):
-            return False
+        """A milestone is kept; so is a directory whose record cannot be read for another
+        reason than its absence (an I/O error must not turn a milestone into garbage)."""
+        for name in (commit.COMMIT, "rank0.json"):
+            try:
+                return bool(json.loads((directory / name).read_text()).get("milestone"))
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, AttributeError) as exc:
+                log.warning("keeping %s: its %s cannot be read (%s)", directory, name, exc)
+                return True
+        return False
 
     def saved_world_size(self, directory: Path) -> int | None:
-        """How many ranks wrote the checkpoint (rank 0's manifest says), None if unreadable."""
+        """How many ranks wrote the checkpoint (its commit marker says), None if unreadable."""
         try:
-            return int(json.loads((directory / "rank0.json").read_text())["world_size"])
+            return int(commit.read_commit(directory)["world_size"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def verify(self, directory: Path) -> str | None:
-        """None if every rank's file matches its manifest, else the reason it is unusable."""
-        world = self.saved_world_size(directory)
-        if world is None:
-            return "rank0.json: missing or unreadable (an interrupted write)"
-        for r in range(world):  # the ranks that wrote it, whatever this job's size
-            manifest_file = directory / f"rank{r}.json"
-            try:
-                manifest = json.loads(manifest_file.read_text())
-            except (OSError, ValueError) as exc:
-                return f"{manifest_file.name}: {exc}"
-            data = directory / manifest["file"]
-            if not data.is_file() or sha256_of(data) != manifest["sha256"]:
-                return f"{data.name}: missing or checksum mismatch"
-        return None
+        """None if the checkpoint is complete (committed, every file present with its
+        checksum), else the reason it is unusable."""
+        return commit.check(directory, checksums=True)
 
-    def latest_valid(self) -> Path | None:
-        """Newest checkpoint whose files all verify; corrupt ones are skipped with a warning."""
+    def latest_valid(self, exclude: Collection[str] = ()) -> Path | None:
+        """Newest complete checkpoint; incomplete or corrupt ones are skipped with a warning."""
         for directory in self.step_dirs():
+            if directory.name in exclude:
+                continue
             reason = self.verify(directory)
             if reason is None:
                 return directory
             log.warning("skipping checkpoint %s: %s", directory, reason)
         return None
 
-    def agree_on_latest(self) -> Path | None:
+    def agree_on_latest(self, exclude: Collection[str] = ()) -> Path | None:
         """Rank 0 picks (it reads the shared storage once) and tells every rank; every rank
-        raises ResumeError if the pick was written by another number of ranks."""
+        raises ResumeError if the pick was written by another number of ranks. Unusable
+        checkpoints newer than the pick are moved aside: this job rewrites those steps."""
         choice: list[str | None] = [None, None]
         if self.rank == 0:
-            found = self.latest_valid()
+            found = self.latest_valid(exclude)
             choice = [str(found) if found else None, self._refusal(found) if found else None]
+            if not choice[1]:
+                self.discard_newer_than(found)
         if dist.is_initialized():
             dist.broadcast_object_list(choice, src=0)
         if choice[1]:
             raise ResumeError(choice[1])
         return None if choice[0] is None else Path(choice[0])
+
+    def agree_on_path(self, directory: Path) -> Path:
+        """An explicitly named checkpoint, verified and checked as an automatic pick is."""
+        reason: list[str | None] = [None]
+        if self.rank == 0:
+            problem = self.verify(directory)
+            reason[0] = (
+                f"--resume {directory}: {problem}" if problem else self._refusal(directory)
+            )
+        if dist.is_initialized():
+            dist.broadcast_object_list(reason, src=0)
+        if reason[0]:
+            raise ResumeError(reason[0])
+        return directory
+
+    def discard_newer_than(self, keep: Path | None) -> None:
+        """Move step directories newer than `keep` to checkpoints/discarded/ (rank 0, before
+        any rank of this start writes): a step directory never mixes two starts' files."""
+        for directory in self.step_dirs():
+            if keep is not None and directory.name <= keep.name:
+                break
+            self.discard(directory)
+
+    def discard(self, directory: Path) -> None:
+        """Move an unusable step directory aside (kept for a look until a newer save)."""
+        target = self.root / DISCARDED / f"{directory.name}.{self.launch}"
+        target.parent.mkdir(exist_ok=True)
+        log.warning("moving unusable checkpoint %s to %s", directory, target)
+        directory.rename(target)
+        io.fsync_dir(self.root)
 
     def _refusal(self, directory: Path) -> str | None:
         """Why this job may not resume `directory`, or None.
@@ -253,19 +300,28 @@ class Checkpointer:
 
         Written by another world size (elastic resume): every rank takes rank 0's own state,
         whose loader position counts global samples and whose RNG each step reseeds anyway.
+        Only tensors and plain containers are unpickled (weights_only).
         """
-        shared = torch.load(directory / "rank0.pt", map_location="cpu", weights_only=False)
+        shared = torch.load(directory / "rank0.pt", map_location="cpu", weights_only=True)
         own_file = directory / f"rank{self.rank}.pt"
         resized = self.saved_world_size(directory) != self.world_size
         own = (
             shared
             if self.rank == 0 or resized
-            else torch.load(own_file, map_location="cpu", weights_only=False)
+            else torch.load(own_file, map_location="cpu", weights_only=True)
         )
         return shared, own
 
     def close(self) -> None:
         self.wait()
+
+
+def _agreed_launch_id() -> str:
+    """One id for this start of the job, the same on every rank (rank 0's)."""
+    launch = [commit.new_launch_id()]
+    if dist.is_initialized():
+        dist.broadcast_object_list(launch, src=0)
+    return str(launch[0])
 
 
 def _warn_not_removed(function: Any, path: str, excinfo: Any) -> None:

@@ -113,3 +113,14 @@ def teardown_quietly() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def all_ranks_ok(ok: bool, device: torch.device) -> bool:
+    """True on every rank when `ok` is true on every rank (collective when distributed)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())

@@ -17,6 +17,9 @@ class Engine(Protocol):
     optimizer: Any  # a torch optimizer, or DeepSpeed's wrapper around one
     accum_steps: int
     batch_losses: torch.Tensor  # --pp: the last step's loss per loader batch
+    # Files of a step directory that the engine's own writer finishes after this rank's save
+    # returns (an async sharded save): a checkpoint is committed only once they exist.
+    sharded_files: tuple[str, ...]
 
     @property
     def name(self) -> str:
@@ -58,6 +61,8 @@ def token_label_forward(model: nn.Module, images: torch.Tensor) -> Any:
 
 class NotPipelined:
     """The pipeline calls of an engine that runs whole models (ring, ps, deepspeed)."""
+
+    sharded_files: tuple[str, ...] = ()  # their saves are written when save_sharded returns
 
     pipelined = False
     batch_losses = torch.zeros(0)

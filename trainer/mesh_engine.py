@@ -86,6 +86,12 @@ class MeshEngine:
         self._comm = 0.0
         self._buffer: list[tuple[torch.Tensor, Any]] = []
         self.batch_losses = torch.zeros(0)
+        self.sharded_files = (f"{dcp.SUBDIR}/{dcp.METADATA}",)  # the async save's last file
+        # Buffers are replicated, not sharded, but each rank's forward moves its own BatchNorm
+        # statistics: broadcast from the dp group's first rank before each training forward,
+        # as DDP does (broadcast_buffers), so every rank holds (and a checkpoint saves) one copy.
+        self._buffers = [b for b in self.model.buffers() if not isinstance(b, DTensor)]
+        self._buffer_src = mesh.global_rank("dp", 0) if mesh.shape.dp > 1 else None
         if self.pipelined:
             # The micro-batches are the accumulation steps; with fewer steps than stages the
             # step's batch is cut into pp micro-batches instead, so every stage has work.
@@ -103,6 +109,9 @@ class MeshEngine:
         return contextlib.nullcontext()
 
     def forward(self, images: torch.Tensor) -> Any:
+        if self.model.training and self._buffers and self._buffer_src is not None:
+            for buffer in self._buffers:
+                dist.broadcast(buffer, src=self._buffer_src, group=self.mesh.group("dp"))
         if self.cfg.token_label and self.model.training:
             return token_label_forward(self.model, images)
         return self.model(images)

@@ -13,8 +13,10 @@ from timm.models.volo import VOLO
 from torch import nn
 
 from vitpod.registry import models, runfiles
+from vitpod.trainer import checkpoint_commit as commit
 from vitpod.trainer.checkpoint import STEP_PREFIX
 from vitpod.trainer.checks import known_model
+from vitpod.trainer.torchsave import sha256_of
 
 HEAD_PREFIXES = ("head.", "aux_head.")
 
@@ -56,7 +58,9 @@ def _sharded_dir(path: str) -> Path | None:
     if runfiles.final_model(p).is_file() or not (p / runfiles.CHECKPOINTS).is_dir():
         return None
     steps = sorted((p / runfiles.CHECKPOINTS).glob(f"{STEP_PREFIX}*"), reverse=True)
-    return next((s for s in steps if dcp.is_sharded_checkpoint(s)), None)
+    return next(
+        (s for s in steps if dcp.is_sharded_checkpoint(s) and commit.check(s) is None), None
+    )
 
 
 def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
@@ -68,12 +72,20 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
         # The mesh engine stores qkv head-major; load_finetune converts it with the model's heads.
         return dcp.read_model_state(sharded), {"qkv_layout": "head_major"}
     file = resolve_finetune_file(path)
+    manifest_file = file.parent / runfiles.MANIFEST
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    if manifest.get("sha256") and manifest.get("file", file.name) == file.name:
+        found = sha256_of(file)
+        if found != manifest["sha256"]:
+            raise ModelLoadError(
+                f"--finetune {path}: {file} does not match the sha256 its {runfiles.MANIFEST} "
+                f"records ({found[:12]} != {manifest['sha256'][:12]}): the file changed on disk "
+                "after it was written; take the run's newest checkpoint or retrain"
+            )
     state = torch.load(file, map_location="cpu", weights_only=True)
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]
     state = {k.removeprefix("module."): v for k, v in state.items()}
-    manifest_file = file.parent / runfiles.MANIFEST
-    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
     return state, manifest
 
 

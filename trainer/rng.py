@@ -32,7 +32,7 @@ def reseed_for_step(seed: int, rank: int, step: int, micro: int) -> None:
 def rng_state() -> dict[str, Any]:
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": _numpy_state(),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -42,7 +42,15 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def _numpy_state() -> tuple[Any, ...]:
+    """numpy's generator state with its key array as a tensor, so a checkpoint loads with
+    torch.load(weights_only=True): no numpy object is unpickled."""
+    name, keys, *rest = np.random.get_state()
+    return (name, torch.from_numpy(keys.astype(np.int64)), *rest)

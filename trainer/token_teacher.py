@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ def generate_token_labels(
 ) -> Path:
     """Run the teacher over `data_dir/train` and write its top-k token scores to `out_path`.
 
-    The teacher is a module or a file saved with `torch.save(model)`. The file is written
+    The teacher is a module (a path is refused: see `_load_teacher`). The file is written
     under a temporary name, fsynced and renamed, so readers never see a partial one.
     """
     teacher = _load_teacher(model_or_checkpoint).eval()
@@ -61,15 +62,23 @@ def generate_token_labels(
 
 
 def _load_teacher(model_or_checkpoint: nn.Module | str | os.PathLike[str]) -> nn.Module:
+    """The teacher module. A file is never unpickled as code (weights_only): a whole pickled
+    module cannot be loaded safely, so a path must come through `make token-labels TEACHER=`
+    (a run directory or a state dict with its model name) instead."""
     if isinstance(model_or_checkpoint, nn.Module):
         return model_or_checkpoint
-    loaded = torch.load(model_or_checkpoint, map_location="cpu", weights_only=False)
-    if not isinstance(loaded, nn.Module):
+    try:
+        loaded = torch.load(model_or_checkpoint, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
         raise TokenLabelError(
-            f"{model_or_checkpoint} holds a {type(loaded).__name__}, not a model: pass the teacher "
-            "module, or a file written by torch.save(model)"
-        )
-    return loaded
+            f"{model_or_checkpoint}: not loadable as weights only ({str(exc).splitlines()[0]}); a "
+            "file written by torch.save(model) holds code and is not unpickled: pass the module "
+            "itself, or the teacher's run directory to make token-labels TEACHER=..."
+        ) from exc
+    raise TokenLabelError(
+        f"{model_or_checkpoint} holds a {type(loaded).__name__}, not a model: pass the teacher "
+        "module, or its run directory to make token-labels TEACHER=..."
+    )
 
 
 def _teacher_classes(model: Any) -> int:

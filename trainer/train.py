@@ -84,6 +84,7 @@ class Trainer:
         self.checkpointer = ckpt.Checkpointer(
             self.run_dir / runfiles.CHECKPOINTS, env.rank, env.world_size, cfg.keep_last,
             cfg.milestone_every, elastic=Resize(cfg.global_batch_size, self.engine.name),
+            await_files=self.engine.sharded_files,
         )  # fmt: skip
         total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
         self.metrics = MetricsLogger(
@@ -300,14 +301,46 @@ class Trainer:
             self.engine.wait_sharded()
 
     def _restore(self) -> None:
+        """Load the newest complete checkpoint; one that fails to load on any rank is moved
+        aside and the one before it is tried, so a damaged checkpoint costs work, never the
+        job. An explicit --resume PATH is a first start's choice: once this run has a
+        checkpoint of its own (a requeue), that one is resumed."""
         cfg = self.cfg
         if cfg.resume == "none":
             return
-        directory = (
-            self.checkpointer.agree_on_latest() if cfg.resume == "auto" else Path(cfg.resume)
-        )
-        if directory is None:
-            return
+        tried: list[str] = []
+        while True:
+            directory = self.checkpointer.agree_on_latest(exclude=tried)
+            if directory is None and cfg.resume != "auto" and not tried:
+                directory = self.checkpointer.agree_on_path(Path(cfg.resume))
+            elif directory is not None and cfg.resume != "auto":
+                log.info("--resume %s applies to a first start only: this run has its own "
+                         "checkpoint %s", cfg.resume, directory)  # fmt: skip
+            if directory is None:
+                if tried:
+                    log.error("no checkpoint of %s could be loaded (tried %s): starting from "
+                              "step 0", self.checkpointer.root, ", ".join(tried))  # fmt: skip
+                return
+            error = self._try_load(directory)
+            if tdist.all_ranks_ok(error is None, self.device):
+                return
+            tried.append(directory.name)
+            log.warning("checkpoint %s did not load (%s): trying the one before", directory,
+                        error or "failed on another rank")  # fmt: skip
+            if self.env.is_main and directory.parent == self.checkpointer.root:
+                self.checkpointer.discard(directory)
+
+    def _try_load(self, directory: Path) -> str | None:
+        try:
+            self._load(directory)
+        except ckpt.ResumeError:
+            raise
+        except Exception as exc:  # a damaged file the checksums did not catch, a bad format
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _load(self, directory: Path) -> None:
+        cfg = self.cfg
         shared, own = self.checkpointer.load(directory)
         self.engine.load_state_dict(shared)
         self.engine.load_sharded(directory)
