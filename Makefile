@@ -29,7 +29,8 @@ OUT ?=
 NAME ?=
 PARTITIONS ?=
 OFFLINE ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE VENV
+CANCEL ?=
+VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL VENV
 export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
@@ -50,7 +51,7 @@ STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight: 1 = skip the Slurm checks) RUN= NODES= (resume)"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight: 1 = skip the Slurm checks) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first)"
 
 setup:
 	bash scripts/setup.sh
@@ -79,8 +80,9 @@ finetune:
 	$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 # RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch (workflows/resume.py).
+# CANCEL=1: cancel the run's job still pending or running first (resume refuses otherwise).
 resume:
-	$(WF) resume --run "$$RUN" --nodes "$$NODES"
+	$(WF) resume --run "$$RUN" --nodes "$$NODES" $(if $(filter-out 0,$(CANCEL)),--cancel-running)
 
 pipeline:
 	$(WF) pipeline $(STAGE_ARGS) --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT"

@@ -6,9 +6,11 @@ A rank runs the teacher over its slice (the whole image resized to --img-size, a
 labeling paper scores every patch once: "All Tokens Matter", arXiv:2104.10858) and writes the
 per-token top-k scores (float16) and class indices in the format `vitpod.trainer.data.token_label`
 reads, under a temporary name then renamed, with a sidecar JSON written last. A requeued or
-resubmitted job finds the sidecar and skips the shard. Whichever rank finds every shard done
-writes manifest.json (same content from any rank; atomic rename), which is what the login node
-checks before a training job may use the labels.
+resubmitted job finds the sidecar and skips the shard. The directory belongs to one teacher
+(labelset.claim: another teacher's rank exits 2 before touching a shard) and a rank holds its
+shard's lock while it labels it (a second job of the same teacher waits, then skips).
+Whichever rank finds every shard done writes manifest.json (same content from any rank; atomic
+rename), which is what the login node checks before a training job may use the labels.
 
 Exit status: 0 done (or skipped), 2 bad configuration, 75 preempted (requeue me).
 """
@@ -112,15 +114,7 @@ def load_teacher(record: dict[str, Any], img_size: int, num_classes: int) -> Any
 
 def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, Any]:
     """Label this rank's slice; returns the sidecar record (written only after the shard)."""
-    import torch
-
-    from vitpod.trainer.data.config import DataConfig
     from vitpod.trainer.data.sources import folder_split
-    from vitpod.trainer.data.token_label import FORMAT
-    from vitpod.trainer.data.transforms import eval_transform
-    from vitpod.trainer.token_forward import dense_logits
-    from vitpod.trainer.token_teacher import image_batches
-    from vitpod.trainer.torchsave import atomic_torch_save
 
     data_dir = Path(ns.data_dir)
     split = folder_split(data_dir, "train")
@@ -135,6 +129,26 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
         "teacher": teacher,
     }  # fmt: skip
     out = labelset.shard_path(ns.label_dir, shard, shards)
+    labelset.claim(ns.label_dir, teacher)  # ClaimError: another teacher's directory
+    with labelset.locked(out.with_suffix(".lock"), f"(shard {shard} is being labeled elsewhere)"):
+        return _label_locked(ns, split, names, meta, out)
+
+
+def _label_locked(
+    ns: argparse.Namespace, split: Any, names: list[str], meta: dict[str, Any], out: Path
+) -> dict[str, Any]:
+    """label_shard's work, under the shard's lock."""
+    import torch
+
+    from vitpod.trainer.data.config import DataConfig
+    from vitpod.trainer.data.token_label import FORMAT
+    from vitpod.trainer.data.transforms import eval_transform
+    from vitpod.trainer.token_forward import dense_logits
+    from vitpod.trainer.token_teacher import image_batches
+    from vitpod.trainer.torchsave import atomic_torch_save
+
+    shard, shards, teacher = meta["shard"], meta["num_shards"], meta["teacher"]
+    data_dir = Path(ns.data_dir)
     sidecar = out.with_suffix(".json")
     if sidecar.is_file() and out.is_file():
         done = json.loads(sidecar.read_text())
@@ -184,6 +198,7 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
             "format": FORMAT, "num_classes": len(split.classes), "classes": split.classes,
             "img_size": ns.img_size, "index": {names[start + i]: i for i in range(stop - start)},
             "values": stacked_v, "indices": stacked_i,
+            "teacher_sha256": teacher["weights_sha256"],  # checked by every reader
         },
         out,
     )  # fmt: skip

@@ -10,6 +10,13 @@ and a checksum of the sorted sample names). The login node checks a manifest aga
 and a stage with `problems()` before anything is queued; the trainer makes the same check on
 open.
 
+One teacher per directory: the first labeling rank claims the directory for its teacher in
+`teacher.json` (under an flock on `labels.lock`, so two ranks never claim at once), and a rank
+of another teacher refuses it (exit 2) instead of redoing the other teacher's shards. Each rank
+holds an flock on its shard's `.lock` while it labels, so a second job of the same teacher
+waits and then skips the shard. Every shard records its teacher's sha256 and the trainer refuses
+a shard whose digest is not the manifest's (checked on every load, in every worker).
+
 Grid decision: labels are made per grid, at the stage's resolution (labels for 224 have grid 14,
 for 512 grid 32), and a stage only takes labels of its own grid. The trainer still cuts each
 random crop out of the score map with RoIAlign and resamples it to the grid, as VOLO's code does
@@ -19,17 +26,26 @@ invent detail the teacher never saw, so it is refused rather than done silently.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import runfiles
+from vitpod.registry import io, runfiles
 
-FORMAT = "vitpod-token-labels/2"
+FORMAT = "vitpod-token-labels/3"  # 3: every shard records its teacher's sha256
 MANIFEST = runfiles.MANIFEST
 SHARDS = "shards"
+OWNER = "teacher.json"
+"""The teacher a label directory belongs to (written once, by the first labeling rank)."""
+DIR_LOCK = "labels.lock"
+"""flock'ed while a rank reads or writes OWNER (not hidden: the directory keeps it)."""
 STRIDE = 16  # one token label per 16x16 pixels (VOLO: --token-label-size = img_size/16)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")  # = vitpod.trainer.data.sources'
 
@@ -140,3 +156,105 @@ def problems(
                 f"differs; labels made over {manifest.get('data_dir')}); regenerate them"
             )
     return out
+
+
+class ClaimError(ValueError):
+    """A label directory that belongs to another teacher; the message names both digests."""
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike[str], what: str = "") -> Iterator[None]:
+    """An exclusive flock on `path` (created, never removed: unlinking a lock file lets the
+    next locker take a fresh inode). Blocks; says once what it waits for. flock works across
+    hosts on NFSv4 (emulated with byte-range locks) and on Lustre mounted with -o flock."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"label: waiting for the lock on {path} {what}".rstrip(), flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def read_owner(out: str | os.PathLike[str]) -> dict[str, Any] | None:
+    path = Path(out) / OWNER
+    try:
+        owner = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise ClaimError(
+            f"{path}: unreadable ({exc}); remove {Path(out)} and label it again"
+        ) from None
+    return owner if isinstance(owner, dict) else None
+
+
+def recorded_teacher(out: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Who the labels in `out` belong to: its claim, else its manifest's teacher, else the
+    teacher of a finished shard (directories labeled before claims existed); None if unlabeled."""
+    owner = read_owner(out)
+    if owner is not None:
+        return owner
+    manifest = read_manifest(out)
+    if manifest is not None:
+        return dict(manifest.get("teacher") or {})
+    for sidecar in sorted((Path(out) / SHARDS).glob("shard-*.json")):
+        try:
+            return dict(json.loads(sidecar.read_text()).get("teacher") or {})
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def claim_problem(out: str | os.PathLike[str], teacher_sha256: str) -> str | None:
+    """Why a teacher with `teacher_sha256` may not write into `out` (None: it may)."""
+    made = recorded_teacher(out)
+    if made is None or made.get("weights_sha256") == teacher_sha256:
+        return None
+    who = made.get("teacher") or "?"
+    job = f", job {made['job_id']}" if made.get("job_id") else ""
+    return (
+        f"token-label directory {out} belongs to teacher sha256 "
+        f"{made.get('weights_sha256') or '(not recorded)'} ({who}{job}); this teacher is sha256 "
+        f"{teacher_sha256}: its shards would replace the other teacher's. Label into another "
+        f'directory (ARGS="--label-dir DIR", then train with --token-label-data DIR), or remove '
+        f"{out} to relabel it"
+    )
+
+
+def claim(out: str | os.PathLike[str], teacher: dict[str, Any]) -> dict[str, Any]:
+    """Claim `out` for `teacher` (its record, with weights_sha256), or raise ClaimError when it
+    belongs to another teacher. The first claim writes OWNER; later ones of the same teacher
+    read it. Held under the directory's flock, so two teachers never both pass."""
+    digest = str(teacher["weights_sha256"])
+    with locked(Path(out) / DIR_LOCK, "(claiming the directory for a teacher)"):
+        problem = claim_problem(out, digest)
+        if problem is not None:
+            raise ClaimError(problem)
+        owner = read_owner(out)
+        if owner is None:
+            owner = {
+                **teacher,
+                "job_id": os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
+                "host": socket.gethostname(), "claimed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }  # fmt: skip
+            io.write_text_atomic(Path(out) / OWNER, json.dumps(owner, indent=2, sort_keys=True))
+        return owner
+
+
+def shard_teacher_problem(
+    shard: str | os.PathLike[str], recorded: str | None, teacher_sha256: str | None
+) -> str | None:
+    """A shard whose recorded teacher digest is not the one the labels are read for."""
+    if recorded is not None and recorded == teacher_sha256:
+        return None
+    return (
+        f"{shard}: made by teacher sha256 {recorded or '(not recorded)'}, but the label "
+        f"directory's manifest names teacher sha256 {teacher_sha256 or '(not recorded)'}: its "
+        "shards come from different teachers; relabel into a new directory (make token-labels "
+        'TEACHER=... ARGS="--label-dir DIR") and train with --token-label-data DIR'
+    )

@@ -79,10 +79,12 @@ def teacher_weights(teacher: str, checkpoint: str) -> Path:
 def teacher_problem(label_dir: str | Path, teacher: str, checkpoint: str) -> str | None:
     """Labels in `label_dir` made by another teacher than TEACHER: the refusal and its fix."""
     manifest = labelset.read_manifest(label_dir)
-    if manifest is None:
+    if manifest is None and labelset.recorded_teacher(label_dir) is None:
         return None
     teacher_flags(teacher, checkpoint)
     digest = labelset.weights_digest(teacher_weights(teacher, checkpoint))
+    if manifest is None:  # being labeled (claimed by its first rank), not finished
+        return labelset.claim_problem(label_dir, digest)
     problem = labelset.teacher_problem(manifest, str(label_dir), digest)
     return problem and (
         f'{problem}; make this teacher\'s labels in a new directory (ARGS="--label-dir DIR") '
@@ -219,6 +221,10 @@ def submit(job: LabelJob, force: bool = False) -> str | None:
             "; ".join(found) + f'; choose another directory (ARGS="--label-dir DIR") or '
             f"remove {job.label_dir}"
         )
+    # One teacher per directory, --force or not (its ranks would refuse it anyway).
+    claimed = labelset.claim_problem(job.label_dir, job.teacher_sha256)
+    if claimed is not None:
+        raise ConfigError(claimed)
     preflight.check(
         job.plan, render_hint="python -m vitpod.workflows token-labels ... --render-only"
     )

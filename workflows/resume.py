@@ -4,7 +4,10 @@ The run is planned again for NODES with the run's global batch (`--global-batch 
 -b stays, the accumulation is G / (dp x b)); the previous plan.json, script and manifest are
 kept as plan.restart<N>.json, job.restart<N>.sbatch and manifest.restart<N>.json (N = 1, 2, ...
 in order of restarts), then the new ones are written and submitted. The trainer resumes the
-newest checkpoint from the global sample position (trainer/elastic.py).
+newest checkpoint from the global sample position (trainer/elastic.py). One job per run: while a
+job of the run (any id in its manifests) is still pending, running, requeued or suspended, resume
+refuses before writing anything, or with --cancel-running (CANCEL=1) cancels it and waits until
+it has left the queue (workflows/runjobs.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import write_decision
-from vitpod.workflows import preflight
+from vitpod.workflows import preflight, runjobs
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import load_profile
@@ -33,6 +36,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="the run directory to continue")
     p.add_argument("--nodes", default="", help="node count of the new job (default: as before)")
     p.add_argument("--dry-run", action="store_true", help="plan and check, write nothing")
+    p.add_argument(
+        "--cancel-running", action="store_true",
+        help="cancel the run's pending or running job first and wait until it has left the queue",
+    )  # fmt: skip
     return p
 
 
@@ -112,6 +119,10 @@ def main(argv: list[str]) -> int:
     size = f"{spec.nodes} node(s) x {spec.tasks_per_node} rank(s)"
     accum = (plan.trainer or {}).get("accum_steps")
     print(f"resume {run} on {size}, accumulation {accum}")
+    if plan.profile.scheduler == "slurm":
+        runjobs.refuse_or_cancel(
+            run, ns.cancel_running and not ns.dry_run, flag="--cancel-running (make CANCEL=1)"
+        )
     if ns.dry_run:
         return 0
     restart = archive(run, plan.script_name)

@@ -33,6 +33,11 @@ _DEPENDENCY = re.compile(
 _RESERVED = {
     "--output": "the run directory is created by vitpod",
     "--finetune": "use FINETUNE_FROM=",
+    # Every (re)start runs `--resume auto`; a --resume in ARGS would come after it and win on
+    # every requeue (each restart back at the same checkpoint, or at step 0 with `none`).
+    "--resume": "every start and requeue resumes the run's newest complete checkpoint; to "
+    "continue a stopped run use `make resume RUN=<run dir>`, to start from a checkpoint's "
+    "weights use FINETUNE_FROM=<checkpoint or run dir>",
 }
 
 

@@ -33,11 +33,13 @@ class TokenLabelError(DataSourceError):
 class TokenLabelStore:
     """Reads stored score maps (memory-mapped) and turns them into crop-aligned targets.
 
-    Pickles as its path only, so DataLoader workers map the file themselves.
+    Pickles as its path (and the teacher digest it was opened with) only, so DataLoader
+    workers map the file themselves and check every shard's teacher again on each (re)load.
     """
 
-    def __init__(self, path: Path, num_classes: int, size: int):
+    def __init__(self, path: Path, num_classes: int, size: int, teacher_sha256: str | None = None):
         self.path, self.num_classes, self.size = path, num_classes, size
+        self.teacher_sha256 = teacher_sha256
         self._data: dict[str, Any] | None = None
 
     @classmethod
@@ -48,6 +50,8 @@ class TokenLabelStore:
         store = cls(path, num_classes, cfg.token_label_size)
         if path.is_dir():
             store._check_manifest(split)
+            manifest = labelset.read_manifest(path) or {}
+            store.teacher_sha256 = (manifest.get("teacher") or {}).get("weights_sha256")
         data = store.data
         if data.get("format") != FORMAT:
             raise TokenLabelError(f"{path} is not token-label data ({FORMAT}): regenerate it")
@@ -82,7 +86,7 @@ class TokenLabelStore:
     def data(self) -> dict[str, Any]:
         if self._data is None:
             if self.path.is_dir():
-                self._data = _load_shards(self.path)
+                self._data = _load_shards(self.path, self.teacher_sha256)
             elif not self.path.is_file():
                 raise TokenLabelError(
                     f"--token-label-data {self.path} does not exist: make it with "
@@ -93,10 +97,12 @@ class TokenLabelStore:
         return self._data
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "num_classes": self.num_classes, "size": self.size}
+        return {"path": self.path, "num_classes": self.num_classes, "size": self.size,
+                "teacher_sha256": self.teacher_sha256}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path, self.num_classes, self.size = state["path"], state["num_classes"], state["size"]
+        self.teacher_sha256 = state.get("teacher_sha256")
         self._data = None
 
     def target(
@@ -124,13 +130,22 @@ class TokenLabelStore:
         return dense.scatter_(0, indices, values)
 
 
-def _load_shards(path: Path) -> dict[str, Any]:
-    """A sharded label directory as one index over memory-mapped shards (no copy)."""
+def _load_shards(path: Path, teacher_sha256: str | None = None) -> dict[str, Any]:
+    """A sharded label directory as one index over memory-mapped shards (no copy); every shard
+    must carry the manifest's teacher digest, and the manifest the one the run opened
+    (`teacher_sha256`; None: whatever the manifest names)."""
     manifest = labelset.read_manifest(path)
     if manifest is None:
         raise TokenLabelError(
             f"--token-label-data {path} has no {labelset.MANIFEST}: its labeling job has not "
             "finished; rerun `make token-labels` (finished shards are kept)"
+        )
+    teacher = (manifest.get("teacher") or {}).get("weights_sha256")
+    if teacher_sha256 is not None and teacher != teacher_sha256:
+        raise TokenLabelError(
+            f"--token-label-data {path}: relabeled while this run trains: its manifest now names "
+            f"teacher sha256 {teacher}, the run opened it with {teacher_sha256}; train on a "
+            'directory one teacher labels (make token-labels ARGS="--label-dir DIR")'
         )
     shards: list[dict[str, Any]] = []
     starts: list[int] = []
@@ -141,6 +156,12 @@ def _load_shards(path: Path) -> dict[str, Any]:
             labelset.shard_path(path, number, manifest["num_shards"]),
             map_location="cpu", mmap=True, weights_only=True,
         )  # fmt: skip
+        problem = labelset.shard_teacher_problem(
+            labelset.shard_path(path, number, manifest["num_shards"]),
+            part.get("teacher_sha256"), teacher,
+        )  # fmt: skip
+        if problem is not None:
+            raise TokenLabelError(f"--token-label-data {problem}")
         starts.append(len(shard_of))
         for name, row in part["index"].items():
             index[name] = starts[-1] + row
