@@ -88,10 +88,10 @@ class MeshEngine:
         self.batch_losses = torch.zeros(0)
         self.sharded_files = (f"{dcp.SUBDIR}/{dcp.METADATA}",)  # the async save's last file
         # Buffers are replicated, not sharded, but each rank's forward moves its own BatchNorm
-        # statistics: broadcast from the dp group's first rank before each training forward,
-        # as DDP does (broadcast_buffers), so every rank holds (and a checkpoint saves) one copy.
+        # statistics: like DDP (broadcast_buffers), every rank keeps the first rank's.
         self._buffers = [b for b in self.model.buffers() if not isinstance(b, DTensor)]
-        self._buffer_src = mesh.global_rank("dp", 0) if mesh.shape.dp > 1 else None
+        has_buffers = mesh.shape.dp > 1 and bool(self._buffers)
+        self._buffer_src = mesh.global_rank("dp", 0) if has_buffers else None
         if self.pipelined:
             # The micro-batches are the accumulation steps; with fewer steps than stages the
             # step's batch is cut into pp micro-batches instead, so every stage has work.
@@ -109,12 +109,23 @@ class MeshEngine:
         return contextlib.nullcontext()
 
     def forward(self, images: torch.Tensor) -> Any:
-        if self.model.training and self._buffers and self._buffer_src is not None:
-            for buffer in self._buffers:
-                dist.broadcast(buffer, src=self._buffer_src, group=self.mesh.group("dp"))
-        if self.cfg.token_label and self.model.training:
-            return token_label_forward(self.model, images)
-        return self.model(images)
+        if not self.model.training:
+            return self.model(images)
+        if self.cfg.token_label:
+            output = token_label_forward(self.model, images)
+        else:
+            output = self.model(images)
+        self._sync_buffers()
+        return output
+
+    def _sync_buffers(self) -> None:
+        """The dp group's first rank's buffers on every rank once the forward moved them. A
+        sharded checkpoint keeps one copy of a replicated tensor, from any rank: with the
+        copies equal it is the one an uninterrupted run goes on with."""
+        if self._buffer_src is None:
+            return
+        for buffer in self._buffers:
+            dist.broadcast(buffer, src=self._buffer_src, group=self.mesh.group("dp"))
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.accum_steps).backward()

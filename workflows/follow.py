@@ -37,10 +37,10 @@ _NEVER_STARTS = "DependencyNeverSatisfied"
 
 
 def newest_checkpoint_age(run_dir: Path, now: float) -> float | None:
-    """Seconds since the newest checkpoint's rank-0 manifest was written (None: none yet)."""
+    """Seconds since the newest complete checkpoint was committed (None: none yet)."""
     times = [
         p.stat().st_mtime
-        for p in (run_dir / runfiles.CHECKPOINTS).glob(f"*/{runfiles.CHECKPOINT_RANK0}")
+        for p in (run_dir / runfiles.CHECKPOINTS).glob(f"*/{runfiles.CHECKPOINT_COMMIT}")
     ]
     return now - max(times) if times else None
 

@@ -1,0 +1,68 @@
+"""A damaged newest checkpoint, met as a user meets it on the real local Slurm.
+
+An FSDP volo_tiny job (2 nodes x 2 ranks, BatchNorm in its stem) is killed, one byte of a DCP
+shard of its newest checkpoint is flipped on disk, and `make resume` continues the run: the job
+skips the damaged checkpoint (its checksum no longer matches COMMIT.json), resumes from the one
+before, completes, and ends bit-identical to a job never stopped (weights and BatchNorm
+statistics: FSDP keeps them equal across ranks as DDP does).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.fixtures_slurm import queue_state
+from tests.test_resume_slurm import REPO, _last_step, _make_env, _profile, _submit, _wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+ARGS = (
+    "--fsdp --loader torch --workers 0 --log-interval 1 --epochs 1 --warmup-epochs 0 "
+    "--max-steps 12 --checkpoint-every 3 --no-eval"
+)
+
+
+def _committed(run: Path) -> list[Path]:
+    return sorted(p.parent for p in (run / "checkpoints").glob("step_*/COMMIT.json"))
+
+
+def _flip_one_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_the_newest_shard_resumes_from_the_one_before_exactly(
+    local_slurm, digits_dir: Path, tmp_path: Path
+) -> None:
+    profile = _profile(tmp_path, digits_dir.parent)
+    ref_job, reference = _submit(tmp_path, profile, ARGS)
+    job, run = _submit(tmp_path, profile, ARGS)
+    _wait_until("two committed checkpoints", lambda: len(_committed(run)) >= 2, timeout=600)
+    _wait_until("a step past them", lambda: _last_step(run) >= 7, timeout=600)
+    subprocess.run(["scancel", "--signal=KILL", "--full", job], check=True)
+    assert local_slurm.wait(job, timeout=300) in ("FAILED", "CANCELLED")
+    _wait_until("the killed job to leave the queue", lambda: queue_state(job) == "", timeout=120)
+    newest = _committed(run)[-1]
+    shard = max((newest / "dcp").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    _flip_one_byte(shard)
+
+    out = subprocess.run(["make", "-s", "resume", f"RUN={run}"], cwd=REPO,
+                         env=_make_env(tmp_path), capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    resumed_job = out.stdout.split("submitted batch job ")[-1].split()[0]
+    assert local_slurm.wait(resumed_job, timeout=900) == "COMPLETED"
+    assert local_slurm.wait(ref_job, timeout=900) == "COMPLETED"
+
+    log = next((run / "logs").glob(f"train-{resumed_job}-*rank0.log")).read_text()
+    assert f"skipping checkpoint {newest}" in log and "checksum mismatch" in log, log
+    assert "resumed from" in log and newest.name not in log.split("resumed from")[1][:200]
+    want = torch.load(reference / "final" / "model.pt", weights_only=True)
+    got = torch.load(run / "final" / "model.pt", weights_only=True)
+    assert want.keys() == got.keys()
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
+    assert any("running_mean" in k for k in want)  # the BatchNorm statistics are compared too
