@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +18,13 @@ UNIVERSAL = "universal"  # the converted sibling: <step>/universal/
 
 class NotConvertible(RuntimeError):
     """DeepSpeed's ds_to_universal failed on this checkpoint (said on every rank)."""
+
+
+# The storage failed, not the checkpoint: an I/O error on every rank (the job fails as an I/O
+# failure and can be retried once the storage is fixed), never "cannot convert" (a refusal).
+STORAGE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ESTALE, errno.EREMOTEIO}
+)
 
 
 def saved_stage(ds_dir: Path) -> str:
@@ -44,26 +53,40 @@ def refusal(step_dir: Path, saved: int, now: int) -> str | None:
 
 def ensure_universal(step_dir: Path, rank: int) -> Path:
     """Collective: rank 0 converts <step>/deepspeed/ into <step>/universal/ once (atomically:
-    a temporary folder renamed when complete); every rank returns it or raises rank 0's error."""
+    a temporary folder renamed when complete); every rank returns it or raises rank 0's error:
+    NotConvertible when DeepSpeed cannot convert the checkpoint, OSError (same errno) when the
+    storage failed (full, quota, I/O error, read-only)."""
     import torch.distributed as dist
 
     target = step_dir / UNIVERSAL
-    error: list[str | None] = [None]
+    error: list[str | int | None] = [None, None]  # the message, the storage errno
     if rank == 0 and not target.is_dir():
         try:
             convert(step_dir / TAG, target)
+        except OSError as exc:
+            if exc.errno not in STORAGE_ERRNOS:
+                error[0] = _not_convertible(step_dir, exc)
+            else:
+                error[:] = [f"converting {step_dir / TAG} to {target}: {exc}", exc.errno]
         except Exception as exc:  # every rank must leave the collective below
-            stage = saved_stage(step_dir / TAG)
-            error[0] = (
-                f"DeepSpeed's ds_to_universal cannot convert the ZeRO-{stage} checkpoint "
-                f"{step_dir / TAG} ({type(exc).__name__}: {exc}); ZeRO-1, 2 and 3 in fp32 "
-                f"convert here: resume it on {saved_partitions(step_dir / TAG)} ranks"
-            )
+            error[0] = _not_convertible(step_dir, exc)
     if dist.is_initialized():
         dist.broadcast_object_list(error, src=0)
-    if error[0]:
-        raise NotConvertible(error[0])
+    message, storage_errno = error
+    if isinstance(storage_errno, int):
+        raise OSError(storage_errno, f"{os.strerror(storage_errno)}: {message}")
+    if message:
+        raise NotConvertible(str(message))
     return target
+
+
+def _not_convertible(step_dir: Path, exc: BaseException) -> str:
+    stage = saved_stage(step_dir / TAG)
+    return (
+        f"DeepSpeed's ds_to_universal cannot convert the ZeRO-{stage} checkpoint "
+        f"{step_dir / TAG} ({type(exc).__name__}: {exc}); ZeRO-1, 2 and 3 in fp32 "
+        f"convert here: resume it on {saved_partitions(step_dir / TAG)} ranks"
+    )
 
 
 def convert(ds_dir: Path, target: Path) -> None:
@@ -80,6 +103,8 @@ def convert(ds_dir: Path, target: Path) -> None:
         # Our engine records no Megatron-style universal_checkpoint_info: DeepSpeed adds it.
         inject_missing_state=True,
     )  # fmt: skip
-    ds_to_universal.main(args)
-    (scratch / target.name).rename(target)
-    shutil.rmtree(scratch)
+    try:
+        ds_to_universal.main(args)
+        (scratch / target.name).rename(target)
+    finally:  # a failed conversion (a full disk) must not leave its partial copy behind
+        shutil.rmtree(scratch, ignore_errors=True)

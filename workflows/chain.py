@@ -193,10 +193,7 @@ class Chain:
             if self.uses_slurm and "finetune" in records and first.stage == "pretrain":
                 self._submit_stage(records["finetune"], dependency=f"afterok:{first.job_ids[0]}")
         except BaseException:
-            self._cancel_submitted()
-            self._cancel_labels()
-            remove_run_dir(self.directory)
-            self.stages = {}
+            self._roll_back()
             raise
         self._save()
         return self
@@ -211,10 +208,35 @@ class Chain:
             print(f"labels for {stage}: {job.label_dir} (grid {labelset.grid_of(job.img_size)})",
                   flush=True)  # fmt: skip
 
-    def _cancel_labels(self) -> None:
+    def _roll_back(self) -> None:
+        """A submission that failed half way: cancel what was queued and remove the pipeline
+        directory; when a cancel fails, its jobs may still run and write there, so the
+        directory stays (pipeline.json names the jobs) and stderr says what to do."""
+        assert self.directory is not None
+        outcome = self._cancel_submitted()
+        labels_problem = self._cancel_labels()
+        if not outcome.startswith("jobs not cancelled") and labels_problem is None:
+            remove_run_dir(self.directory)
+            self.stages = {}
+            return
+        ids = [i for rec in self.stages.values() for i in rec.job_ids] + self.label_job_ids
+        try:
+            self._save()
+        except Exception as exc:  # the warning below still names the jobs
+            print(f"warning: could not record {runfiles.PIPELINE}: {exc}", file=sys.stderr)
+        print(
+            f"error: the submission failed and its jobs {' '.join(ids)} could not all be "
+            f"cancelled, so the pipeline directory {self.directory} is kept (they may run and "
+            f"write there): cancel them with `scancel {' '.join(ids)}`, then remove it",
+            file=sys.stderr,
+        )
+
+    def _cancel_labels(self) -> str | None:
+        """Cancel the labeling arrays; None when done (or none), else what scancel said."""
         problem = jobstate.scancel(self.label_job_ids)
         if problem:
             print(f"warning: labeling jobs left queued: {problem}", file=sys.stderr)
+        return problem
 
     @property
     def uses_slurm(self) -> bool:

@@ -7,14 +7,21 @@
 - enroot's runtime and data paths must be on node-local storage: unpacking a container onto
   NFS, Lustre, GPFS or CIFS is slow and breaks (pyxis #53, #87; enroot's enroot.conf documents
   the paths). They are read from enroot.conf as this host has it (login nodes usually share the
-  nodes' configuration), expanded as enroot does, and their file system asked of `findmnt`.
+  nodes' configuration), expanded as enroot does (variables, `${VAR:-default}`, `~`, and the
+  `$(id -u)`/`$(id -un)`/`$(whoami)`/`$(hostname)` substitutions; no shell runs the value), and
+  their file system asked of `findmnt`. A value that cannot be expanded here is reported as not
+  checked, never skipped silently.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import shutil
+import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +52,12 @@ def check(profile: Any) -> tuple[list[str], list[str]]:
     problem = squashfs_problem(container.image)
     if problem:
         problems.append(problem)
+    path = sqsh_path(container.image)
+    if path and os.path.isfile(path) and shutil.which("unsquashfs") is None:
+        done.append(f"NOT CHECKED: {path}'s squashfs superblock (unsquashfs is not installed here)")
+    for unchecked in enroot_paths_unchecked():
+        print(f"warning: {unchecked}", file=sys.stderr)
+        done.append(f"NOT CHECKED: {unchecked}")
     for key, path, fstype in enroot_paths_fs():
         if fstype in NETWORK_FS:
             problems.append(
@@ -65,8 +78,12 @@ def squashfs_problem(image: str) -> str | None:
         return None
     try:
         done = subprocess.run(["unsquashfs", "-s", path], capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        reason = "timed out after 60 s" if isinstance(exc, subprocess.TimeoutExpired) else exc
+        return (
+            f"container.image: {path} could not be checked (unsquashfs -s: {reason}); fix "
+            "unsquashfs (squashfs-tools) or the file system holding the image, then retry"
+        )
     if done.returncode == 0:
         return None
     return (
@@ -91,8 +108,12 @@ def enroot_conf() -> Path | None:
     return None
 
 
-def enroot_paths_fs() -> list[tuple[str, str, str]]:
-    """(key, expanded path, file system type) of enroot's runtime and data paths."""
+class ExpansionError(ValueError):
+    """An enroot.conf value this host cannot expand without running it."""
+
+
+def _enroot_values() -> list[tuple[str, str, Path]]:
+    """(key, raw value, enroot.conf) of the runtime and data paths."""
     conf = enroot_conf()
     if conf is None:
         return []
@@ -100,21 +121,79 @@ def enroot_paths_fs() -> list[tuple[str, str, str]]:
     for line in conf.read_text().splitlines():
         key, _, value = line.strip().partition(" ")
         if key in LOCAL_PATH_KEYS and value.strip():
-            path = _expand(value.strip())
-            if path:
-                out.append((key, path, filesystem_type(path)))
+            out.append((key, value.strip(), conf))
     return out
 
 
+def enroot_paths_fs() -> list[tuple[str, str, str]]:
+    """(key, expanded path, file system type) of enroot's runtime and data paths; those that
+    cannot be expanded are in `enroot_paths_unchecked`."""
+    out = []
+    for key, value, _ in _enroot_values():
+        try:
+            path = _expand(value)
+        except ExpansionError:
+            continue
+        out.append((key, path, filesystem_type(path)))
+    return out
+
+
+def enroot_paths_unchecked() -> list[str]:
+    """One line per enroot path whose value cannot be expanded here (so its file system is not
+    checked), naming the value and why."""
+    out = []
+    for key, value, conf in _enroot_values():
+        try:
+            _expand(value)
+        except ExpansionError as exc:
+            out.append(
+                f"enroot's {key} ({value!r} in {conf}) is not checked for node-local storage: "
+                f"{exc}; make sure it is on a local disk or tmpfs"
+            )
+    return out
+
+
+_SUBSTITUTIONS = {
+    "id -u": lambda: str(os.getuid()),
+    "id -g": lambda: str(os.getgid()),
+    "id -un": lambda: pwd.getpwuid(os.getuid()).pw_name,
+    "whoami": lambda: pwd.getpwuid(os.getuid()).pw_name,
+    "hostname": socket.gethostname,
+}
+_TOKEN = re.compile(
+    r"\$\(\s*(?P<cmd>[^()]*?)\s*\)"  # $(command)
+    r"|\$\{(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?-)(?P<default>[^{}$`]*))?\}"  # ${NAME}, ${NAME:-x}
+    r"|\$(?P<bare>[A-Za-z_]\w*)"  # $NAME
+)
+
+
 def _expand(value: str) -> str:
-    """The value as enroot expands it (`eval echo`), without the job's node or user variables."""
-    try:
-        done = subprocess.run(
-            ["bash", "-c", f"echo {value}"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
+    """The value as enroot expands it (`eval echo`), without running a shell: variables of this
+    environment, `${VAR:-default}`, a leading `~` and a few read-only commands. ExpansionError
+    for anything else (another command, backticks, an unset variable, nested expansions)."""
+
+    def one(m: re.Match[str]) -> str:
+        if m["cmd"] is not None:
+            run = _SUBSTITUTIONS.get(" ".join(m["cmd"].split()))
+            if run is None:
+                raise ExpansionError(f"it runs a command, $({m['cmd']}), that vitpod does not run")
+            return run()
+        name = m["name"] or m["bare"]
+        current = os.environ.get(name)
+        if m["op"] is not None and (current is None or (m["op"] == ":-" and not current)):
+            return m["default"]
+        if current is None:
+            raise ExpansionError(f"${name} is not set in this environment")
+        return current
+
+    expanded = _TOKEN.sub(one, value)
+    if any(c in expanded for c in "$`") or any(c in _TOKEN.sub("", value) for c in "$`\"'"):
+        raise ExpansionError("it has an expansion or quoting only a shell could evaluate")
+    if expanded == "~" or expanded.startswith("~/"):
+        expanded = str(Path(expanded).expanduser())
+    if not expanded.startswith("/"):
+        raise ExpansionError(f"it expands to {expanded!r}, not an absolute path")
+    return expanded
 
 
 def filesystem_type(path: str) -> str:

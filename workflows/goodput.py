@@ -8,7 +8,13 @@ from pathlib import Path
 
 from vitpod.analysis.goodput import Attempt, Ledger, assemble, container_seconds, read_rank0
 
-__all__ = ["Ledger", "attempts", "ledger"]
+__all__ = ["AccountingError", "Ledger", "attempts", "ledger"]
+
+INCOMPLETE = "INCOMPLETE"  # the first note of a ledger whose Slurm accounting could not be read
+
+
+class AccountingError(RuntimeError):
+    """sacct did not answer: the attempts (queue waits, requeues) are unknown, not absent."""
 
 
 def _epoch(stamp: str) -> float | None:
@@ -20,7 +26,8 @@ def _epoch(stamp: str) -> float | None:
 
 
 def attempts(job_ids: list[str]) -> list[Attempt]:
-    """Every start of the jobs, requeues included (sacct's --duplicates), oldest first."""
+    """Every start of the jobs, requeues included (sacct's --duplicates), oldest first;
+    AccountingError when sacct cannot be run or fails."""
     if not job_ids:
         return []
     try:
@@ -29,8 +36,13 @@ def attempts(job_ids: list[str]) -> list[Attempt]:
              "-o", "JobID,Submit,Start,End"],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return []
+    except subprocess.TimeoutExpired:
+        raise AccountingError("sacct did not answer within 30 s") from None
+    except OSError as exc:
+        raise AccountingError(f"sacct could not run ({exc})") from None
+    if out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise AccountingError(f"sacct failed (exit {out.returncode}: {why})")
     found: list[Attempt] = []
     seen: dict[str, int] = {}
     for line in out.stdout.splitlines():
@@ -44,7 +56,21 @@ def attempts(job_ids: list[str]) -> list[Attempt]:
 
 
 def ledger(run_dir: Path, job_ids: list[str]) -> Ledger:
-    return assemble(read_rank0(run_dir), attempts(job_ids), container_seconds(run_dir))
+    """The run's ledger; when sacct fails, the trainer's records alone, marked INCOMPLETE (its
+    first note says why) rather than passed off as a run without accounting."""
+    try:
+        found, problem = attempts(job_ids), None
+    except AccountingError as exc:
+        found, problem = [], exc
+    result = assemble(read_rank0(run_dir), found, container_seconds(run_dir))
+    if problem is not None:
+        note = f"{INCOMPLETE}: {problem}; queue wait and requeued attempts unknown, ask again later"
+        result.notes = [note, *(n for n in result.notes if not n.startswith("no Slurm accounting"))]
+    return result
+
+
+def is_complete(ledger: Ledger) -> bool:
+    return not any(n.startswith(INCOMPLETE) for n in ledger.notes)
 
 
 def pipeline_ledger(stages: list[tuple[Path, list[str]]]) -> Ledger:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -201,9 +202,18 @@ def write_new(path: Path, text: str) -> None:
         os.unlink(tmp)
 
 
+# A profile's name (Profile.name) and its file name: checked before anything asks the cluster.
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
 def create(ns: argparse.Namespace) -> Path:
     if not ns.name:
         raise ConfigError("NAME: give the new profile's name, e.g. make profile NAME=mysite")
+    if not _NAME.match(ns.name):
+        raise ConfigError(
+            f"NAME={ns.name!r}: a profile name is letters, digits, '_', '.' and '-' (no '/', "
+            "not starting with '.'); pick one such as NAME=mysite (--out chooses the file)"
+        )
     out = Path(ns.out).expanduser() if ns.out else PROFILE_DIR / f"{ns.name}.yaml"
     if out.exists():
         raise ConfigError(f"--out: {out} exists; never overwritten: pick another NAME or --out")

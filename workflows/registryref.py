@@ -16,6 +16,7 @@ import os
 import re
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
@@ -119,10 +120,11 @@ def check_manifest(ref: RegistryRef, password_env: str) -> str:
         method="HEAD",
         headers={"Authorization": f"Basic {token}", "Accept": MANIFEST_TYPES},
     )
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPSHandler(context=ssl.create_default_context()), _SameOriginAuth()
+    )
     try:
-        with urllib.request.urlopen(
-            request, timeout=CHECK_TIMEOUT_S, context=ssl.create_default_context()
-        ) as response:
+        with opener.open(request, timeout=CHECK_TIMEOUT_S) as response:
             return str(response.headers.get("Docker-Content-Digest") or ref.digest or "")
     except urllib.error.HTTPError as exc:
         raise ConfigError(_http_problem(exc.code, ref, where, password_env)) from None
@@ -138,6 +140,27 @@ def check_manifest(ref: RegistryRef, password_env: str) -> str:
             f"container.image: registry {ref.registry} is unreachable ({reason}); start it "
             "(make slurm-up for the local one) or fix the registry in the profile"
         ) from None
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    default = {"https": 443, "http": 80}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+
+
+class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
+    """Follow a registry's redirect, but send the credentials only to the origin they were
+    given for: urllib copies every header to the new URL, so another host (or port), or the
+    same host over plain http, would receive the Basic-auth password."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None:
+            if _origin(new.full_url) != _origin(req.full_url):
+                new.remove_header("Authorization")
+            if req.get_method() == "HEAD":
+                new.method = "HEAD"
+        return new
 
 
 def _http_problem(code: int, ref: RegistryRef, where: str, password_env: str) -> str:
