@@ -30,6 +30,10 @@ BIND = "bind.sh"
 SBATCH = "job.sbatch"
 LOCAL_SCRIPT = "job.sh"
 SUBMITIT = "submitit"
+REQUEUE_PROGRESS = "requeue-progress"
+"""One line `JOB NEWEST COUNT`, rewritten by the batch script's teardown at each requeue: the job,
+the newest complete checkpoint step then (-1: none) and how many requeues of that job in a row
+found no newer one (preemption.max_requeues_without_progress ends the requeues)."""
 
 CONFIG = "config.json"
 """The trainer's resolved arguments."""

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from vitpod.workflows.container import check_container_static
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile_container import UNSAFE_PATH, Container
+from vitpod.workflows.quantities import slurm_minutes
 from vitpod.workflows.schema import Strict, describe
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -191,6 +192,10 @@ class Preemption(Strict):
     signal: Literal["USR2", "TERM"] = "USR2"
     grace_s: int = Field(default=120, ge=10, le=65535)
     requeue: bool = True
+    max_requeues_without_progress: int = Field(
+        default=3, ge=0, le=1000,
+        description="requeues in a row whose start wrote no new complete checkpoint, then stop",
+    )  # fmt: skip
 
 
 class Profile(Strict):
@@ -279,7 +284,22 @@ class Profile(Strict):
                 )
         if self.scheduler == "local" and self.container is not None:
             raise ValueError("container: a local profile runs without a container; remove it")
+        self._grace_below_limits()
         return self
+
+    def _grace_below_limits(self) -> None:
+        """Slurm signals grace_s before the time limit: at or above it every start would be
+        signalled before its first step, and requeued again and again (time 0: no limit)."""
+        grace = self.preemption.grace_s
+        for stage, part in self.partitions.items():
+            limit_s = slurm_minutes(part.time) * 60
+            if self.scheduler == "slurm" and 0 < limit_s <= grace:
+                raise ValueError(
+                    f"preemption.grace_s={grace} is not below partitions.{stage}.time="
+                    f"{part.time!r} ({limit_s} s): Slurm would signal every start before its "
+                    f"first step; set preemption.grace_s below {limit_s} (a checkpoint save "
+                    f"plus a margin) or raise partitions.{stage}.time"
+                )
 
     def partition(self, stage: str) -> Partition:
         part = self.partitions.get(stage)  # type: ignore[call-overload]

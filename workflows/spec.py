@@ -360,9 +360,12 @@ def launch_for(spec: JobSpec) -> Launch:
     setup = render("partials/env.sh.j2", context).strip("\n").splitlines()
     setup += doctor_step.setup_lines(profile, spec.stage, spec.run_dir)
     setup += _container_start_lines(spec, srun_args)
-    teardown = render(
-        "partials/teardown.sh.j2", {"spec": spec, "enroot_dir": runfiles.ENROOT_CONFIG}
-    )
+    teardown = render("partials/teardown.sh.j2", {
+        "spec": spec, "enroot_dir": runfiles.ENROOT_CONFIG,
+        "checkpoints": str(Path(spec.run_dir) / runfiles.CHECKPOINTS),
+        "commit": runfiles.CHECKPOINT_COMMIT,
+        "progress_file": str(Path(spec.run_dir) / runfiles.REQUEUE_PROGRESS),
+    })  # fmt: skip
     teardown_lines = teardown.strip("\n").splitlines()
     bind = render(
         "bind.sh.j2",

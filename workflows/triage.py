@@ -89,6 +89,11 @@ RULES: tuple[Rule, ...] = (
     Rule("node failure",
          "resubmit (the checkpoints resume it); exclude the node if it fails again",
          _re(r"DUE TO NODE FAIL"), frozenset({"NODE_FAIL"})),
+    Rule("requeue stopped: starts in a row were preempted without a new checkpoint",
+         "lower the profile's preemption.grace_s or raise the partition's time so that a start "
+         "reaches a checkpoint (or checkpoint more often, --checkpoint-every); then "
+         "make resume RUN=<run dir> (preemption.max_requeues_without_progress sets the bound)",
+         _re(r"vitpod: error: not requeueing job")),
     Rule("preempted (exit 75)",
          "nothing to fix: the job checkpointed and is requeued; without requeue resubmit the "
          "run's job.sbatch and it resumes from the newest checkpoint",
