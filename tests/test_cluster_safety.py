@@ -34,10 +34,19 @@ def hostile_args(canary: Path) -> list[str]:
         "--token-label-data",
         f'it\'s "quoted" && touch {c}',
         "--aa",
-        f"line1\ntouch {c}",
-        "--aa",
         "with  two   spaces",
     ]
+
+
+def test_a_newline_in_args_is_refused_before_anything_is_written(tmp_path: Path, capsys) -> None:
+    canary = tmp_path / "CANARY"
+    root = tmp_path / "runs"
+    status = cli.main(["render", "--cluster", "localslurm", "--model", "volo_tiny",
+                       "--args", shlex.join(["--aa", f"line1\ntouch {canary}"]),
+                       "--run-root", str(root)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2 and "contains a newline" in err and len(err.strip().splitlines()) == 1
+    assert not root.exists() and not canary.exists()
 
 
 def hostile_root(tmp_path: Path, canary: Path) -> Path:

@@ -59,6 +59,26 @@ def test_resume_mid_epoch_is_exact(tp_run: Path, digits_dir: Path) -> None:
     assert_same(final(run), final(tp_run))
 
 
+@pytest.mark.parametrize("damage", ["metadata_missing", "shard_cut"])
+def test_a_damaged_newest_sharded_checkpoint_resumes_from_the_one_before(
+    tp_run: Path, digits_dir: Path, damage: str
+) -> None:
+    """Step 10's DCP files damaged on disk (its .metadata gone, or its largest shard cut in
+    half): the resume skips it, goes on from step 5 and ends where the uninterrupted run did."""
+    run = from_checkpoint(tp_run, 5, tp_run.parent / f"damaged_{damage}")
+    from_checkpoint(tp_run, 10, run)
+    dcp_dir = run / "checkpoints" / "step_000000010" / "dcp"
+    if damage == "metadata_missing":
+        (dcp_dir / ".metadata").unlink()
+    else:
+        shard = max(dcp_dir.glob("*.distcp"), key=lambda p: p.stat().st_size)
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    train(4, run, digits_dir, 10, "--tp", "2")
+    log = logs(run.parent / f"logs-{run.name}")
+    assert "skipping checkpoint" in log and "step_000000005" in log.split("resumed from")[1]
+    assert_same(final(run), final(tp_run))
+
+
 def trained_after_load(
     source: Path, work: Path, digits: Path, *flags: str, loader_restarts: bool
 ) -> None:

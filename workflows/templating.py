@@ -19,10 +19,12 @@ from typing import Any
 
 import jinja2
 
+from vitpod.workflows.errors import ConfigError
+
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"  # the `templates` package
 
 
-class UnsafeValue(ValueError):
+class UnsafeValue(ConfigError):
     """A value no quoting can carry into the script; `render` adds the field's name."""
 
 
