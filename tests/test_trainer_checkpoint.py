@@ -116,7 +116,8 @@ DAMAGE = {
     "no_commit": (lambda d: (d / "COMMIT.json").unlink(), "no COMMIT.json"),
     "malformed_commit": (lambda d: (d / "COMMIT.json").write_text("{"), "COMMIT.json unreadable"),
     "sidecar_without_sha": (
-        lambda d: (d / "rank0.json").write_text(json.dumps({"step": 20})), "rank0.json: 12 bytes"
+        lambda d: (d / "rank0.json").write_text(json.dumps({"step": 20})),
+        "rank0.json: 12 bytes",
     ),
     "commit_entry_without_sha": (lambda d: _drop_sha(d / "COMMIT.json"), "malformed entry"),
 }
@@ -185,7 +186,8 @@ def test_every_file_records_its_job_and_start(tmp_path: Path, monkeypatch) -> No
         record = json.loads((ck.step_dir(7) / name).read_text())
         assert (record["job_id"], record["restart"], record["launch"]) == ("4242", 3, "abc")
     assert set(json.loads((ck.step_dir(7) / "COMMIT.json").read_text())["files"]) == {
-        "rank0.pt", "rank0.json"
+        "rank0.pt",
+        "rank0.json",
     }
 
 
@@ -281,3 +283,37 @@ def test_checkpointed_moments_keep_the_weights_layout_and_fused_adamw_stays_exac
     assert not torch.equal(_adamw_two_steps(contiguous_moments), straight)  # the bug, shown
     mended = _adamw_two_steps(lambda o: (contiguous_moments(o), match_state_layout(o)))
     assert torch.equal(mended, straight)
+
+
+def test_a_finetune_source_changed_on_disk_is_refused(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    small = create_model("volo_tiny", 32, 10, 0.0)
+    model_file = save_final(
+        tmp_path / "run", small.state_dict(), model_manifest("volo_tiny", 32, 10)
+    )
+    _flip(model_file)
+    with pytest.raises(ModelLoadError, match="does not match the sha256"):
+        load_finetune(create_model("volo_tiny", 64, 5, 0.0), str(tmp_path / "run"), "volo_tiny")
+
+
+def test_a_failed_directory_fsync_is_raised(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import os
+
+    from vitpod.registry import io
+
+    real_fsync = os.fsync
+
+    def eio_on_directories(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", eio_on_directories)
+    with pytest.raises(OSError, match="Input/output error"):
+        io.fsync_dir(tmp_path)
+    ck = Checkpointer(tmp_path / "ck", rank=0, world_size=1)
+    ck.save(1, 0, state(1))
+    with pytest.raises(RuntimeError, match="Input/output error"):
+        ck.wait()
+    assert ck.latest_valid() is None  # never reported as saved

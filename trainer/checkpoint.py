@@ -249,9 +249,7 @@ class Checkpointer:
         reason: list[str | None] = [None]
         if self.rank == 0:
             problem = self.verify(directory)
-            reason[0] = (
-                f"--resume {directory}: {problem}" if problem else self._refusal(directory)
-            )
+            reason[0] = f"--resume {directory}: {problem}" if problem else self._refusal(directory)
         if dist.is_initialized():
             dist.broadcast_object_list(reason, src=0)
         if reason[0]:
