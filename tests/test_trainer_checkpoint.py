@@ -317,3 +317,29 @@ def test_a_failed_directory_fsync_is_raised(tmp_path: Path, monkeypatch) -> None
     with pytest.raises(RuntimeError, match="Input/output error"):
         ck.wait()
     assert ck.latest_valid() is None  # never reported as saved
+
+
+@pytest.mark.parametrize("wrapper", ["state_dict", "state_dict_ema", "model", "bare"])
+def test_finetune_reads_checkpoints_other_scripts_write(tmp_path: Path, wrapper: str) -> None:
+    """timm's train.py `model_best.pth.tar` (weights under `state_dict`, DDP's `module.` prefix,
+    its argparse Namespace beside them), its EMA copy, a DeiT-style `model`, a bare state dict."""
+    import argparse
+
+    torch.manual_seed(0)
+    small = create_model("volo_tiny", 32, 10, 0.0)
+    weights = {f"module.{k}": v for k, v in small.state_dict().items()}
+    saved = weights if wrapper == "bare" else {
+        "epoch": 3, "arch": "volo_tiny", wrapper: weights, "optimizer": {"state": {}},
+        "args": argparse.Namespace(model="volo_tiny", lr=1e-3),
+    }  # fmt: skip
+    torch.save(saved, tmp_path / "model_best.pth.tar")
+    big = create_model("volo_tiny", 64, 10, 0.0)
+    assert load_finetune(big, str(tmp_path / "model_best.pth.tar"), "volo_tiny") == []
+    assert torch.equal(big.patch_embed.conv[0].weight, small.patch_embed.conv[0].weight)
+
+
+def test_a_checkpoint_without_weights_gets_its_own_message(tmp_path: Path) -> None:
+    torch.save({"epoch": 3, "optimizer": {"state": {}}}, tmp_path / "opt_only.pth")
+    with pytest.raises(ModelLoadError, match="none of the keys weights are kept under"):
+        load_finetune(create_model("volo_tiny", 32, 10, 0.0), str(tmp_path / "opt_only.pth"),
+                      "volo_tiny")  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -82,11 +83,37 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
                 f"records ({found[:12]} != {manifest['sha256'][:12]}): the file changed on disk "
                 "after it was written; take the run's newest checkpoint or retrain"
             )
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-        state = state["model"]
-    state = {k.removeprefix("module."): v for k, v in state.items()}
-    return state, manifest
+    # timm's train.py saves its argparse Namespace beside the weights: allowed, nothing else.
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        loaded = torch.load(file, map_location="cpu", weights_only=True)
+    return unwrap_state_dict(loaded, path), manifest
+
+
+WRAPPERS = ("state_dict", "model", "state_dict_ema", "model_ema")
+"""Keys a training script keeps the weights under, in the order taken (timm's train.py writes
+`state_dict` and, with --model-ema, `state_dict_ema`; DeiT-style scripts write `model`)."""
+PREFIXES = ("module.", "_orig_mod.")  # DDP/DataParallel, torch.compile
+
+
+def unwrap_state_dict(loaded: Any, path: str) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint file, whatever script wrote it; a wrapper that holds none
+    gets its own message (not 'weights are not a <model>')."""
+    if not isinstance(loaded, dict):
+        raise ModelLoadError(f"--finetune {path}: holds a {type(loaded).__name__}, not weights")
+    if not any(isinstance(v, torch.Tensor) for v in loaded.values()):
+        key = next((k for k in WRAPPERS if isinstance(loaded.get(k), dict)), None)
+        if key is None:
+            raise ModelLoadError(
+                f"--finetune {path}: a dict of {sorted(map(str, loaded))[:8]} with no tensors "
+                f"and none of the keys weights are kept under ({', '.join(WRAPPERS)})"
+            )
+        loaded = loaded[key]
+    state = {}
+    for name, value in loaded.items():
+        for prefix in PREFIXES:
+            name = name.removeprefix(prefix)
+        state[name] = value
+    return state
 
 
 def load_finetune(model: nn.Module, path: str, model_name: str) -> list[str]:
