@@ -8,6 +8,9 @@ CLUSTER ?= local
 STAGE ?= pretrain
 MODEL ?=
 NODES ?=
+TIME ?=
+FT_NODES ?=
+FT_TIME ?=
 ARGS ?=
 FINETUNE_FROM ?=
 RUN ?=
@@ -30,8 +33,8 @@ NAME ?=
 PARTITIONS ?=
 OFFLINE ?=
 CANCEL ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL VENV
-export CLUSTER STAGE MODEL NODES ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
+VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL VENV
+export CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -44,14 +47,16 @@ WF := $(PY) -m vitpod.workflows
 FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 # OFFLINE=1: render/preflight without asking Slurm (a submission refuses it).
 OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
-STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS"
+STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --time "$$TIME" --args="$$ARGS"
+# FT_NODES/FT_TIME are the fine-tune stage's of `make pipeline`; one stage takes NODES/TIME.
+FT_ONLY = $(if $(FT_NODES)$(FT_TIME),$(error FT_NODES/FT_TIME set the fine-tune of make pipeline; make $@ runs one stage: use NODES= and TIME=))
 
 .PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
         container slurm-up slurm-down bench calibrate token-labels shards profile doctor
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight: 1 = skip the Slurm checks) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first)"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) FT_NODES= FT_TIME= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first)"
 
 setup:
 	bash scripts/setup.sh
@@ -68,16 +73,16 @@ lint:
 	$(PY) -m mypy .cache/typecheck/vitpod
 
 render:
-	$(WF) render --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
+	$(FT_ONLY)$(WF) render --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 preflight:
-	$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
+	$(FT_ONLY)$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 pretrain:
-	$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG)
+	$(FT_ONLY)$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG)
 
 finetune:
-	$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
+	$(FT_ONLY)$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 # RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch (workflows/resume.py).
 # CANCEL=1: cancel the run's job still pending or running first (resume refuses otherwise).
@@ -85,7 +90,8 @@ resume:
 	$(WF) resume --run "$$RUN" --nodes "$$NODES" $(if $(filter-out 0,$(CANCEL)),--cancel-running)
 
 pipeline:
-	$(WF) pipeline $(STAGE_ARGS) --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT"
+	$(WF) pipeline $(STAGE_ARGS) --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" \
+	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG)
 
 demo:
 	$(WF) demo --cluster "$$CLUSTER" $(if $(TOKEN_LABELS),--token-labels)

@@ -12,6 +12,9 @@ from vitpod.registry.models import param_count, param_parts, stage_bounds
 PRECISIONS = ("fp32", "amp", "half")
 """fp32: everything fp32. amp: torch.amp autocast (fp32 weights, half activations). half:
 DeepSpeed fp16/bf16 (half weights and gradients, fp32 master copy in the optimizer)."""
+AMP_DTYPES = (None, "bf16", "fp16")
+"""The half dtype of amp/half (vitpod.registry.gpus chooses it from the GPU). Both take 2 bytes
+per element; fp16's dynamic loss scaling adds one scale tensor and no per-parameter bytes."""
 ZERO_STAGES = (0, 1, 2, 3)
 GIB = 1024**3
 
@@ -52,9 +55,11 @@ class MemoryEstimate:
         return {**asdict(self), "total": self.total}
 
 
-def _check(precision: str, zero: int, gpus: int, batch: int) -> None:
+def _check(precision: str, zero: int, gpus: int, batch: int, amp_dtype: str | None) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"--precision must be one of {PRECISIONS}, got {precision!r}")
+    if amp_dtype not in AMP_DTYPES:
+        raise ValueError(f"amp_dtype must be one of {AMP_DTYPES}, got {amp_dtype!r}")
     if zero not in ZERO_STAGES:
         raise ValueError(f"--zero-stage must be one of {ZERO_STAGES}, got {zero!r}")
     if gpus < 1:
@@ -77,6 +82,7 @@ def estimate(
     fsdp: bool = False,
     micro_batches: int = 1,
     schedule: str = "1f1b",
+    amp_dtype: str | None = None,
 ) -> MemoryEstimate:
     """Per-GPU memory for micro-batch `batch` with AdamW under ZeRO stage `zero` on `gpus` GPUs.
 
@@ -90,10 +96,14 @@ def estimate(
     gradients, ZeRO-3 also weights. Plain DDP (stage 0, several GPUs) keeps gradient buckets as
     large as the gradients (gradient_as_bucket_view=False, the default).
     """
-    _check(precision, zero, gpus, batch)
+    _check(precision, zero, gpus, batch, amp_dtype)
     if mesh is not None:
-        return _mesh_estimate(model, img_size, batch, precision, zero, checkpointing, num_classes,
-                          token_label, mesh, fsdp, micro_batches, schedule)  # fmt: skip
+        found = _mesh_estimate(
+            model, img_size, batch, precision, zero, checkpointing, num_classes, token_label,
+            mesh, fsdp, micro_batches, schedule,
+        )  # fmt: skip
+        found.settings["amp_dtype"] = amp_dtype
+        return found
     params = param_count(model, img_size, num_classes)
     half = precision == "half"
     weights, grads, optim = params * (2 if half else 4), params * (2 if half else 4), params * 8
@@ -114,6 +124,7 @@ def estimate(
             "img_size": img_size,
             "batch": batch,
             "precision": precision,
+            "amp_dtype": amp_dtype,
             "zero": zero,
             "gpus": gpus,
             "checkpointing": checkpointing,

@@ -74,6 +74,27 @@ class Costs(_Record):
     """'profile fabric', or the calibration it used ('calibration of DATE, job ID')."""
 
 
+class Precision(_Record):
+    """The autocast dtype the ranks run, decided once from the node type's GPU, and why."""
+
+    dtype: Literal["fp32", "bf16", "fp16"]
+    """fp32: no autocast (no --amp); else torch.amp's autocast dtype (--amp-dtype)."""
+    loss_scaling: Literal["none", "dynamic"] = "none"
+    """'dynamic': fp16's loss scaling (GradScaler, DeepSpeed's fp16 scaler): a step whose
+    gradients hold inf/NaN is skipped and the scale halved."""
+    gpu: str | None = None
+    """The node type's GPU model (None: a CPU node type)."""
+    source: Literal["gpu", "flags", "default"] = "gpu"
+    """'gpu': chosen from the GPU; 'flags': --amp-dtype in ARGS or the recipe; 'default': no
+    GPU to choose by (the trainer's default), or no autocast."""
+    reason: str = ""
+
+    def line(self) -> str:
+        """One line: the autocast dtype, its loss scaling and why."""
+        scaling = ", dynamic loss scaling" if self.loss_scaling == "dynamic" else ""
+        return f"precision: {self.dtype}{scaling} ({self.source}): {self.reason}"
+
+
 class Data(_Record):
     data_dir: str | None = None
     token_label_data: str | None = None
@@ -95,6 +116,8 @@ class Decision(_Record):
     image: dict[str, Any] | None = None
     data: Data = Data()
     memory: dict[str, Any] = {}
+    precision: Precision | None = None
+    """None in records written before the planner chose the dtype."""
 
     def log_line(self) -> str:
         """One line for the job log: the engine, why, and its predicted cost."""

@@ -101,6 +101,11 @@ def _mesh_problems(cfg: TrainConfig) -> list[str]:
         out.append("--deepspeed and --fsdp/--tp/--pp both shard the model; drop one")
     if cfg.uses_mesh and cfg.topology == "ps":
         out.append("--topology ps applies to DDP only; drop it with --fsdp/--tp/--pp")
+    if cfg.uses_mesh and cfg.use_amp and cfg.amp_dtype == "fp16":
+        out.append(
+            "--amp-dtype fp16 with --fsdp/--tp/--pp: the mesh engine has no loss scaling (fp16 "
+            "needs it); use --deepspeed or DDP (ring/ps) on GPUs without bf16, or bf16 GPUs"
+        )
     if (cfg.tp > 1 or cfg.pp > 1) and not cfg.model.startswith(("vit_", "volo")):
         out.append(f"--tp/--pp: no parallel plan for --model {cfg.model}; use a vit_* or volo_*")
     if cfg.pp > 1 and not cfg.model.startswith("vit_"):

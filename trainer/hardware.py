@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from vitpod.registry.gpus import BF16_MIN_CAPABILITY, bf16_native
+
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 FP8_MIN_CAPABILITY = (8, 9)  # Ada (sm_89) and Hopper (sm_90) have float8 tensor cores
 
@@ -67,6 +69,29 @@ def bf16_cpu_warning(device: torch.device, dtype: torch.dtype | None, flags: set
         "bf16 autocast on a CPU without avx512_bf16/amx_bf16 is emulated and many times slower "
         "than fp32 (timm train.py: ~9 min for 10 vit_small steps); drop --amp for fp32"
     )
+
+
+def bf16_problem(device: torch.device, capability: tuple[int, int] | None = None) -> str:
+    """Why bf16 autocast should not run on `device` ('' if it may): a GPU older than compute
+    capability 8.0 (V100, T4) has no bf16 tensor cores (torch would emulate it, slowly)."""
+    if device.type != "cuda":
+        return ""
+    major, minor = capability or torch.cuda.get_device_capability(device)
+    if bf16_native((major, minor)):
+        return ""
+    need = ".".join(map(str, BF16_MIN_CAPABILITY))
+    return (
+        f"--amp-dtype bf16: this GPU ({_device_name(device)}) has compute capability "
+        f"{major}.{minor}, bf16 tensor cores need >= {need}; use --amp-dtype fp16 (dynamic loss "
+        "scaling)"
+    )
+
+
+def _device_name(device: torch.device) -> str:
+    try:
+        return torch.cuda.get_device_name(device)
+    except (RuntimeError, AssertionError):
+        return "cuda"
 
 
 def fp8_problem(device: torch.device, capability: tuple[int, int] | None = None) -> str:

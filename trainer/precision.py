@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vitpod.trainer.hardware import bf16_cpu_warning, cpu_flags
+from vitpod.trainer.config import ConfigError
+from vitpod.trainer.hardware import bf16_cpu_warning, bf16_problem, cpu_flags
 
 log = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -42,6 +43,10 @@ def make_precision(
     if apex_amp:
         log.info("--apex-amp: apex.amp no longer exists upstream; using torch.amp (%s)", amp_dtype)
     dtype = DTYPES[amp_dtype] if (amp or apex_amp) else None
+    if dtype is torch.bfloat16 and (problem := bf16_problem(device)):
+        raise ConfigError(problem)
+    # fp16: dynamic loss scaling; a step whose gradients hold inf/NaN is skipped and the scale
+    # halved (GradScaler also runs on CPU, so the path is tested without a GPU).
     scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
     if warning := bf16_cpu_warning(device, dtype, cpu_flags()):
         log.warning(warning)

@@ -31,6 +31,7 @@ from vitpod.workflows.rundir import (
     write_atomic,
     write_json,
 )
+from vitpod.workflows.stageres import StageResources, write_rendered
 from vitpod.workflows.submission import materialize
 
 STAGES = ("pretrain", "finetune")
@@ -62,8 +63,10 @@ class StageRecord:
 class Chain:
     """Pretrain on one partition, then finetune from its final model on another, via submitit.
 
-    >>> run = Chain(cluster="dgxpod", model="volo_d5", nodes=5).submit()
+    >>> run = Chain(cluster="dgxpod", model="volo_d5", nodes=5, finetune_nodes=2).submit()
     >>> run.status(); run.wait(timeout=3600)
+
+    Per-stage nodes/time: workflows/stageres.py. offline=True: plan()/render() ask Slurm nothing.
 
     Slurm profiles: the finetune is submitted at once with `dependency=afterok:<pretrain>`, so
     it starts only after the pretrain really completed (requeues included). The local profile
@@ -87,9 +90,17 @@ class Chain:
         teacher: str = "",
         teacher_checkpoint: str = "",
         label_shards: str | int = "",
+        time: str = "",
+        finetune_nodes: int | str | None = None,
+        finetune_time: str = "",
+        offline: bool = False,
     ) -> None:
         self.cluster, self.model = cluster, model
-        self.nodes = "" if nodes is None else str(nodes)
+        self.resources = StageResources(
+            "" if nodes is None else str(nodes), time,
+            "" if finetune_nodes is None else str(finetune_nodes), finetune_time,
+        )  # fmt: skip
+        self.offline = offline
         self.stage_args = {
             "pretrain": " ".join(a for a in (args, pretrain_args) if a),
             "finetune": " ".join(a for a in (args, finetune_args) if a),
@@ -116,7 +127,8 @@ class Chain:
 
     # ---- planning: everything validated, nothing written
     def plan(self) -> dict[str, StageRecord]:
-        """Plan every stage and run the whole preflight; raises ConfigError, writes nothing."""
+        """Plan every stage and run the whole preflight; raises ConfigError, writes nothing.
+        Offline: only the checks that need no cluster (as `make render`)."""
         profile = load_profile(self.cluster)
         model = profile.model_for(self.model)
         directory = new_run_path(runs_root(profile, self.run_root), model, "pipeline")
@@ -126,16 +138,27 @@ class Chain:
             chained = stage == "finetune" and not self.finetune_from
             source = self.finetune_from or str(directory / "pretrain")
             req = Request(
-                cluster=self.cluster, model=model, stage=stage, nodes=self.nodes,
+                cluster=self.cluster, model=model, stage=stage,
+                **self.resources.request(stage, profile, "pretrain" in self.wanted),
                 args=self.stage_args[stage], run_dir=directory / stage, entry=self.entry,  # type: ignore[arg-type]
                 finetune_from=source if stage == "finetune" else "",
             )  # fmt: skip
             plan = plan_job(req)
             pending = self._plan_labels(plan, directory)
-            preflight.check(plan, chained=chained, labels_pending=pending)
+            if not self.offline:
+                preflight.check(plan, chained=chained, labels_pending=pending)
             records[stage] = StageRecord(stage, plan)
         self.directory = directory
         return records
+
+    def render(self) -> dict[str, Path]:
+        """Plan, then write every stage's run directory; nothing submitted (OFFLINE=1)."""
+        records = self.plan()
+        assert self.directory is not None
+        written = write_rendered(self.directory, self.label_jobs, records, self._manifest)
+        self.stages = records
+        self._save()
+        return written
 
     def _plan_labels(self, plan: JobPlan, directory: Path) -> bool:
         """Token labels for a stage: reuse them when they pass the checks against the data set
@@ -176,6 +199,9 @@ class Chain:
         """Validate both stages, create their run directories, and submit."""
         if self.stages:
             raise RuntimeError("this chain was already submitted; create a new Chain")
+        if self.offline:
+            raise ConfigError("offline=True (OFFLINE=1) renders only: a submission needs "
+                              "Slurm's answer; drop OFFLINE=1 (or call render())")  # fmt: skip
         records = self.plan()
         assert self.directory is not None
         self.directory.parent.mkdir(parents=True, exist_ok=True)
@@ -288,6 +314,7 @@ class Chain:
             "cluster": self.cluster,
             "model": self.model,
             "executor": "slurm" if self.uses_slurm else "local",
+            "offline": self.offline,
             "updated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "labels": {
                 stage: {
@@ -303,6 +330,9 @@ class Chain:
                     "job_ids": rec.job_ids,
                     "state": rec.state,
                     "engine": rec.decision.engine.name if rec.decision else None,
+                    "partition": rec.plan.spec.partition,
+                    "nodes": rec.plan.spec.nodes,
+                    "time": rec.plan.spec.time,
                 }
                 for name, rec in self.stages.items()
             },

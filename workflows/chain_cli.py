@@ -8,6 +8,7 @@ import sys
 
 from vitpod.registry import runfiles
 from vitpod.workflows.chain import Chain, ChainError
+from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
 from vitpod.workflows.rundir import write_json
 
@@ -15,7 +16,10 @@ from vitpod.workflows.rundir import write_json
 def build_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog="python -m vitpod.workflows pipeline", description=__doc__,
-        parents=[request_flags("cluster", "model", "nodes", "args", "timeout",
+        parents=[request_flags("cluster", "model", "nodes", "time", "args", "timeout",
+                               nodes="node count of every stage (a fine-tune partition with "
+                               "fewer nodes keeps its own count)",
+                               time="Slurm time limit of every stage",
                                args="extra trainer flags for both stages")],
     )  # fmt: skip
 
@@ -26,8 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--teacher", default="", help="make missing token labels with this teacher")
     parser.add_argument("--teacher-checkpoint", default="", help="weights of a timm-name teacher")
     parser.add_argument("--wait", action="store_true", help="wait for the end (Slurm profiles)")
+    parser.add_argument(
+        "--finetune-nodes", default="", help="the fine-tune's node count (FT_NODES)"
+    )
+    parser.add_argument("--finetune-time", default="", help="the fine-tune's time limit (FT_TIME)")
+    parser.add_argument(
+        "--offline", action="store_true",
+        help="write every stage's script into the pipeline directory, ask Slurm nothing, "
+        "submit nothing (make OFFLINE=1)",
+    )  # fmt: skip
     ns = parser.parse_args(argv)
-    run = Chain(
+    chain = Chain(
         ns.cluster,
         ns.model,
         ns.nodes or None,
@@ -35,7 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         finetune_from=ns.finetune_from or None,
         teacher=ns.teacher,
         teacher_checkpoint=ns.teacher_checkpoint,
-    ).submit()
+        time=ns.time,
+        finetune_nodes=ns.finetune_nodes or None,
+        finetune_time=ns.finetune_time,
+        offline=ns.offline,
+    )
+    if ns.offline:
+        if ns.wait:
+            raise ConfigError("--wait with --offline (OFFLINE=1): nothing is submitted; drop one")
+        return _render(chain)
+    run = chain.submit()
     assert run.directory is not None
     if ns.wait or not run.uses_slurm:
         try:
@@ -50,4 +72,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"status: make status RUN={run.directory}")
     print(run.directory)
+    return 0
+
+
+def _render(chain: Chain) -> int:
+    """OFFLINE=1: every stage's run directory written, its script's path printed."""
+    written = chain.render()
+    for name, script in written.items():
+        rec = chain.stages.get(name)
+        if rec is not None:
+            spec = rec.plan.spec
+            line = f"{name}: {spec.nodes} node(s) on partition {spec.partition}, time {spec.time}"
+            if rec.decision is not None and rec.decision.precision is not None:
+                line += f"; {rec.decision.precision.line()}"
+            print(line)
+        print(f"{name}: {script}")
+    print(f"pipeline directory (offline: rendered, nothing submitted): {chain.directory}")
     return 0

@@ -42,7 +42,7 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
     """Arguments of render/preflight/submit; an empty string (from make) means 'not given'."""
     p = argparse.ArgumentParser(
         prog=f"python -m vitpod.workflows {prog}",
-        parents=[request_flags("stage", "cluster", "model", "nodes", "args", "run-root",
+        parents=[request_flags("stage", "cluster", "model", "nodes", "time", "args", "run-root",
                                nodes="override the stage partition's node count",
                                args="extra trainer flags, shell-quoted")],
     )  # fmt: skip
@@ -63,7 +63,8 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
 
 def request(ns: argparse.Namespace) -> Request:
     return Request(
-        cluster=ns.cluster, model=ns.model, stage=ns.stage, nodes=ns.nodes, args=ns.args,
+        cluster=ns.cluster, model=ns.model, stage=ns.stage, nodes=ns.nodes, time=ns.time,
+        args=ns.args,
         finetune_from=ns.finetune_from, dependency=ns.dependency, run_root=ns.run_root,
         entry=ns.entry,
     )  # fmt: skip
@@ -72,6 +73,8 @@ def request(ns: argparse.Namespace) -> Request:
 def _print_decisions(plan: JobPlan) -> None:
     if plan.decision is not None:
         print(plan.decision.log_line())
+        if plan.decision.precision is not None:
+            print(plan.decision.precision.line())
     mem = plan.memory
     if mem.get("checked"):
         gib = 1024**3

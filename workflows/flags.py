@@ -16,6 +16,7 @@ REQUEST_FLAGS: dict[str, dict[str, Any]] = {
     },  # fmt: skip
     "stage": {"default": "pretrain", "choices": ("pretrain", "finetune")},
     "nodes": {"default": "", "help": "node count (default: the stage partition's)"},
+    "time": {"default": "", "help": "Slurm time limit (default: the stage partition's)"},
     "args": {"default": "", "help": "extra flags for the ranks, shell-quoted"},
     "run-root": {"default": "", "help": f"override storage.runs (or ${RUN_ROOT_ENV})"},
     "timeout": {"type": float, "default": None, "help": "seconds to wait at most"},

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import runfiles
+from vitpod.registry import gpus, runfiles
 from vitpod.registry.decision import (
     Data,
     Decision,
     Engine,
     Layout,
+    Precision,
     Resources,
     engine_named_by_flags,
 )
@@ -23,7 +24,8 @@ from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.flags import parse_args
 from vitpod.workflows import noderange, preflight, topology
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import Profile, load_profile, profile_path
+from vitpod.workflows.profile import NodeType, Profile, load_profile, profile_path
+from vitpod.workflows.quantities import slurm_minutes
 from vitpod.workflows.recipe import Recipe, load_recipe
 from vitpod.workflows.rundir import (
     check_path_safe,
@@ -46,6 +48,11 @@ class Request:
     model: str = ""
     stage: str = "pretrain"
     nodes: int | str | None = None
+    nodes_name: str = "NODES"
+    """How errors name the node count (a pipeline's fine-tune: FT_NODES)."""
+    time: str = ""
+    """Slurm time limit of this job (TIME=, a pipeline's FT_TIME=); empty: the partition's."""
+    time_name: str = "TIME"
     args: str = ""
     """ARGS: trainer flags as one shell-quoted string (user input)."""
     tool_args: tuple[str, ...] = ()
@@ -106,6 +113,7 @@ class JobPlan:
             },
             "overrides": {
                 "nodes": req.nodes,
+                "time": req.time,
                 "args": req.args,
                 "finetune_from": req.finetune_from,
             },  # fmt: skip
@@ -149,7 +157,8 @@ def plan_job(req: Request) -> JobPlan:
     node = profile.node_type(req.stage)
     run_dir = req.run_dir or new_run_path(runs_root(profile, req.run_root), recipe.model, req.stage)
     check_path_safe(run_dir, "run root", "choose another storage.runs / --run-root")
-    nodes = preflight.node_count(req.nodes, profile, req.stage)
+    nodes = preflight.node_count(req.nodes, profile, req.stage, name=req.nodes_name)
+    time_limit = stage_time(req.time, profile, req.stage, req.time_name)
     world = req.ranks or nodes * node.ranks_per_node
     spec = build_spec(
         profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
@@ -157,8 +166,18 @@ def plan_job(req: Request) -> JobPlan:
         dependency=req.dependency or None, entry=req.entry,
     )  # fmt: skip
     cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
+    precision = None
     if req.entry == "trainer":
         cfg = _parse_trainer(spec.command, world)
+        precision, dtype_flags = decide_precision(cfg, spec.command, node, partition.node_type)
+        if dtype_flags:  # the chosen dtype goes into the ranks' argv (after ARGS)
+            req = dataclasses.replace(req, tool_args=(*req.tool_args, *dtype_flags))
+            spec = build_spec(
+                profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
+                tool_args=req.tool_args, finetune_from=req.finetune_from or None,
+                dependency=req.dependency or None, entry=req.entry,
+            )  # fmt: skip
+            cfg = _parse_trainer(spec.command, world)
     if cfg is not None and partition.nodes_max and req.nodes in (None, ""):
         # A node range and no NODES: Slurm gives MIN..MAX nodes. The global batch is planned
         # at MAX; on fewer nodes the ranks take the accumulation that keeps it.
@@ -170,6 +189,8 @@ def plan_job(req: Request) -> JobPlan:
             finetune_from=req.finetune_from or None, dependency=req.dependency or None,
         )  # fmt: skip
         cfg = _parse_trainer(spec.command, world)
+    if time_limit != spec.time:
+        spec = dataclasses.replace(spec, time=time_limit)
     if cfg is not None:
         preflight.check_layout(cfg, node, world)
         memory = preflight.memory_fit(cfg, node, world, req.stage, partition.name)
@@ -184,6 +205,7 @@ def plan_job(req: Request) -> JobPlan:
             ),
             layout=Layout(dp=cfg.dp_size, tp=cfg.tp, pp=cfg.pp),
             engine=engine, costs=costs, image=image_info(profile), memory=memory,
+            precision=precision,
             data=Data(
                 data_dir=spec.data_dir, token_label_data=cfg.token_label_data,
                 finetune_from=spec.finetune_from,
@@ -201,6 +223,83 @@ def plan_job(req: Request) -> JobPlan:
         trainer=_config_record(cfg) if cfg else None, decision=decision, memory=memory,
         script_name=script_name, script=script,
     )  # fmt: skip
+
+
+def stage_time(value: str, profile: Profile, stage: str, name: str = "TIME") -> str:
+    """TIME (default: the stage partition's `time`): a Slurm time above the preemption grace."""
+    if not value:
+        return profile.partition(stage).time
+    try:
+        minutes = slurm_minutes(value)
+    except ConfigError:
+        raise ConfigError(
+            f"{name}={value!r} is not a Slurm time; write e.g. {name}=2:00:00 or {name}=1-00:00:00"
+        ) from None
+    grace = profile.preemption.grace_s
+    if profile.scheduler == "slurm" and 0 < minutes * 60 <= grace:
+        raise ConfigError(
+            f"{name}={value}: not above profile {profile.name}'s preemption.grace_s={grace} "
+            f"(Slurm would signal every start before its first step); give a longer {name}"
+        )
+    return value.strip()
+
+
+def _flag_value(argv: tuple[str, ...], flag: str) -> str | None:
+    """The last value of `flag` in argv (`--flag V` or `--flag=V`), None when not given."""
+    value = None
+    for i, arg in enumerate(argv):
+        key, eq, inline = arg.partition("=")
+        if key == flag:
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
+
+
+def decide_precision(
+    cfg: TrainConfig, command: tuple[str, ...], node: NodeType, node_type: str
+) -> tuple[Precision, tuple[str, ...]]:
+    """The autocast dtype from the node type's GPU (bf16 where native, fp16 with dynamic loss
+    scaling before compute capability 8.0), and the trainer flags that pass it on. An explicit
+    --amp-dtype (ARGS or recipe) is kept, and refused where the GPU has no bf16; ConfigError
+    names the GPU and the fix."""
+    if not cfg.use_amp:
+        return Precision(dtype="fp32", source="default", reason="no --amp: fp32"), ()
+    explicit = _flag_value(command[TRAINER_ARGV_START:], "--amp-dtype")
+    gpu = node.gpu.model if node.gpu is not None and node.gpus_per_node else None
+
+    def kept(reason: str) -> tuple[Precision, tuple[str, ...]]:
+        """The parsed dtype as it is (given in the flags, or no GPU to choose by)."""
+        record = {
+            "dtype": cfg.amp_dtype, "gpu": gpu, "reason": reason,
+            "loss_scaling": "dynamic" if cfg.amp_dtype == "fp16" else "none",
+            "source": "flags" if explicit else "default",
+        }  # fmt: skip
+        return Precision.model_validate(record), ()
+
+    if gpu is None:
+        return kept(f"node type {node_type} has no GPU: {cfg.amp_dtype} (the trainer's default)")
+    capability = gpus.capability_of(gpu)
+    if capability is None:
+        if explicit:
+            return kept(f"--amp-dtype {explicit} given; {gpu} is not in vitpod.registry.gpus")
+        raise ConfigError(
+            f"node_types.{node_type}.gpu.model={gpu!r}: its bf16 support is unknown (not in "
+            'vitpod.registry.gpus.CAPABILITIES); pass ARGS="--amp-dtype bf16" (compute '
+            'capability 8.0 or newer) or ARGS="--amp-dtype fp16"'
+        )
+    cc = f"compute capability {capability[0]}.{capability[1]}"
+    if not gpus.bf16_native(capability):
+        if explicit == "bf16":
+            raise ConfigError(
+                f"--amp-dtype bf16: the {node_type} nodes' {gpu} ({cc}) has no bf16 tensor "
+                f"cores; use --amp-dtype fp16 (dynamic loss scaling) or drop --amp-dtype"
+            )
+        why = f"{gpu} ({cc}) has no bf16 tensor cores: fp16 with dynamic loss scaling"
+        record = Precision(dtype="fp16", loss_scaling="dynamic", gpu=gpu, reason=why)
+        return record, ("--amp-dtype", "fp16")
+    if explicit:
+        return kept(f"--amp-dtype {explicit} given; {gpu} ({cc}) has bf16 natively")
+    why = f"{gpu} ({cc}) has bf16 tensor cores: bf16, no loss scaling"
+    return Precision(dtype="bf16", gpu=gpu, reason=why), ("--amp-dtype", "bf16")
 
 
 def _parse_trainer(command: tuple[str, ...], world: int) -> TrainConfig:

@@ -48,16 +48,17 @@ class Planned(Protocol):
 # --------------------------------------------------------------------------- static checks
 
 
-def node_count(value: int | str | None, profile: Profile, stage: str) -> int:
-    """NODES (default: the stage partition's `nodes`), at most the nodes the partition has."""
+def node_count(value: int | str | None, profile: Profile, stage: str, name: str = "NODES") -> int:
+    """NODES (default: the stage partition's `nodes`), at most the nodes the partition has.
+    `name`: the variable errors name (a pipeline's fine-tune: FT_NODES)."""
     part = profile.partition(stage)
-    nodes = whole_number(value, "NODES", part.nodes)
+    nodes = whole_number(value, name, part.nodes)
     if profile.scheduler == "local" and nodes != 1:
-        raise ConfigError(f"NODES={nodes}: profile {profile.name} runs on this machine only; use 1")
+        raise ConfigError(f"{name}={nodes}: profile {profile.name} runs on this machine; use 1")
     if nodes > part.node_limit:
         raise ConfigError(
-            f"NODES={nodes}: partition {part.name!r} ({stage}) has {part.node_limit} node(s) in "
-            f"profile {profile.name}; use NODES={part.node_limit} or fewer"
+            f"{name}={nodes}: partition {part.name!r} ({stage}) has {part.node_limit} node(s) in "
+            f"profile {profile.name}; use {name}={part.node_limit} or fewer"
         )
     return nodes
 
@@ -76,6 +77,7 @@ def memory_fit(
         "model": cfg.model,
         "img_size": cfg.img_size,
         "precision": _precision(cfg),
+        "amp_dtype": cfg.amp_dtype if cfg.use_amp else None,
         "zero": cfg.zero_stage if cfg.deepspeed else 0,
         "gpus": world,
         "num_classes": cfg.num_classes or 1000,

@@ -1,0 +1,180 @@
+"""A dgxpod pipeline rendered away from its cluster: per-stage resources, precision by GPU.
+
+`make pipeline ... OFFLINE=1` and `Chain(..., offline=True)` ask Slurm nothing (stub Slurm
+commands on PATH record any call), write every stage's script and plan.json, submit nothing;
+each stage runs on its own partition with its own node count and time limit, and the GPU of
+its node type decides the autocast dtype (A100: bf16; V100: fp16 with loss scaling).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vitpod.registry.decision import read_decision
+from vitpod.workflows.chain import Chain
+from vitpod.workflows.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM_COMMANDS = ("sbatch", "sinfo", "squeue", "scontrol", "sacct", "srun", "scancel")
+
+
+def stub_slurm(tmp_path: Path) -> tuple[Path, Path]:
+    """A bin dir whose Slurm commands record that they were called, and the record's path."""
+    bin_dir, called = tmp_path / "stub-bin", tmp_path / "slurm-called"
+    bin_dir.mkdir()
+    for name in SLURM_COMMANDS:
+        stub = bin_dir / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> {called}\nexit 1\n')
+        stub.chmod(0o755)
+    return bin_dir, called
+
+
+def make(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
+    """`make pipeline VARIABLES` with run directories under tmp_path and stub Slurm first."""
+    bin_dir, _ = stub_slurm(tmp_path)
+    env = {
+        **os.environ,
+        "VITPOD_RUN_ROOT": str(tmp_path / "runs"),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", "pipeline", *variables],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def sbatch_lines(script: Path) -> dict[str, str]:
+    out = {}
+    for line in script.read_text().splitlines():
+        if line.startswith("#SBATCH --") and "=" in line:
+            key, _, value = line[len("#SBATCH --") :].partition("=")
+            out[key] = value
+    return out
+
+
+def test_make_pipeline_offline_writes_each_stage_on_its_partition_with_its_precision(tmp_path):
+    result = make(tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "OFFLINE=1")
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "slurm-called").exists(), (tmp_path / "slurm-called").read_text()
+    (pipeline,) = (tmp_path / "runs").iterdir()
+    printed = result.stdout.splitlines()
+    pre, fin = pipeline / "pretrain" / "job.sbatch", pipeline / "finetune" / "job.sbatch"
+    assert f"pretrain: {pre}" in printed and f"finetune: {fin}" in printed
+    # NODES=5 is the pretrain's; dgx2 has 2 nodes, so the finetune keeps its partition's 2.
+    assert {k: sbatch_lines(pre)[k] for k in ("partition", "nodes", "time")} == {
+        "partition": "dgxa100", "nodes": "5", "time": "2-00:00:00",
+    }  # fmt: skip
+    assert {k: sbatch_lines(fin)[k] for k in ("partition", "nodes", "time")} == {
+        "partition": "dgx2", "nodes": "2", "time": "1-00:00:00",
+    }  # fmt: skip
+    assert any("finetune takes its 2" in line for line in printed)
+    plans = {stage: read_decision(pipeline / stage) for stage in ("pretrain", "finetune")}
+    assert (plans["pretrain"].resources.partition, plans["pretrain"].resources.nodes) == (
+        "dgxa100", 5,
+    )  # fmt: skip
+    assert (plans["finetune"].resources.partition, plans["finetune"].resources.nodes) == ("dgx2", 2)
+    pre_prec, fin_prec = plans["pretrain"].precision, plans["finetune"].precision
+    assert pre_prec is not None and fin_prec is not None
+    assert (pre_prec.dtype, pre_prec.loss_scaling, pre_prec.gpu) == (
+        "bf16",
+        "none",
+        "A100-SXM4-80GB",
+    )
+    assert (fin_prec.dtype, fin_prec.loss_scaling, fin_prec.gpu) == (
+        "fp16", "dynamic", "V100-SXM3-32GB",
+    )  # fmt: skip
+    assert "V100" in fin_prec.reason and "bf16" in fin_prec.reason
+    # The trainer gets the chosen dtype in its argv (after the recipe's --apex-amp).
+    manifest = json.loads((pipeline / "finetune" / "manifest.json").read_text())
+    argv = manifest["resolved"]["command"]
+    assert argv[argv.index("--amp-dtype") + 1] == "fp16"
+    assert manifest["trainer"]["amp_dtype"] == "fp16" and manifest["trainer"]["amp"] is True
+    assert "--amp-dtype fp16" in fin.read_text()
+    pre_argv = json.loads((pipeline / "pretrain" / "manifest.json").read_text())["resolved"]
+    assert pre_argv["command"][pre_argv["command"].index("--amp-dtype") + 1] == "bf16"
+    # The memory planner planned the fine-tune in the chosen dtype.
+    assert plans["finetune"].memory["settings"]["amp_dtype"] == "fp16"
+    record = json.loads((pipeline / "pipeline.json").read_text())
+    assert record["offline"] is True
+    assert {s["job_ids"] == [] and s["state"] == "RENDERED" for s in record["stages"].values()} == {
+        True
+    }
+
+
+def test_make_pipeline_ft_nodes_beyond_the_partition_is_refused_in_one_line(tmp_path):
+    result = make(tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "FT_NODES=3", "OFFLINE=1")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: FT_NODES=3: partition 'dgx2' (finetune) has 2 node(s) in profile dgxpod; "
+        "use FT_NODES=2 or fewer"
+    ]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_chain_offline_plan_gives_every_stage_script_without_slurm(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{stub_slurm(tmp_path)[0]}:{os.environ['PATH']}")
+    runs = tmp_path / "runs"
+    records = Chain(
+        cluster="dgxpod", model="volo_d5", nodes=5, offline=True, run_root=str(runs)
+    ).plan()
+    assert not (tmp_path / "slurm-called").exists()
+    assert not runs.exists()  # plan() writes nothing
+    pre, fin = records["pretrain"].plan, records["finetune"].plan
+    assert "#SBATCH --partition=dgxa100" in pre.script and "#SBATCH --nodes=5" in pre.script
+    assert "#SBATCH --partition=dgx2" in fin.script and "#SBATCH --nodes=2" in fin.script
+    assert "--amp-dtype fp16" in fin.script and "--amp-dtype bf16" in pre.script
+    assert fin.decision is not None and fin.decision.precision is not None
+    assert fin.decision.precision.dtype == "fp16"
+    # Per-stage arguments: the fine-tune's own node count and time limit.
+    records = Chain(
+        cluster="dgxpod", model="volo_d5", nodes=5, finetune_nodes=1, finetune_time="2:00:00",
+        time="1-12:00:00", offline=True, run_root=str(runs),
+    ).plan()  # fmt: skip
+    fin_spec, pre_spec = records["finetune"].plan.spec, records["pretrain"].plan.spec
+    assert (fin_spec.nodes, fin_spec.time, fin_spec.partition) == (1, "2:00:00", "dgx2")
+    assert (pre_spec.nodes, pre_spec.time, pre_spec.partition) == (5, "1-12:00:00", "dgxa100")
+    with pytest.raises(ConfigError, match=r"^FT_NODES=3: partition 'dgx2' \(finetune\) has 2"):
+        Chain(cluster="dgxpod", nodes=5, finetune_nodes=3, offline=True).plan()
+    with pytest.raises(ConfigError, match=r"^FT_TIME='two hours' is not a Slurm time"):
+        Chain(cluster="dgxpod", finetune_time="two hours", offline=True).plan()
+    with pytest.raises(ConfigError, match="renders only"):
+        Chain(cluster="dgxpod", offline=True, run_root=str(runs)).submit()
+    assert not runs.exists() and not (tmp_path / "slurm-called").exists()
+
+
+def test_chain_offline_render_writes_the_same_scripts_plan_returns(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{stub_slurm(tmp_path)[0]}:{os.environ['PATH']}")
+    chain = Chain(cluster="dgxpod", nodes=5, offline=True, run_root=str(tmp_path / "runs"))
+    written = chain.render()
+    assert set(written) == {"pretrain", "finetune"}
+    for stage, script in written.items():
+        assert script.read_text() == chain.stages[stage].plan.script
+        assert (
+            read_decision(script.parent).resources.partition
+            == chain.stages[stage].plan.spec.partition
+        )
+    assert not (tmp_path / "slurm-called").exists()
+
+
+def test_bf16_asked_for_on_the_v100_finetune_is_refused_naming_the_gpu_and_fix(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        Chain(
+            cluster="dgxpod", nodes=5, finetune_args="--amp-dtype bf16", offline=True,
+            run_root=str(tmp_path / "runs"),
+        ).render()  # fmt: skip
+    message = str(err.value)
+    assert "--amp-dtype bf16" in message and "V100-SXM3-32GB" in message
+    assert "use --amp-dtype fp16" in message
+    assert not (tmp_path / "runs").exists()
+    # The same flag on the A100 pretrain alone is fine: bf16 is native there.
+    records = Chain(
+        cluster="dgxpod", nodes=5, stages=("pretrain",), args="--amp-dtype bf16", offline=True,
+    ).plan()  # fmt: skip
+    precision = records["pretrain"].decision.precision  # type: ignore[union-attr]
+    assert precision is not None and (precision.dtype, precision.source) == ("bf16", "flags")
