@@ -7,7 +7,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import torch.distributed as dist
 from vitpod.registry import io, runfiles
 from vitpod.trainer import checkpoint_commit as commit
 from vitpod.trainer import elastic as elastic_rules
+from vitpod.trainer.dist import all_ranks_ok
 from vitpod.trainer.host_stage import HostStager
 from vitpod.trainer.torchsave import atomic_torch_save
 
@@ -244,6 +245,35 @@ class Checkpointer:
             raise ResumeError(choice[1])
         return None if choice[0] is None else Path(choice[0])
 
+    def resume(self, resume: str, load: Callable[[Path], None], device: torch.device) -> None:
+        """Load (with `load`, on every rank) the newest complete checkpoint; one that fails to
+        load on any rank is moved aside and the one before it is tried, so a damaged
+        checkpoint costs work, never the job. An explicit `resume` PATH is a first start's
+        choice: once the run has a checkpoint of its own (a requeue), that one is resumed."""
+        if resume == "none":
+            return
+        tried: list[str] = []
+        while True:
+            directory = self.agree_on_latest(exclude=tried)
+            if directory is None and resume != "auto" and not tried:
+                directory = self.agree_on_path(Path(resume))
+            elif directory is not None and resume != "auto":
+                log.info("--resume %s applies to a first start only: this run has its own "
+                         "checkpoint %s", resume, directory)  # fmt: skip
+            if directory is None:
+                if tried:
+                    log.error("no checkpoint of %s could be loaded (tried %s): starting from "
+                              "step 0", self.root, ", ".join(tried))  # fmt: skip
+                return
+            error = _try(load, directory)
+            if all_ranks_ok(error is None, device):
+                return
+            tried.append(directory.name)
+            log.warning("checkpoint %s did not load (%s): trying the one before", directory,
+                        error or "failed on another rank")  # fmt: skip
+            if self.rank == 0 and directory.parent == self.root:
+                self.discard(directory)
+
     def agree_on_path(self, directory: Path) -> Path:
         """An explicitly named checkpoint, verified and checked as an automatic pick is."""
         reason: list[str | None] = [None]
@@ -312,6 +342,16 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+
+
+def _try(load: Callable[[Path], None], directory: Path) -> str | None:
+    try:
+        load(directory)
+    except ResumeError:
+        raise
+    except Exception as exc:  # a damaged file the checksums did not catch, a bad format
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _agreed_launch_id() -> str:

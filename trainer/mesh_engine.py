@@ -86,7 +86,8 @@ class MeshEngine:
         self._comm = 0.0
         self._buffer: list[tuple[torch.Tensor, Any]] = []
         self.batch_losses = torch.zeros(0)
-        self.sharded_files = (f"{dcp.SUBDIR}/{dcp.METADATA}",)  # the async save's last file
+        # the async save's last file
+        self.sharded_files: tuple[str, ...] = (f"{dcp.SUBDIR}/{dcp.METADATA}",)
         # Buffers are replicated, not sharded, but each rank's forward moves its own BatchNorm
         # statistics: like DDP (broadcast_buffers), every rank keeps the first rank's.
         self._buffers = [b for b in self.model.buffers() if not isinstance(b, DTensor)]

@@ -52,5 +52,5 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def _numpy_state() -> tuple[Any, ...]:
     """numpy's generator state with its key array as a tensor, so a checkpoint loads with
     torch.load(weights_only=True): no numpy object is unpickled."""
-    name, keys, *rest = np.random.get_state()
-    return (name, torch.from_numpy(keys.astype(np.int64)), *rest)
+    name, keys, *rest = np.random.get_state(legacy=True)
+    return (name, torch.from_numpy(np.asarray(keys, dtype=np.int64)), *rest)

@@ -136,7 +136,7 @@ class Trainer:
         self.preemption.install()  # main() installed it already; again for Trainers built directly
         if self.env.is_main:
             io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, dataclasses.asdict(cfg))
-        self._restore()
+        self.checkpointer.resume(cfg.resume, self._load, self.device)
         self.timing.start(self.step)
         if self.preemption.agreed():  # signalled during startup, before any step of this process
             self.timing.end(self.step, "preempted")
@@ -300,45 +300,6 @@ class Trainer:
             self.checkpointer.wait()
             self.engine.wait_sharded()
 
-    def _restore(self) -> None:
-        """Load the newest complete checkpoint; one that fails to load on any rank is moved
-        aside and the one before it is tried, so a damaged checkpoint costs work, never the
-        job. An explicit --resume PATH is a first start's choice: once this run has a
-        checkpoint of its own (a requeue), that one is resumed."""
-        cfg = self.cfg
-        if cfg.resume == "none":
-            return
-        tried: list[str] = []
-        while True:
-            directory = self.checkpointer.agree_on_latest(exclude=tried)
-            if directory is None and cfg.resume != "auto" and not tried:
-                directory = self.checkpointer.agree_on_path(Path(cfg.resume))
-            elif directory is not None and cfg.resume != "auto":
-                log.info("--resume %s applies to a first start only: this run has its own "
-                         "checkpoint %s", cfg.resume, directory)  # fmt: skip
-            if directory is None:
-                if tried:
-                    log.error("no checkpoint of %s could be loaded (tried %s): starting from "
-                              "step 0", self.checkpointer.root, ", ".join(tried))  # fmt: skip
-                return
-            error = self._try_load(directory)
-            if tdist.all_ranks_ok(error is None, self.device):
-                return
-            tried.append(directory.name)
-            log.warning("checkpoint %s did not load (%s): trying the one before", directory,
-                        error or "failed on another rank")  # fmt: skip
-            if self.env.is_main and directory.parent == self.checkpointer.root:
-                self.checkpointer.discard(directory)
-
-    def _try_load(self, directory: Path) -> str | None:
-        try:
-            self._load(directory)
-        except ckpt.ResumeError:
-            raise
-        except Exception as exc:  # a damaged file the checksums did not catch, a bad format
-            return f"{type(exc).__name__}: {exc}"
-        return None
-
     def _load(self, directory: Path) -> None:
         cfg = self.cfg
         shared, own = self.checkpointer.load(directory)
@@ -384,6 +345,7 @@ class Trainer:
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
                     "topology": self.engine.name, "attention": self.attention,
                     "corrupt_images": corrupt,
+                    "token_labels": getattr(self.train_loader, "token_label_info", None),
                     "mesh": self.mesh_shape, "param_bytes_per_rank": int(param_bytes),
                     **(self.mfu.summary(ips, self.env.world_size) if self.mfu else {}),
                 },

@@ -49,8 +49,8 @@ def running_digest(provenance: str) -> str | None:
 
 def problem(run_dir: Path, provenance: str = PROVENANCE) -> str | None:
     """The one-line refusal when the running image is not the planned one, else None."""
-    image = planned_image(run_dir)
-    planned = image.get("digest") if image else None
+    image = planned_image(run_dir) or {}
+    planned = image.get("digest")
     if not planned:
         return None  # nothing recorded (no container, or a digest unknown when planned)
     now = running_digest(provenance)
