@@ -99,6 +99,10 @@ class Data(_Record):
     data_dir: str | None = None
     token_label_data: str | None = None
     finetune_from: str | None = None
+    token_labels: dict[str, Any] | None = None
+    """The token-label data read, when it exists at planning time: layout ('published':
+    TokenLabeling's per-image [2, k, H, W] files; or vitpod's store), grid [H, W] and k; the
+    trainer resamples the grid to img_size/16 (labelset.describe)."""
 
 
 class Decision(_Record):

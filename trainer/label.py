@@ -12,6 +12,11 @@ shard's lock while it labels it (a second job of the same teacher waits, then sk
 Whichever rank finds every shard done writes manifest.json (same content from any rank; atomic
 rename), which is what the login node checks before a training job may use the labels.
 
+`--layout published` writes TokenLabeling's layout instead of shards: one file per image,
+`<label dir>/<class>/<image stem>.pt` = `torch.stack([top-k logits, indices]).half()` of shape
+[2, k, H, W] at the teacher's own grid (any timm classifier: its classifier at every location of
+the final feature map), readable by VOLO's training code as well as by vitpod's.
+
 Exit status: 0 done (or skipped), 2 bad configuration, 75 preempted (requeue me).
 """
 
@@ -47,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--img-size", type=int, default=224, help="labeling resolution (grid = /16)")
     p.add_argument("--topk", type=int, default=5, help="classes kept per token (VOLO: 5)")
     p.add_argument("-b", "--batch-size", type=int, default=64)
+    p.add_argument(
+        "--layout", default="vitpod", choices=("vitpod", labelset.PUBLISHED),
+        help="vitpod: shards of grid img_size/16 (a 16-px-token teacher); published: "
+        "TokenLabeling's <class>/<image stem>.pt of [2, k, H, W] logits, any teacher's grid",
+    )  # fmt: skip
     p.add_argument("--dataset", default="folder", choices=("folder", "digits"))
     p.add_argument("--shard", type=int, default=None, help="default: from Slurm array and rank")
     p.add_argument("--num-shards", type=int, default=None)
@@ -100,9 +110,10 @@ def _teacher_name(ns: argparse.Namespace, file: Path) -> str:
 
 def load_teacher(record: dict[str, Any], img_size: int, num_classes: int) -> Any:
     """The teacher at the labeling resolution (its pos-embed resampled like a fine-tune)."""
-    from vitpod.trainer.models import create_model, load_finetune
+    from vitpod.trainer.models import load_finetune
+    from vitpod.trainer.token_teacher import build_teacher
 
-    model = create_model(record["model"], img_size, num_classes, 0.0)
+    model = build_teacher(record["model"], img_size, num_classes)
     skipped = load_finetune(model, record["weights"], record["model"])
     if skipped:
         raise LabelError(
@@ -128,10 +139,44 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
         "classes_sha256": hashlib.sha256("\n".join(split.classes).encode()).hexdigest(),
         "teacher": teacher,
     }  # fmt: skip
+    if ns.layout == labelset.PUBLISHED:
+        _check_published(names, len(split.classes))
+        meta.update(layout=labelset.PUBLISHED, grid=None)  # the teacher's grid, whatever it is
     out = labelset.shard_path(ns.label_dir, shard, shards)
     labelset.claim(ns.label_dir, teacher)  # ClaimError: another teacher's directory
     with labelset.locked(out.with_suffix(".lock"), f"(shard {shard} is being labeled elsewhere)"):
         return _label_locked(ns, split, names, meta, out)
+
+
+def _check_published(names: list[str], num_classes: int) -> None:
+    """The published layout names a label by class folder and image stem, indices in float16."""
+    if num_classes > labelset.PUBLISHED_MAX_CLASSES:
+        raise LabelError(
+            f"--layout published: {num_classes} classes, but its class indices are float16 "
+            f"(exact up to {labelset.PUBLISHED_MAX_CLASSES}); use --layout vitpod"
+        )
+    seen: dict[str, str] = {}
+    for name in names:
+        file = labelset.label_file("", name).as_posix()
+        if file in seen:
+            raise LabelError(
+                f"--layout published: {seen[file]} and {name} share the label file {file} (one "
+                "file per image stem); rename one, or use --layout vitpod"
+            )
+        seen[file] = name
+
+
+def _write_published(label_dir: str, names: list[str], logits: Any, topk: int) -> None:
+    """One file per image, as TokenLabeling's generate_label.py writes it: the top-k logits and
+    their class indices, torch.stack([...]).half() of shape [2, k, H, W]."""
+    import torch
+
+    from vitpod.trainer.torchsave import atomic_torch_save
+
+    top = logits.float().topk(min(topk, logits.shape[1]), dim=1)
+    for i, name in enumerate(names):
+        maps = torch.stack([top.values[i].half().cpu(), top.indices[i].half().cpu()])
+        atomic_torch_save(maps, labelset.label_file(label_dir, name))
 
 
 def _label_locked(
@@ -150,7 +195,8 @@ def _label_locked(
     shard, shards, teacher = meta["shard"], meta["num_shards"], meta["teacher"]
     data_dir = Path(ns.data_dir)
     sidecar = out.with_suffix(".json")
-    if sidecar.is_file() and out.is_file():
+    published = meta.get("layout") == labelset.PUBLISHED
+    if sidecar.is_file() and (published or out.is_file()):
         done = json.loads(sidecar.read_text())
         if {k: done.get(k) for k in meta} == meta:
             print(f"label: shard {shard}/{shards} already done ({out}); skipped", flush=True)
@@ -172,17 +218,24 @@ def _label_locked(
     transform = eval_transform(cfg)
     values, indices = [], []
     began = time.perf_counter()
+    done, teacher_grid = start, None
     with torch.no_grad():
         for images in image_batches(sub, transform, ns.batch_size):
             if device is not None:
                 images = images.to(device, non_blocking=True)
             with torch.autocast("cuda", torch.bfloat16, enabled=device is not None):
                 logits = dense_logits(model, images)
+            if published:
+                _write_published(ns.label_dir, names[done : done + len(images)], logits, ns.topk)
+                done, teacher_grid = done + len(images), list(logits.shape[2:])
+                continue
             probs = logits.float().softmax(dim=1)
             top = probs.topk(min(ns.topk, probs.shape[1]), dim=1)
             values.append(top.values.half().cpu())
             indices.append(top.indices.to(torch.int16 if probs.shape[1] < 2**15 else torch.int32))
     seconds = time.perf_counter() - began
+    if published:
+        return _done(meta, sidecar, stop - start, seconds, device, teacher_grid=teacher_grid)
     grid = meta["grid"]  # an empty shard (more shards than images) still gets a file
     empty = (0, ns.topk, grid, grid)
     stacked_v = torch.cat(values) if values else torch.zeros(empty, dtype=torch.float16)
@@ -191,7 +244,8 @@ def _label_locked(
         raise LabelError(
             f"teacher {teacher['model']} gives a {stacked_v.shape[-1]}x"
             f"{stacked_v.shape[-1]} token grid at {ns.img_size} px, not {meta['grid']} "
-            "(img_size/16): use a teacher with 16x16 tokens (VOLO, ViT/16)"
+            "(img_size/16): pass --layout published (any grid: the trainer resamples it with "
+            "RoIAlign, as VOLO does), or use a teacher with 16x16 tokens (VOLO, ViT/16)"
         )
     atomic_torch_save(
         {
@@ -202,27 +256,37 @@ def _label_locked(
         },
         out,
     )  # fmt: skip
+    return _done(meta, sidecar, stop - start, seconds, device)
+
+
+def _done(
+    meta: dict[str, Any], sidecar: Path, images: int, seconds: float, device: Any, **extra: Any
+) -> dict[str, Any]:
+    """Write the shard's sidecar (last: its presence means the shard is done) and report."""
     record = {
         **meta,
-        "images": stop - start,
+        **extra,
+        "images": images,
         "seconds": round(seconds, 3),
-        "images_per_s": round((stop - start) / seconds, 2) if seconds > 0 else None,
+        "images_per_s": round(images / seconds, 2) if seconds > 0 else None,
         "device": str(device or "cpu"),
         "host": os.uname().nodename,
     }
-    # Last: its presence means the shard is done.
     io.write_text_atomic(sidecar, json.dumps(record, indent=2, sort_keys=True))
     print(
-        f"label: shard {shard}/{shards}: {stop - start} images in {seconds:.1f} s "
-        f"({record['images_per_s']} images/s on {record['device']}) -> {out}",
+        f"label: shard {meta['shard']}/{meta['num_shards']}: {images} images in {seconds:.1f} s "
+        f"({record['images_per_s']} images/s on {record['device']}) -> {sidecar.with_suffix('')}"
+        + (f" ({meta['layout']} layout, teacher grid {extra.get('teacher_grid')})"
+           if meta.get("layout") else ""),
         flush=True,
-    )
+    )  # fmt: skip
     return record
 
 
 def write_manifest_if_complete(output: str, meta: dict[str, Any]) -> dict[str, Any] | None:
     """When every shard's sidecar is there with this run's settings, write manifest.json."""
-    keys = ("num_shards", "img_size", "topk", "grid", "names_sha256", "samples", "teacher")
+    keys = ("num_shards", "img_size", "topk", "grid", "names_sha256", "samples", "teacher",
+            "layout")  # fmt: skip
     records = []
     for number in range(meta["num_shards"]):
         sidecar = labelset.shard_path(output, number, meta["num_shards"]).with_suffix(".json")
@@ -234,7 +298,16 @@ def write_manifest_if_complete(output: str, meta: dict[str, Any]) -> dict[str, A
         records.append(record)
     manifest = {
         "format": labelset.FORMAT,
-        **{k: meta[k] for k in (*keys, "data_dir", "num_classes", "classes_sha256")},
+        **{k: meta[k] for k in (*keys, "data_dir", "num_classes", "classes_sha256") if k in meta},
+        **(
+            {
+                "teacher_grid": next(
+                    (r["teacher_grid"] for r in records if r.get("teacher_grid")), None
+                )
+            }
+            if meta.get("layout")
+            else {}
+        ),  # fmt: skip
         "split": "train",
         "throughput": [
             {k: r.get(k) for k in ("shard", "images", "seconds", "images_per_s", "device")}

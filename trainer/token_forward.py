@@ -37,22 +37,57 @@ def forward_train(
 
 
 def dense_logits(model: Any, images: torch.Tensor) -> torch.Tensor:
-    """Per-token class logits [B, C, H, W] of a VOLO (aux head) or ViT-style teacher."""
+    """Per-location class logits [B, C, H, W] of any timm classifier: the classifier applied at
+    every location of the final feature map, as TokenLabeling's generate_label.py does.
+
+    VOLO: its aux head on the final tokens. ViT-like models (tokens [B, N, D]): the prefix
+    (class/register) tokens dropped, then fc_norm and the head on every token. CNNs (NFNet,
+    ResNet, ...: `forward_features` gives [B, D, H, W]): the model's own head on each location
+    as a 1x1 map, which is its classifier as a 1x1 convolution (global pooling of one location
+    is that location; a head's norm, if any, is applied per location too).
+    """
     if getattr(model, "aux_head", None) is not None:
         x = model.patch_embed(images).permute(0, 2, 3, 1)
         logits = model.aux_head(_final_tokens(model, x)[:, 1:])
-    elif hasattr(model, "num_prefix_tokens") and hasattr(model, "head"):
-        tokens = model.forward_features(images)[:, model.num_prefix_tokens :]
-        logits = model.head(model.fc_norm(tokens))
-    else:
+        return _square(logits, len(images))
+    if not hasattr(model, "forward_features"):
         raise TokenLabelError(
-            f"teacher {type(model).__name__} has no per-token classifier: use a VOLO (aux head) "
-            "or a timm ViT-style model"
+            f"teacher {type(model).__name__} has no forward_features: use a timm classifier "
+            "(VOLO, ViT-like, or a CNN such as NFNet or ResNet)"
         )
+    features = model.forward_features(images)
+    if features.ndim == 3:  # tokens
+        prefix = int(getattr(model, "num_prefix_tokens", 0))
+        side = int(round((features.shape[1] - prefix) ** 0.5))
+        if prefix == 0 and side * side != features.shape[1]:
+            prefix = 1 if int((features.shape[1] - 1) ** 0.5) ** 2 == features.shape[1] - 1 else 0
+        tokens = features[:, prefix:]
+        norm = getattr(model, "fc_norm", None) or (lambda t: t)
+        return _square(model.get_classifier()(norm(tokens)), len(images))
+    if features.ndim != 4:
+        raise TokenLabelError(
+            f"teacher {type(model).__name__}: forward_features gives shape "
+            f"{list(features.shape)}, not tokens [B, N, D] or a feature map [B, D, H, W]"
+        )
+    if getattr(model, "output_fmt", "NCHW") == "NHWC":
+        features = features.permute(0, 3, 1, 2)
+    batch, dim, height, width = features.shape
+    cells = features.permute(0, 2, 3, 1).reshape(batch * height * width, dim, 1, 1)
+    logits = model.forward_head(cells) if hasattr(model, "forward_head") else None
+    if logits is None or logits.ndim != 2:
+        raise TokenLabelError(
+            f"teacher {type(model).__name__}: its head does not give class logits per "
+            "location; use a timm classifier with forward_head"
+        )
+    return logits.reshape(batch, height, width, -1).permute(0, 3, 1, 2)
+
+
+def _square(logits: torch.Tensor, batch: int) -> torch.Tensor:
+    """Token logits [B, N, C] -> [B, C, side, side]."""
     side = int(round(logits.shape[1] ** 0.5))
     if side * side != logits.shape[1]:
         raise TokenLabelError(f"teacher gives {logits.shape[1]} tokens, not a square grid")
-    return logits.transpose(1, 2).reshape(len(images), -1, side, side)
+    return logits.transpose(1, 2).reshape(batch, -1, side, side)
 
 
 def _final_tokens(model: Any, x: torch.Tensor) -> torch.Tensor:

@@ -82,8 +82,33 @@ def _load_teacher(model_or_checkpoint: nn.Module | str | os.PathLike[str]) -> nn
 
 
 def _teacher_classes(model: Any) -> int:
+    if getattr(model, "num_classes", None):
+        return int(model.num_classes)
     head = getattr(model, "aux_head", None) or model.head
     return int(head.out_features)
+
+
+def build_teacher(name: str, img_size: int, num_classes: int) -> nn.Module:
+    """Any timm classifier as a labeling teacher, built without weights (nothing is
+    downloaded): vitpod's models (VOLO, ViT) at img_size, any other timm model (a CNN such as
+    dm_nfnet_f6 or resnet50) as timm builds it, labeling through `dense_logits`."""
+    import timm
+
+    from vitpod.trainer.checks import known_model
+    from vitpod.trainer.models import create_model
+
+    if known_model(name):
+        return create_model(name, img_size, num_classes, 0.0)
+    if not timm.is_model(name):
+        raise TokenLabelError(
+            f"teacher model {name!r}: not a timm model; name a timm classifier (volo_d5_224, "
+            "vit_base_patch16_224, dm_nfnet_f6, resnet50, ...) or a vitpod run directory"
+        )
+    kwargs: dict[str, Any] = {"pretrained": False, "num_classes": num_classes}
+    try:
+        return timm.create_model(name, img_size=img_size, **kwargs)
+    except TypeError:  # CNNs take any input size and have no img_size argument
+        return timm.create_model(name, **kwargs)
 
 
 def image_batches(split: Split, transform: Any, batch_size: int) -> Iterator[torch.Tensor]:

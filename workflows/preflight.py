@@ -266,6 +266,9 @@ def token_label_problems(plan: Planned) -> list[str]:
     if path.is_file():
         return []  # a single file from generate_token_labels: the trainer checks it on open
     data_dir = cfg.get("data_dir")
+    if labelset.layout_of(path) == labelset.PUBLISHED:  # TokenLabeling's files: no manifest
+        where = f"token-label data {labels!r}"
+        return labelset.published_problems(path, where=where, data_dir=data_dir)
     names = None
     if data_dir and Path(data_dir, "train").is_dir():
         names = labelset.folder_names(data_dir)

@@ -8,10 +8,15 @@ A training sample's target is a float tensor [2 + S*S, C]: row 0 the ground-trut
 row 1 the class-token target (the mean of the token targets), rows 2.. the per-token targets
 for the crop: the dense map is cut with the same box (`roi_align`) and flipped like the image,
 then resampled to S x S = token_label_size^2.
+
+A directory in TokenLabeling's published layout (`<class>/<image stem>.pt`, [2, k, H, W] per
+image, no vitpod manifest) is read by `published_labels.PublishedLabelStore` through the same
+crop path (`crop_scores`); `open` picks the reader from the directory's layout.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.sources import DataSourceError, Split
 
 FORMAT = "vitpod-token-labels/1"
+log = logging.getLogger(__name__)
 
 
 class TokenLabelError(DataSourceError):
@@ -40,6 +46,7 @@ class TokenLabelStore:
     def __init__(self, path: Path, num_classes: int, size: int, teacher_sha256: str | None = None):
         self.path, self.num_classes, self.size = path, num_classes, size
         self.teacher_sha256 = teacher_sha256
+        self.grid, self.k = (0, 0), 0
         self._data: dict[str, Any] | None = None
 
     @classmethod
@@ -47,6 +54,10 @@ class TokenLabelStore:
         """Open and check cfg.token_label_data (one file, or a sharded directory with a manifest
         from `python -m vitpod.trainer.label`); with `split`, every image must have an entry."""
         path = Path(cfg.token_label_data)
+        if labelset.layout_of(path) == labelset.PUBLISHED:  # TokenLabeling's files, as published
+            from vitpod.trainer.data.published_labels import PublishedLabelStore
+
+            return PublishedLabelStore.open(cfg, num_classes, split)  # type: ignore[no-any-return]
         store = cls(path, num_classes, cfg.token_label_size)
         if path.is_dir():
             store._check_manifest(split)
@@ -66,7 +77,21 @@ class TokenLabelStore:
                     f"{path} has no token labels for {len(missing)} of {len(split)} images "
                     f"(first: {missing[:3]}): regenerate it over {split.root}"
                 )
+        values = data["shards"][0]["values"] if "shards" in data else data["values"]
+        store.grid, store.k = (int(values.shape[2]), int(values.shape[3])), int(values.shape[1])
+        log.info(
+            "token labels: %s at %s: grid %dx%d, k=%d, cut with each crop box onto the %dx%d "
+            "token grid (RoIAlign)", FORMAT if path.is_file() else labelset.FORMAT, path,
+            *store.grid, store.k, store.size, store.size,
+        )  # fmt: skip
         return store
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What was read, for the run's summary."""
+        return {"layout": FORMAT if self.path.is_file() else labelset.FORMAT,
+                "path": str(self.path), "grid": list(self.grid), "k": self.k,
+                "token_grid": [self.size, self.size]}  # fmt: skip
 
     def _check_manifest(self, split: Split | None) -> None:
         """A sharded directory: the manifest must fit this data set and this grid."""
@@ -98,11 +123,12 @@ class TokenLabelStore:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "num_classes": self.num_classes, "size": self.size,
-                "teacher_sha256": self.teacher_sha256}  # fmt: skip
+                "teacher_sha256": self.teacher_sha256, "grid": self.grid, "k": self.k}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path, self.num_classes, self.size = state["path"], state["num_classes"], state["size"]
         self.teacher_sha256 = state.get("teacher_sha256")
+        self.grid, self.k = state.get("grid", (0, 0)), state.get("k", 0)
         self._data = None
 
     def target(
@@ -174,9 +200,15 @@ def _load_shards(path: Path, teacher_sha256: str | None = None) -> dict[str, Any
 
 
 def crop_scores(
-    dense: torch.Tensor, box: tuple[float, float, float, float], size: int, flipped: bool
+    dense: torch.Tensor,
+    box: tuple[float, float, float, float],
+    size: int,
+    flipped: bool,
+    softmax: bool = False,
 ) -> torch.Tensor:
-    """Cut box (x0, y0, x1, y1 in fractions) out of dense [C, H, W]: [size*size, C], rows sum 1."""
+    """Cut box (x0, y0, x1, y1 in fractions) out of dense [C, H, W] (any H x W) onto a
+    size x size grid: [size*size, C], rows sum 1: normalized probabilities, or with `softmax`
+    (scores that are logits, as TokenLabeling publishes them) their softmax over the classes."""
     _, height, width = dense.shape
     x0, y0, x1, y1 = box
     roi = torch.tensor([[0, x0 * width, y0 * height, x1 * width, y1 * height]], dtype=dense.dtype)
@@ -184,4 +216,6 @@ def crop_scores(
     if flipped:
         crop = crop.flip(-1)
     tokens = crop.flatten(1).T
+    if softmax:
+        return tokens.softmax(1)
     return tokens / tokens.sum(1, keepdim=True).clamp_min(1e-8)

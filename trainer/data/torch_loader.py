@@ -169,6 +169,11 @@ class TorchLoader(Loader):
         self._loader: DataLoader | None = None
         self._token_labels = token_labels if train else None
 
+    @property
+    def token_label_info(self) -> dict[str, Any] | None:
+        """The token-label data this loader reads (layout, grid, k), or None."""
+        return getattr(self._token_labels, "info", None)
+
     def _build(self) -> DataLoader:
         cfg = self.cfg
         if self._token_labels is not None:
