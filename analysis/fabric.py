@@ -102,17 +102,35 @@ class Fabric:
     def from_mapping(cls, data: Mapping[str, Any]) -> Fabric:
         """Build from a profile's `fabric:` block; unknown keys raise with the valid ones."""
         valid = [f.name for f in fields(cls)]
-        check_keys(data, valid, "fabric")
+        check_keys(data, [*valid, "network"], "fabric")
         missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
         if missing:
             raise ValueError(f"fabric: missing key(s) {missing}; valid keys: {valid}")
+        network(data)  # what the launch sets (workflows/spec.py); the prices do not depend on it
         values: dict[str, Any] = {}
         for name, value in data.items():
+            if name == "network":
+                continue
             if name in ("gpus_per_node", "nics_per_node", "ps_servers"):
                 values[name] = _as_count(value, name)
             else:
                 values[name] = parse_quantity(value, name)
         return cls(**values)
+
+
+NETWORKS = ("infiniband", "roce", "ethernet")
+"""`fabric.network`: transport; only `roce` gets RoCE settings (NCCL_IB_GID_INDEX)."""
+
+
+def network(data: Mapping[str, Any]) -> str:
+    """A fabric block's `network` (default infiniband); ValueError naming the valid ones."""
+    value = data.get("network", "infiniband")
+    if value not in NETWORKS:
+        raise ValueError(
+            f"fabric.network: {value!r} is not one of {list(NETWORKS)}; write infiniband, or "
+            "roce for RDMA over Converged Ethernet (ethernet: TCP sockets, no RDMA)"
+        )
+    return str(value)
 
 
 def _as_count(value: Any, name: str) -> int:

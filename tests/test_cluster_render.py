@@ -65,10 +65,11 @@ def test_make_render_dgxpod_volo_d5(tmp_path):
         "--container-image=/lustre/fsw/vitpod/images/vitpod.sqsh",
         "--no-container-mount-home",
         "--container-workdir=",
-        "--mpi=pmix",
+        "--kill-on-bad-exit=1",
         "--container-mounts=/lustre/fsw/datasets:/lustre/fsw/datasets:ro,",
     ):
         assert flag in text
+    assert "--mpi=" not in text  # dgxpod has no `mpi:`: the trainer needs no MPI
     env_flag = re.search(r"--container-env=(\S+) ", text)
     assert env_flag and {"NCCL_SOCKET_IFNAME", "MASTER_ADDR", "WANDB_API_KEY"} <= set(
         env_flag[1].split(",")
@@ -80,7 +81,7 @@ def test_make_render_dgxpod_volo_d5(tmp_path):
     assert "--token-label-size 14" in text and "-b 44" in text
     assert 'scontrol requeue "$SLURM_JOB_ID"' in text and "-eq 75 ]" in text
     bind = (script.parent / "bind.sh").read_text()
-    assert "4) numa=7 cpus=112-127,240-255 hca=mlx5_6:1 ;;" in bind
+    assert "4) numa=7 cpus=112-127,240-255 hca=mlx5_6:1 threads=12 ;;" in bind
     assert "--physcpubind=$cpus" in bind and 'NCCL_IB_HCA="=$hca"' in bind
 
     manifest = json.loads((script.parent / "manifest.json").read_text())

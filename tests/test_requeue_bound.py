@@ -189,7 +189,8 @@ def test_usr2_before_the_ranks_start_requeues_without_starting_them(tmp_path):
 
 def test_a_rank_killed_by_the_signal_before_its_handler_leaves_the_marker(tmp_path):
     """bind.sh traps from its first line: a command that dies of SIGUSR2 (the trainer before
-    it installed its handler) while bind.sh got it too counts as preempted: exit 75, marker."""
+    it installed its handler) while bind.sh got it too counts as preempted: the marker, and exit
+    0 (not a bad exit for --kill-on-bad-exit=1; the teardown counts the marker as 75)."""
     script = _script(tmp_path)
     run = script.parent
     env = _env(tmp_path, SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NTASKS="1",
@@ -204,7 +205,7 @@ def test_a_rank_killed_by_the_signal_before_its_handler_leaves_the_marker(tmp_pa
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGUSR2)  # Slurm signals every process of the step
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 75, out
+    assert proc.returncode == 0 and "preempted (exit 75): requeue marker left" in out, out
     assert (run / "logs" / f"requeue-{JOB}-restart0").exists()
 
 

@@ -119,7 +119,7 @@ def _check_storage_mounted(profile: Profile) -> None:
     """Every shared-storage path must be inside the container, at the same path."""
     assert profile.container is not None
     dsts = [Path(host_path(m.dst)) for m in profile.container.mounts]
-    for field in ("data", "code", "checkpoints", "results", "runs"):
+    for field in ("data", "code", "runs"):
         value = getattr(profile.storage, field)
         if value is None:
             continue

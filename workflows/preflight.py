@@ -13,7 +13,7 @@ from vitpod.analysis import layout, memory
 from vitpod.analysis.mesh import Mesh
 from vitpod.registry import models, runfiles
 from vitpod.trainer import labelset
-from vitpod.workflows import containerpreflight, slurmchecks
+from vitpod.workflows import containerpreflight, sharedfs, slurmchecks
 from vitpod.workflows.container import check_container_paths, host_path
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
@@ -168,6 +168,8 @@ def check(
     done: list[str] = []
     if spec.profile.scheduler == "slurm" and offline:
         done.append("OFFLINE: Slurm not asked (partition, nodes, GPUs, memory, CPUs, account)")
+        if spec.profile.mpi:
+            done.append(f"mpi: --mpi={spec.profile.mpi} NOT CHECKED (offline: srun --mpi=list)")
     elif spec.profile.scheduler == "slurm":
         if shutil.which("sbatch") is None:
             hint = render_hint or f"make render CLUSTER={spec.profile.name} MODEL={spec.model}"
@@ -177,12 +179,14 @@ def check(
             )
         done += slurmchecks.check_partition(plan)
         done += slurmchecks.check_account(spec)
+        done += slurmchecks.check_mpi(spec)
     problems = path_problems(plan, chained, labels_pending)
     container_problems, container_done = containerpreflight.check(spec.profile)
     if problems or container_problems:
         raise ConfigError("; ".join(problems + container_problems))
     done.append("paths exist: data, code, token-label data, finetune source, image")
     done.append(check_run_root(Path(spec.run_dir).parent))
+    done.append(shared_run_root(spec, offline))
     return done + container_done
 
 
@@ -197,6 +201,16 @@ def check_ranks_per_gpu(plan: Planned) -> None:
             f"{spec.tasks_per_node} exceeds gpus_per_node={spec.gpus_per_node} (ranks would "
             f"share a GPU, which NCCL refuses); set tasks_per_node to {spec.gpus_per_node} or less"
         )
+
+
+def shared_run_root(spec: JobSpec, offline: bool = False) -> str:
+    """A multi-node job's run root must be on a shared file system type (workflows/sharedfs.py),
+    unless the profile says `storage.shared: true`; offline: NOT CHECKED."""
+    nodes = max(spec.nodes, spec.nodes_max or 0)
+    return sharedfs.check_run_root(
+        Path(spec.run_dir).parent, nodes, shared=spec.profile.storage.shared,
+        profile=spec.profile.name, offline=offline,
+    )  # fmt: skip
 
 
 def check_run_root(root: Path, need: int = 0) -> str:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from vitpod.registry.io import unknown_key_message
 from vitpod.workflows.container import check_container_static
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile_container import UNSAFE_PATH, Container
@@ -45,6 +46,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re.IGNORECASE)
 _HCA = re.compile(r"^[A-Za-z0-9_]+:\d+$")
 _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+ROCE_ONLY_ENV = ("NCCL_IB_GID_INDEX", "NCCL_IB_ROCE_VERSION_NUM")
+"""NCCL variables that only mean something on RoCE (the GID of RoCE v2, its version)."""
 
 
 class Partition(Strict):
@@ -157,6 +160,13 @@ class NodeType(Strict):
             )
         return self
 
+    @property
+    def network(self) -> str:
+        """`fabric.network`: infiniband (default), roce or ethernet."""
+        from vitpod.analysis.fabric import network
+
+        return network(self.fabric)
+
     def fabric_model(self) -> Any:
         """The `vitpod.analysis.fabric.Fabric` of this node type (the topology choice uses it)."""
         from vitpod.analysis.fabric import Fabric
@@ -167,16 +177,44 @@ class NodeType(Strict):
         return next((b for b in self.binding if b.local_rank == local_rank), None)
 
 
+# Keys older profiles had; a run directory (storage.runs/<run>) holds its checkpoints and results.
+REMOVED_STORAGE_KEYS = ("checkpoints", "results")
+
+
 class Storage(Strict):
-    """Shared-storage paths seen by every node; relative ones are relative to the repository."""
+    """Shared-storage paths seen by every node; relative ones are relative to the repository.
+
+    A run is one directory under `runs` holding everything it writes (script, logs,
+    checkpoints, reports), so `runs` is the path that must be on the shared file system.
+    """
 
     data: str
     code: str = "."
-    checkpoints: str | None = None
-    results: str | None = None
     runs: str = "runs"
+    shared: bool = Field(
+        default=False,
+        description="true: every node sees `runs` at the same path; preflight then does not "
+        "check the file system type of a multi-node job's run root",
+    )
 
-    @field_validator("data", "code", "checkpoints", "results", "runs")
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:  # replaces Strict's: removed keys get their own fix
+        if isinstance(data, dict):
+            old = [k for k in REMOVED_STORAGE_KEYS if k in data]
+            if old:
+                raise ValueError(
+                    f"storage.{old[0]} is no longer used: each run directory "
+                    f"(storage.runs/<run>) holds its own checkpoints/ and reports; remove "
+                    f"{', '.join('storage.' + k for k in old)} and set storage.runs to a path "
+                    "on the shared file system (e.g. /lustre/fsw/vitpod/runs)"
+                )
+            unknown = [str(k) for k in data if k not in cls.model_fields]
+            if unknown:
+                raise ValueError(unknown_key_message(unknown, list(cls.model_fields)))
+        return data
+
+    @field_validator("data", "code", "runs")
     @classmethod
     def _safe_path(cls, value: str | None) -> str | None:
         if value is not None and UNSAFE_PATH.search(value):
@@ -210,7 +248,10 @@ class Profile(Strict):
     storage: Storage
     env: dict[str, str] = {}
     secrets: list[str] = Field(default=[], description="names of variables passed, never values")
-    mpi: Literal["pmix", "pmi2", "none"] = "none"
+    mpi: Literal["pmix", "pmi2", "none"] | None = Field(
+        default=None,
+        description="srun --mpi=; absent: no --mpi (torch.distributed rendezvous needs no MPI)",
+    )
     account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     preemption: Preemption = Preemption()
@@ -285,7 +326,22 @@ class Profile(Strict):
         if self.scheduler == "local" and self.container is not None:
             raise ValueError("container: a local profile runs without a container; remove it")
         self._grace_below_limits()
+        self._roce_env_on_roce()
         return self
+
+    def _roce_env_on_roce(self) -> None:
+        """RoCE-only variables in `env` (every stage's) need every node type on RoCE; vitpod sets
+        them itself there (workflows/spec.py ROCE_ENV)."""
+        for name in ROCE_ONLY_ENV:
+            if name not in self.env:
+                continue
+            for key, node in self.node_types.items():
+                if node.network != "roce":
+                    raise ValueError(
+                        f"env.{name} is a RoCE setting but node_types.{key}.fabric.network is "
+                        f"{node.network!r}; remove it from env (vitpod sets it on RoCE fabrics) "
+                        f"or, if the fabric is RoCE, set fabric.network: roce"
+                    )
 
     def _grace_below_limits(self) -> None:
         """Slurm signals grace_s before the time limit: at or above it every start would be

@@ -158,8 +158,10 @@ def placeholder_fabric(ranks: int, hcas: dict[str, int], ports: list[dict[str, s
     """Conservative numbers, labelled in the profile, until `make calibrate` measures them."""
     rates = [_RATE.match(p["rate"]) for p in ports if p["device"] in hcas]
     gbit = min((float(m.group(1)) for m in rates if m), default=10.0)
-    return {"gpus_per_node": ranks, **PLACEHOLDER_FABRIC, "nic_bw": f"{gbit:g} Gb/s",
-            "nics_per_node": max(1, len(hcas))}  # fmt: skip
+    layers = {p.get("link_layer") for p in ports if p["port"] == str(hcas.get(p["device"]))}
+    network = "ethernet" if not hcas else "infiniband" if "Ethernet" not in layers else "roce"
+    return {"network": network, "gpus_per_node": ranks, **PLACEHOLDER_FABRIC,
+            "nic_bw": f"{gbit:g} Gb/s", "nics_per_node": max(1, len(hcas))}  # fmt: skip
 
 
 def _short(value: Any) -> str:

@@ -44,7 +44,13 @@ def new_run_path(root: Path, model: str, stage: str) -> Path:
 
 def create_run_dir(path: Path) -> None:
     """Create the run dir and its logs/ with mode 0750 (not world-writable, whatever the umask)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. the profile's shared file system is not mounted here
+        raise ConfigError(
+            f"run root {path.parent}: cannot create it here ({exc.strerror or exc}); on a machine "
+            f"without the profile's storage set {RUN_ROOT_ENV}=DIR (or --run-root DIR)"
+        ) from None
     path.mkdir(mode=DIR_MODE)
     os.chmod(path, DIR_MODE)
     (path / runfiles.LOGS).mkdir(mode=DIR_MODE)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Callable
 from typing import Protocol
 
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.partitions import (
+    OFFLINE_HINT,
     NodeInfo,
     PartitionInfo,
     associations,
@@ -130,3 +133,39 @@ def check_account(spec: JobSpec) -> list[str]:
                 f"the profile"
             )
     return [f"account {spec.account or '(default)'}, qos {spec.qos or '(default)'}: associated"]
+
+
+def mpi_types(listing: str) -> set[str]:
+    """MPI plugin types in `srun --mpi=list` output (its 'srun: ' prefix on older Slurm too);
+    a PMIx version (pmix_v4) counts as pmix as well."""
+    types: set[str] = set()
+    for line in listing.splitlines():
+        word = line.strip().removeprefix("srun:").strip()
+        if re.fullmatch(r"[a-z0-9_]+", word):
+            types.add(word)
+            if word.startswith("pmix_v"):
+                types.add("pmix")
+    for versions in re.findall(r"versions available:\s*(.+)", listing):
+        types.update(v.strip() for v in versions.split(",") if v.strip())
+    return types
+
+
+def check_mpi(spec: JobSpec) -> list[str]:
+    """The profile's `mpi:` is a plugin this Slurm has (`srun --mpi=list`); none given: nothing."""
+    mpi = spec.profile.mpi
+    if not mpi:
+        return ["mpi: not set, srun gets no --mpi (torch.distributed env:// rendezvous)"]
+    argv = ["srun", "--mpi=list"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        what = f"`srun --mpi=list` did not answer ({exc})"
+        raise ConfigError(f"mpi={mpi}: {what}; {OFFLINE_HINT}") from None
+    types = mpi_types(out.stdout + "\n" + out.stderr)
+    if mpi not in types:
+        raise ConfigError(
+            f"profile {spec.profile.name}: mpi={mpi!r} is not an MPI plugin of this Slurm "
+            f"(`srun --mpi=list`: {sorted(types) or 'nothing listed'}); remove `mpi:` (the "
+            f"trainer needs no MPI) or name one of them"
+        )
+    return [f"mpi: --mpi={mpi} is listed by srun --mpi=list"]

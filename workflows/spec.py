@@ -20,10 +20,15 @@ from vitpod.workflows.templating import render
 
 Entry = Literal["trainer", "rankinfo", "commbench", "labels"]
 COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
-# srun --wait: once one rank exits, the others get this long, then are killed. Not
-# --kill-on-bad-exit: it would SIGTERM ranks still finishing their preemption checkpoint as soon
-# as the first one exits 75, and srun would then report 143 instead of 75 (no requeue).
+# srun --wait: once one rank exits, the others get this long, then are killed. With
+# --kill-on-bad-exit=1 a rank that fails ends the step at once; a preempted rank (its command
+# exited 75) leaves the requeue marker and bind.sh exits 0, so the ranks still saving their part
+# of the preemption checkpoint are not killed (the teardown counts the marker as exit 75).
 RANK_EXIT_WAIT_S = 60
+ROCE_ENV = {"NCCL_IB_GID_INDEX": "3"}
+"""Set on `fabric.network: roce` only (the profile's env may give another value): NCCL's GID
+index 3 is RoCE v2 (IPv4) on a default Mellanox/NVIDIA configuration; InfiniBand needs no GID."""
+DEFAULT_LOADER_WORKERS = 4  # trainer/config.py TrainConfig.workers (-j/--workers)
 # bind.sh exports the path of the rank's requeue marker under this name (for the submitit task).
 REQUEUE_MARKER_ENV = "VITPOD_REQUEUE_MARKER"
 _DEPENDENCY = re.compile(
@@ -313,10 +318,58 @@ def _check_final_flags(flags: list[str]) -> None:
 
 
 def environment(spec: JobSpec) -> dict[str, str]:
-    """Variables exported before srun: the profile's env plus the backend's defaults."""
+    """Variables exported before srun: the profile's env, plus RoCE's on a RoCE fabric.
+
+    OMP_NUM_THREADS is not one value for the job: bind.sh sets it per rank (`rank_threads`),
+    unless the profile's env gives it."""
     env = {"VITPOD_BACKEND": spec.profile.backend, **spec.profile.env}
-    env.setdefault("OMP_NUM_THREADS", str(spec.cpus_per_task))
+    if spec.profile.node_type(spec.stage).network == "roce":
+        for name, value in ROCE_ENV.items():
+            env.setdefault(name, value)
     return env
+
+
+def cpu_count(cpus: str) -> int:
+    """CPUs in a list such as '48-63,176-191' (32)."""
+    total = 0
+    for part in cpus.split(","):
+        low, _, high = part.partition("-")
+        total += int(high or low) - int(low) + 1
+    return total
+
+
+def loader_workers(command: tuple[str, ...]) -> int:
+    """Data-loader worker processes per rank: the command's last -j/--workers, else the
+    trainer's default (0 when the command is not the trainer or the labeler)."""
+    value: str | None = None
+    for i, arg in enumerate(command):
+        if arg in ("-j", "--workers") and i + 1 < len(command):
+            value = command[i + 1]
+        elif arg.startswith("--workers="):
+            value = arg.partition("=")[2]
+        elif arg.startswith("-j") and arg[2:].isdigit():
+            value = arg[2:]
+    if value is not None and value.isdigit():
+        return int(value)
+    trains = any(m in command for m in ("vitpod.trainer", "vitpod.trainer.label"))
+    return DEFAULT_LOADER_WORKERS if trains else 0
+
+
+def rank_threads(node: NodeType, workers: int) -> dict[int, int]:
+    """OMP_NUM_THREADS per local rank: the CPUs bound to it, split among the ranks bound to the
+    same CPUs (or NUMA node), minus its loader workers (one CPU each), at least 1. Without a
+    binding map a rank has cpus_per_node / ranks."""
+    ranks = range(node.ranks_per_node)
+    if not node.binding:
+        return {r: max(1, node.cpus_per_task - workers) for r in ranks}
+    key = {b.local_rank: (b.cpus or f"numa{b.numa}") for b in node.binding}
+    numa_nodes = len({b.numa for b in node.binding})
+    out = {}
+    for b in node.binding:
+        cores = cpu_count(b.cpus) if b.cpus else max(1, node.cpus_per_node // numa_nodes)
+        sharing = sum(1 for k in key.values() if k == key[b.local_rank])
+        out[b.local_rank] = max(1, cores // sharing - workers)
+    return out
 
 
 def _container_args(spec: JobSpec, env_names: list[str]) -> list[str]:
@@ -345,12 +398,15 @@ def launch_for(spec: JobSpec) -> Launch:
     profile = spec.profile
     env = environment(spec)
     env_names = sorted({*env, "MASTER_ADDR", "MASTER_PORT", *profile.secrets})
-    srun_args = [f"--mpi={profile.mpi}", f"--wait={RANK_EXIT_WAIT_S}", "--cpu-bind=none"]
+    srun_args = [f"--mpi={profile.mpi}"] if profile.mpi else []  # the trainer needs no MPI
+    srun_args += ["--kill-on-bad-exit=1", f"--wait={RANK_EXIT_WAIT_S}", "--cpu-bind=none"]
     if profile.container is None:  # ranks start in the code directory (in a container: workdir)
         srun_args.append(f"--chdir={spec.code_dir}")
     srun_args += _container_args(spec, env_names)
     context = {
         "env": env,
+        "network": profile.node_type(spec.stage).network,
+        "roce_env": sorted(ROCE_ENV),
         "secrets": profile.secrets,
         "slurm": profile.scheduler == "slurm",
         "master_port": master_port_expr(),
@@ -367,12 +423,18 @@ def launch_for(spec: JobSpec) -> Launch:
         "progress_file": str(Path(spec.run_dir) / runfiles.REQUEUE_PROGRESS),
     })  # fmt: skip
     teardown_lines = teardown.strip("\n").splitlines()
+    node = profile.node_type(spec.stage)
+    workers = loader_workers(spec.command)
+    threads = rank_threads(node, workers)
     bind = render(
         "bind.sh.j2",
         {
             "spec": spec,
-            "bindings": _bindings(profile.node_type(spec.stage)),
+            "bindings": _bindings(node, threads),
             "marker_env": REQUEUE_MARKER_ENV,
+            "omp_from_profile": "OMP_NUM_THREADS" in env,
+            "threads": threads[0] if not node.binding else "",
+            "workers": workers,
         },
     )
     return Launch(
@@ -401,8 +463,9 @@ def _enroot_credentials(spec: JobSpec) -> dict[str, str] | None:
     }
 
 
-def _bindings(node: NodeType) -> list[dict[str, Any]]:
+def _bindings(node: NodeType, threads: dict[int, int]) -> list[dict[str, Any]]:
     return [
-        {"local_rank": b.local_rank, "numa": b.numa, "cpus": b.cpus or "", "hca": b.hca or ""}
+        {"local_rank": b.local_rank, "numa": b.numa, "cpus": b.cpus or "", "hca": b.hca or "",
+         "threads": threads[b.local_rank]}
         for b in sorted(node.binding, key=lambda b: b.local_rank)
-    ]
+    ]  # fmt: skip

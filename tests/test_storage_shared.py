@@ -1,0 +1,114 @@
+"""Runs on the shared storage (issue 28 item 3): the GPU profiles put run directories on their
+shared file system, no storage key is dead, and preflight refuses a multi-node job whose run root
+is not on a shared file system type, naming the type and the override (storage.shared: true)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vitpod.workflows import cli, preflight, sharedfs
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.profile import PROFILE_DIR, load_profile
+
+GPU_PROFILES = ("dgxpod", "superpod", "h100pod")
+
+
+def _local_type(path: Path) -> str:
+    kind, _ = sharedfs.fs_type(path)
+    if kind in sharedfs.SHARED_TYPES:
+        pytest.skip(f"{path} is on {kind}, a shared file system here")
+    return kind
+
+
+def _copy(tmp_path: Path, name: str, **storage: object) -> str:
+    data = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
+    data["storage"] = {k: v for k, v in {**data["storage"], **storage}.items() if v is not None}
+    path = tmp_path / f"{name}-copy.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _spec(profile: str, nodes: int, runs: Path):
+    return plan_job(Request(cluster=profile, model="volo_d5", nodes=str(nodes),
+                            run_root=str(runs))).spec  # fmt: skip
+
+
+@pytest.mark.parametrize("name", GPU_PROFILES)
+def test_gpu_profiles_keep_runs_on_their_shared_file_system(name):
+    storage = load_profile(name).storage
+    assert storage.runs == "/lustre/fsw/vitpod/runs" and not storage.shared
+    assert storage.data.startswith("/lustre/")
+
+
+def test_an_old_profile_with_storage_checkpoints_is_refused_naming_the_fix(tmp_path):
+    path = _copy(tmp_path, "dgxpod", checkpoints="/lustre/fsw/vitpod/checkpoints")
+    with pytest.raises(ConfigError, match=r"storage\.checkpoints is no longer used: each run "
+                       r"directory \(storage\.runs/<run>\) holds its own checkpoints/.*remove "
+                       r"storage\.checkpoints"):  # fmt: skip
+        load_profile(path)
+
+
+def test_two_nodes_on_a_local_run_root_are_refused_naming_the_type(tmp_path):
+    runs = tmp_path / "runs"  # does not exist yet: its nearest parent's mount counts
+    kind = _local_type(tmp_path)
+    spec = _spec(_copy(tmp_path, "dgxpod"), 2, runs)
+    with pytest.raises(ConfigError) as err:
+        preflight.shared_run_root(spec)
+    message = str(err.value)
+    assert f"run root {runs}: on {kind} (mount " in message
+    assert "not a shared file system type (nfs, lustre, gpfs, beegfs, wekafs" in message
+    assert "set `storage: {shared: true}` in profile dgxpod" in message
+    assert not runs.exists()
+
+
+def test_the_override_and_one_node_pass_and_offline_is_not_checked(tmp_path):
+    runs = tmp_path / "runs"
+    _local_type(tmp_path)
+    shared = _spec(_copy(tmp_path, "dgxpod", shared=True), 2, runs)
+    assert "shared (storage.shared: true in profile dgxpod" in preflight.shared_run_root(shared)
+    one = _spec(_copy(tmp_path, "dgxpod"), 1, runs)
+    assert preflight.shared_run_root(one) == f"run root {runs}: 1 node, need not be shared"
+    two = _spec(_copy(tmp_path, "dgxpod"), 2, runs)
+    assert "shared file system NOT CHECKED (offline" in preflight.shared_run_root(two, True)
+
+
+def test_local_test_profiles_declare_their_one_host_shared():
+    for name in ("localslurm", "localpyxis", "localregistry"):
+        assert load_profile(name).storage.shared, name
+
+
+def test_mountinfo_names_the_mount_holding_a_path():
+    info = "\n".join([
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw",
+        "40 27 0:50 / /lustre rw - lustre 10.0.0.1@o2ib:/fsw rw",
+        "41 27 0:51 / /mnt/my\\040disk rw - xfs /dev/sdb rw",
+        "42 40 0:52 / /lustre/fsw/scratch rw - tmpfs tmpfs rw",
+    ])  # fmt: skip
+    assert sharedfs.mount_of(Path("/lustre/fsw/vitpod/runs"), info) == ("/lustre", "lustre")
+    scratch = ("/lustre/fsw/scratch", "tmpfs")  # a mount inside a mount: the inner one
+    assert sharedfs.mount_of(Path("/lustre/fsw/scratch/x"), info) == scratch
+    assert sharedfs.mount_of(Path("/mnt/my disk/runs"), info) == ("/mnt/my disk", "xfs")
+    assert sharedfs.mount_of(Path("/lustrex"), info) == ("/", "ext4")
+
+
+def test_preflight_command_refuses_then_accepts_with_the_override(tmp_path, capsys):
+    """`python -m vitpod.workflows preflight` on the local Slurm (a localslurm copy whose
+    storage does not say shared): exit 2 and one line; with storage.shared: true it passes."""
+    if shutil.which("sbatch") is None:
+        pytest.skip("needs the local Slurm (sbatch on PATH)")
+    kind = _local_type(tmp_path)
+    argv = ["preflight", "--model", "volo_tiny", "--nodes", "2", "--run-root",
+            str(tmp_path / "runs")]  # fmt: skip
+    assert cli.main([*argv, "--cluster", _copy(tmp_path, "localslurm", shared=None)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"on {kind} (mount " in err and "shared: true" in err
+    assert cli.main([*argv, "--cluster", _copy(tmp_path, "localslurm")]) == 0
+    out = capsys.readouterr().out
+    assert "ok: run root" in out and "shared (storage.shared: true" in out
+    assert "ok: mpi: --mpi=pmi2 is listed by srun --mpi=list" in out
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,106 @@
+"""Is a multi-node job's run root on a shared file system? The type of its mount, seen from here.
+
+A run directory holds everything a run writes (logs, checkpoints, reports) and every node reads
+and writes it at the same path, so for more than one node it must be on a file system every node
+mounts. The login node's mount of the path's nearest existing ancestor is what is checked (the
+same mount on the compute nodes is the point); `storage.shared: true` in the profile says so for
+a file system this list does not know.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from vitpod.workflows.errors import ConfigError
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+SHARED_TYPES = frozenset({
+    "nfs", "nfs4", "lustre", "gpfs", "beegfs", "wekafs", "fuse.wekafs", "ceph", "fuse.ceph-fuse",
+    "cifs", "smb3", "smb2", "glusterfs", "fuse.glusterfs", "panfs", "orangefs", "pvfs2",
+    "fuse.juicefs", "fuse.lizardfs", "fuse.moosefs", "quobyte", "fuse.quobyte", "afs",
+})  # fmt: skip
+"""File system types (as /proc/self/mountinfo names them) that every node can mount as one."""
+_STAT_NAMES = {"gpfs": "gpfs", "lustre": "lustre", "nfs": "nfs", "ceph": "ceph", "smb2": "smb2"}
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def existing_ancestor(path: Path) -> Path:
+    """`path`, or its nearest parent that exists (a run root is made on first use)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path.resolve()
+
+
+def _unescape(field: str) -> str:
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_of(path: Path, mountinfo: str | None = None) -> tuple[str, str] | None:
+    """(mount point, file system type) of the mount holding `path` (an existing, resolved
+    path), from /proc/self/mountinfo; None when it cannot be read."""
+    if mountinfo is None:
+        try:
+            mountinfo = MOUNTINFO.read_text()
+        except OSError:
+            return None
+    best: tuple[str, str] | None = None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, after = left.split(), right.split()
+        if not sep or len(fields) < 5 or not after:
+            continue
+        point = _unescape(fields[4])
+        inside = point == "/" or str(path) == point or str(path).startswith(point + "/")
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, after[0])  # the later of two mounts at one point covers the earlier
+    return best
+
+
+def _stat_type(path: Path) -> str | None:
+    """`stat -f -c %T PATH` (coreutils' name of the type), when mountinfo is not readable."""
+    try:
+        out = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True,
+                             text=True, timeout=10, check=True)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    name = out.stdout.strip()
+    return _STAT_NAMES.get(name, name) or None
+
+
+def fs_type(path: Path) -> tuple[str, str]:
+    """(type, where it was read) of the file system holding `path` or its nearest parent."""
+    base = existing_ancestor(path)
+    found = mount_of(base)
+    if found is not None:
+        return found[1], f"mount {found[0]}"
+    name = _stat_type(base)
+    return (name or "unknown"), f"stat -f {base}"
+
+
+def check_run_root(
+    root: Path, nodes: int, *, shared: bool, profile: str, offline: bool = False
+) -> str:
+    """One line for the preflight; ConfigError when a multi-node job's run root is not on a
+    shared file system type (naming the type found and the override)."""
+    if nodes <= 1:
+        return f"run root {root}: 1 node, need not be shared"
+    if shared:
+        return f"run root {root}: shared (storage.shared: true in profile {profile}; not detected)"
+    if offline:
+        return (
+            f"run root {root}: shared file system NOT CHECKED (offline; a {nodes}-node job needs "
+            "one: preflight on the login node checks it)"
+        )
+    kind, where = fs_type(root)
+    if kind in SHARED_TYPES or kind.startswith("nfs"):
+        return f"run root {root}: on {kind} ({where}), a shared file system"
+    raise ConfigError(
+        f"run root {root}: on {kind} ({where}), not a shared file system type (nfs, lustre, "
+        f"gpfs, beegfs, wekafs, ceph, ...): the ranks of a {nodes}-node job on other nodes would "
+        f"not see its logs and checkpoints. Point storage.runs (or --run-root, VITPOD_RUN_ROOT) "
+        f"at the shared file system, or, if every node mounts this path as one file system, set "
+        f"`storage: {{shared: true}}` in profile {profile}"
+    )
