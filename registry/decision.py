@@ -102,7 +102,7 @@ class Data(_Record):
     token_labels: dict[str, Any] | None = None
     """The token-label data read, when it exists at planning time: layout ('published':
     TokenLabeling's per-image [2, k, H, W] files; or vitpod's store), grid [H, W] and k; the
-    trainer resamples the grid to img_size/16 (labelset.describe)."""
+    trainer resamples the grid to img_size/16 (labellayout.describe)."""
 
 
 class Decision(_Record):

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from torchvision.ops import roi_align
 
-from vitpod.trainer import label, labelset
+from vitpod.trainer import label, labellayout, labelset
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.data import DataConfig
 from vitpod.trainer.data.published_labels import PublishedLabelStore
@@ -54,13 +54,13 @@ def _cfg(digits_dir: Path, labels: Path) -> DataConfig:
 
 
 def test_published_layout_is_detected_and_described_without_torch(published: Path):
-    assert labelset.layout_of(published) == labelset.PUBLISHED
-    assert labelset.describe(published) == {
+    assert labellayout.layout_of(published) == labelset.PUBLISHED
+    assert labellayout.describe(published) == {
         "layout": "published", "grid": [6, 5], "k": 5, "teacher": None,
     }  # fmt: skip
     legacy = published.parent / "legacy.pt"
     torch.save(torch.zeros(2, 3, 18, 18).half(), legacy, _use_new_zipfile_serialization=False)
-    assert labelset.tensor_file_shape(legacy) == ((2, 3, 18, 18), "Half")
+    assert labellayout.tensor_file_shape(legacy) == ((2, 3, 18, 18), "Half")
 
 
 def test_a_token_labeled_run_trains_to_completion_on_published_labels(
@@ -94,7 +94,7 @@ def test_a_crops_label_map_is_the_crop_of_the_images_map(digits_dir: Path, tmp_p
     root = tmp_path / "labels"
     write_published(digits_dir, root, grid=(height, width), k=k)
     image = "train/3/" + sorted(p.name for p in (digits_dir / "train" / "3").iterdir())[0]
-    torch.save(torch.stack([values, indices.float()]).half(), labelset.label_file(root, image))
+    torch.save(torch.stack([values, indices.float()]).half(), labellayout.label_file(root, image))
     store = TokenLabelStore.open(_cfg(digits_dir, root), CLASSES, folder_split(digits_dir, "train"))
     assert isinstance(store, PublishedLabelStore) and store.grid == (8, 4) and store.k == 2
 
@@ -147,10 +147,10 @@ def test_each_sample_is_cut_with_its_own_crop_box(digits_dir: Path, published: P
 def test_published_labels_that_do_not_fit_are_named(digits_dir: Path, tmp_path: Path):
     root = write_published(digits_dir, tmp_path / "labels", grid=(3, 3))
     where = "token-label data 'x'"
-    assert labelset.published_problems(root, where=where, data_dir=str(digits_dir)) == []
+    assert labellayout.published_problems(root, where=where, data_dir=str(digits_dir)) == []
     victim = sorted((root / "7").iterdir())[0]
     torch.save(torch.zeros(5, 3, 3).half(), victim)
-    found = labelset.published_problems(root, where=where, data_dir=str(digits_dir), sample=10)
+    found = labellayout.published_problems(root, where=where, data_dir=str(digits_dir), sample=10)
     assert len(found) == 1 and "shape [5, 3, 3], not [2, k, H, W]" in found[0]
     victim.unlink()
     with pytest.raises(TokenLabelError, match=r"no label file for 1 of 1433 images"):
@@ -158,7 +158,7 @@ def test_published_labels_that_do_not_fit_are_named(digits_dir: Path, tmp_path: 
     for file in (root / "4").iterdir():
         file.unlink()
     (root / "4").rmdir()
-    found = labelset.published_problems(root, where=where, data_dir=str(digits_dir))
+    found = labellayout.published_problems(root, where=where, data_dir=str(digits_dir))
     assert len(found) == 1 and "no class folder for 1 of the 10 classes" in found[0]
     assert "'4'" in found[0] and "--layout published" in found[0]
 
@@ -196,9 +196,9 @@ def test_the_labeler_writes_the_published_layout_with_a_cnn_teacher(
     split = folder_split(digits_dir, "train")
     names = [split.relpath(i) for i in range(71)]  # shard 0 of 20 of 1433 images: 0..70
     for name in (names[0], names[-1]):
-        maps = torch.load(labelset.label_file(out, name), weights_only=True)
+        maps = torch.load(labellayout.label_file(out, name), weights_only=True)
         assert maps.shape == (2, 5, 2, 2) and maps.dtype == torch.float16
-    assert not labelset.label_file(out, split.relpath(71)).exists(), "another shard's image"
+    assert not labellayout.label_file(out, split.relpath(71)).exists(), "another shard's image"
     sidecar = json.loads(labelset.shard_path(out, 0, 20).with_suffix(".json").read_text())
     assert sidecar["layout"] == "published" and sidecar["teacher_grid"] == [2, 2]
 

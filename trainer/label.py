@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import io, runfiles
-from vitpod.trainer import labelset
+from vitpod.trainer import labellayout, labelset
 from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
 
 
@@ -150,14 +150,14 @@ def label_shard(ns: argparse.Namespace, shard: int, shards: int) -> dict[str, An
 
 def _check_published(names: list[str], num_classes: int) -> None:
     """The published layout names a label by class folder and image stem, indices in float16."""
-    if num_classes > labelset.PUBLISHED_MAX_CLASSES:
+    if num_classes > labellayout.PUBLISHED_MAX_CLASSES:
         raise LabelError(
             f"--layout published: {num_classes} classes, but its class indices are float16 "
-            f"(exact up to {labelset.PUBLISHED_MAX_CLASSES}); use --layout vitpod"
+            f"(exact up to {labellayout.PUBLISHED_MAX_CLASSES}); use --layout vitpod"
         )
     seen: dict[str, str] = {}
     for name in names:
-        file = labelset.label_file("", name).as_posix()
+        file = labellayout.label_file("", name).as_posix()
         if file in seen:
             raise LabelError(
                 f"--layout published: {seen[file]} and {name} share the label file {file} (one "
@@ -176,7 +176,7 @@ def _write_published(label_dir: str, names: list[str], logits: Any, topk: int) -
     top = logits.float().topk(min(topk, logits.shape[1]), dim=1)
     for i, name in enumerate(names):
         maps = torch.stack([top.values[i].half().cpu(), top.indices[i].half().cpu()])
-        atomic_torch_save(maps, labelset.label_file(label_dir, name))
+        atomic_torch_save(maps, labellayout.label_file(label_dir, name))
 
 
 def _label_locked(

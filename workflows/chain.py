@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import shlex
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,12 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision
 from vitpod.trainer import labelset
-from vitpod.workflows import follow, jobstate, labels, preflight, status
+from vitpod.workflows import chain_watch, jobstate, labels, preflight, status
+from vitpod.workflows.chain_watch import ChainError
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.executor import make_executor, trainer_task
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import load_profile
-from vitpod.workflows.rootcause import first_error_line, root_cause
 from vitpod.workflows.rundir import (
     DIR_MODE,
     new_run_path,
@@ -34,11 +33,8 @@ from vitpod.workflows.rundir import (
 from vitpod.workflows.stageres import StageResources, write_rendered
 from vitpod.workflows.submission import materialize
 
+__all__ = ["STAGES", "Chain", "ChainError", "StageRecord"]
 STAGES = ("pretrain", "finetune")
-
-
-class ChainError(RuntimeError):
-    """A stage failed or was cancelled; the message carries the root-cause traceback if found."""
 
 
 @dataclass
@@ -338,103 +334,19 @@ class Chain:
             },
         }
 
-    # ---- watching
-    def _local_state(self, rec: StageRecord) -> str:
-        if rec.job is None:
-            return rec.state or "NOT_SUBMITTED"
-        if rec.job.state == "RUNNING":
-            return "RUNNING"
-        try:
-            rec.job.results()
-        except Exception:  # the task raised (its traceback is in the rank logs)
-            return "FAILED"
-        return "COMPLETED"
-
-    def _advance_local(self) -> None:
-        """Local profile: record states, and start the finetune once the pretrain completed."""
-        for rec in self.stages.values():
-            if rec.state not in jobstate.TERMINAL:
-                rec.state = self._local_state(rec)
-        pre, fin = self.stages.get("pretrain"), self.stages.get("finetune")
-        if pre and fin and fin.job is None and fin.state != "CANCELLED":
-            if pre.state == "COMPLETED":
-                self._submit_stage(fin, dependency=None)
-            elif pre.state in jobstate.TERMINAL:
-                fin.state = "CANCELLED"  # as Slurm's kill_invalid_depend would
-        self._save()
-
+    # ---- watching (workflows/chain_watch.py)
     def status(self) -> list[status.StageStatus]:
         """Per stage: state, job ids, restarts, last step, images/s, and a failure's root cause."""
-        if not self.stages:
-            raise RuntimeError("submit() first")
-        if self.uses_slurm:
-            ids = [j for rec in self.stages.values() for j in rec.job_ids]
-            polled = jobstate.poll_once(ids)
-            infos = {n: [polled[j] for j in r.job_ids] for n, r in self.stages.items()}
-        else:
-            self._advance_local()
-            infos = {n: [] for n in self.stages}
-        return [
-            status.stage_status(name, rec.run_dir, rec.job_ids, infos[name], rec.state)
-            for name, rec in self.stages.items()
-        ]
+        return chain_watch.status_of(self)
 
     def wait(self, timeout: float | None = None, poll_s: float = 5.0) -> dict[str, Any]:
         """Block until every stage completed (returns the report) or one failed (raises)."""
-        if not self.stages:
-            raise RuntimeError("submit() first")
-        if self.uses_slurm:
-            self._wait_slurm(timeout, poll_s)
-        else:
-            self._wait_local(timeout, poll_s)
-        return self.report()
-
-    def _wait_slurm(self, timeout: float | None, poll_s: float) -> None:
-        ids = [j for rec in self.stages.values() for j in rec.job_ids]
-        try:
-            jobstate.wait_jobs(jobstate.JobStatePoller(ids), timeout=timeout, poll_s=poll_s)
-        except jobstate.JobFailedError as exc:
-            stage = next(n for n, r in self.stages.items() if exc.info.job_id in r.job_ids)
-            self.stages[stage].state = exc.info.state
-            self._save()
-            raise ChainError(self._failure_message(stage, str(exc))) from None
-        for rec in self.stages.values():
-            rec.state = "COMPLETED"
-        self._save()
-
-    def _wait_local(self, timeout: float | None, poll_s: float) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._advance_local()
-            for name, rec in self.stages.items():
-                if rec.state in jobstate.TERMINAL and rec.state != "COMPLETED":
-                    raise ChainError(self._failure_message(name, f"{name} ended {rec.state}"))
-            if all(r.state == "COMPLETED" for r in self.stages.values()):
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                outcome = self._cancel_submitted()
-                raise TimeoutError(f"pipeline not finished after {timeout:.0f} s; {outcome}")
-            time.sleep(min(poll_s, 1.0))
+        return chain_watch.wait(self, timeout, poll_s)
 
     def follow(self, interval: float | None = None, console: Any = None) -> int:
         """Live view of every stage until the run ends (workflows/follow.py); 0 when all
         completed (report.json's path printed), 1 when one failed (root cause printed)."""
-        if not self.stages or self.directory is None:
-            raise RuntimeError("submit() first")
-        advance = None if self.uses_slurm else self._advance_local
-        return follow.follow(self.directory, interval, console, before_poll=advance)
-
-    def _failure_message(self, stage: str, reason: str) -> str:
-        rec = self.stages[stage]
-        tb = root_cause(rec.run_dir / runfiles.LOGS)
-        where = f"\nlogs: {rec.run_dir / runfiles.LOGS}"
-        for job in self.label_jobs.values():  # a failed labeling array cancels the pretrain
-            logs = job.plan.run_dir / runfiles.LOGS
-            where += f"\nlabeling logs (the pretrain waits for them): {logs}"
-        if tb is None:
-            line = first_error_line(rec.run_dir / runfiles.LOGS)
-            return f"{stage}: {reason}" + (f"\nfirst error: {line}" if line else "") + where
-        return f"{stage}: {reason}\nroot cause ({tb.path}:{tb.line}):\n{tb.text}{where}"
+        return chain_watch.follow_chain(self, interval, console)
 
     def report(self) -> dict[str, Any]:
         """Each stage's final accuracy and where its checkpoints, logs and final model are."""

@@ -18,7 +18,7 @@ from vitpod.registry.decision import (
     Resources,
     engine_named_by_flags,
 )
-from vitpod.trainer import labelset
+from vitpod.trainer import labellayout
 from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig
@@ -210,7 +210,9 @@ def plan_job(req: Request) -> JobPlan:
             data=Data(
                 data_dir=spec.data_dir, token_label_data=cfg.token_label_data,
                 finetune_from=spec.finetune_from,
-                token_labels=labelset.describe(cfg.token_label_data) if cfg.token_label else None,
+                token_labels=(
+                    labellayout.describe(cfg.token_label_data) if cfg.token_label else None
+                ),
             ),
         )  # fmt: skip
     launch = launch_for(spec)

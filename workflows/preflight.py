@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vitpod.analysis import layout, memory
 from vitpod.analysis.mesh import Mesh
 from vitpod.registry import models, runfiles
-from vitpod.trainer import labelset
+from vitpod.trainer import labellayout, labelset
 from vitpod.workflows import containerpreflight, sharedfs, slurmchecks
 from vitpod.workflows.container import check_container_paths, host_path
 from vitpod.workflows.errors import ConfigError
@@ -187,11 +187,11 @@ def check(
     done.append("paths exist: data, code, token-label data, finetune source, image")
     done.append(check_run_root(Path(spec.run_dir).parent))
     done.append(shared_run_root(spec, offline))
+    done.append(check_grace(plan))
     return done + container_done
 
 
 def check_ranks_per_gpu(plan: Planned) -> None:
-    done.append(check_grace(plan))
     """More ranks than GPUs on a node: ranks would share a GPU, which NCCL refuses."""
     spec = plan.spec
     if spec.gpus_per_node and spec.tasks_per_node > spec.gpus_per_node:
@@ -280,9 +280,9 @@ def token_label_problems(plan: Planned) -> list[str]:
     if path.is_file():
         return []  # a single file from generate_token_labels: the trainer checks it on open
     data_dir = cfg.get("data_dir")
-    if labelset.layout_of(path) == labelset.PUBLISHED:  # TokenLabeling's files: no manifest
+    if labellayout.layout_of(path) == labelset.PUBLISHED:  # TokenLabeling's files: no manifest
         where = f"token-label data {labels!r}"
-        return labelset.published_problems(path, where=where, data_dir=data_dir)
+        return labellayout.published_problems(path, where=where, data_dir=data_dir)
     names = None
     if data_dir and Path(data_dir, "train").is_dir():
         names = labelset.folder_names(data_dir)

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitpod.trainer import labelset
+from vitpod.trainer import labellayout, labelset
 from vitpod.trainer.data.config import DataConfig
+from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores
 from vitpod.trainer.data.sources import Split
-from vitpod.trainer.data.token_label import TokenLabelError, crop_scores
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +58,22 @@ class PublishedLabelStore:
             )
         present = {c: set(os.listdir(path / c)) for c in split.classes}
         missing = [
-            n for n in names if labelset.label_file(path, n).name not in present[Path(n).parts[-2]]
+            n
+            for n in names
+            if labellayout.label_file(path, n).name not in present[Path(n).parts[-2]]
         ]
         if missing:
             raise TokenLabelError(
                 f"{where}: no label file for {len(missing)} of {len(names)} images (first: "
-                f"{[str(labelset.label_file(path, n)) for n in missing[:3]]}); label them "
+                f"{[str(labellayout.label_file(path, n)) for n in missing[:3]]}); label them "
                 f"(--layout published) over {split.root}"
             )
-        if num_classes > labelset.PUBLISHED_MAX_CLASSES:
+        if num_classes > labellayout.PUBLISHED_MAX_CLASSES:
             raise TokenLabelError(
                 f"{where}: {num_classes} classes; the published layout stores class indices in "
-                f"float16, exact up to {labelset.PUBLISHED_MAX_CLASSES}: use vitpod's store"
+                f"float16, exact up to {labellayout.PUBLISHED_MAX_CLASSES}: use vitpod's store"
             )
-        first = labelset.label_file(path, names[0])
+        first = labellayout.label_file(path, names[0])
         maps = _load(first, num_classes)
         grid = (int(maps.shape[2]), int(maps.shape[3]))
         store = cls(path, num_classes, cfg.token_label_size, grid, int(maps.shape[1]))
@@ -105,7 +107,7 @@ class PublishedLabelStore:
 
     def dense(self, relpath: str) -> torch.Tensor:
         """The image's top-k scores scattered into a zero [C, H, W] map (VOLO's get_featuremaps)."""
-        maps = _load(labelset.label_file(self.path, relpath), self.num_classes)
+        maps = _load(labellayout.label_file(self.path, relpath), self.num_classes)
         values, indices = maps[0].float(), maps[1].float().round().long()
         dense = torch.zeros(self.num_classes, *values.shape[1:])
         return dense.scatter_(0, indices, values)
@@ -123,7 +125,7 @@ def _load(file: Path, num_classes: int) -> torch.Tensor:
     except Exception as exc:  # a damaged or foreign file: name it
         raise TokenLabelError(f"--token-label-data: {file}: unreadable ({exc})") from None
     shape = tuple(maps.shape) if isinstance(maps, torch.Tensor) else ()
-    problem = labelset.published_shape_problem(f"--token-label-data: {file}", shape)
+    problem = labellayout.published_shape_problem(f"--token-label-data: {file}", shape)
     if problem:
         raise TokenLabelError(problem)
     top = int(maps[1].float().max())

@@ -22,18 +22,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchvision.ops import roi_align
 
-from vitpod.trainer import labelset
+from vitpod.trainer import labellayout, labelset
 from vitpod.trainer.data.config import DataConfig
-from vitpod.trainer.data.sources import DataSourceError, Split
+from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores
+from vitpod.trainer.data.sources import Split
 
 FORMAT = "vitpod-token-labels/1"
 log = logging.getLogger(__name__)
-
-
-class TokenLabelError(DataSourceError):
-    """Token-label data is missing, incomplete or does not fit the run; the message says how."""
 
 
 class TokenLabelStore:
@@ -54,7 +50,7 @@ class TokenLabelStore:
         """Open and check cfg.token_label_data (one file, or a sharded directory with a manifest
         from `python -m vitpod.trainer.label`); with `split`, every image must have an entry."""
         path = Path(cfg.token_label_data)
-        if labelset.layout_of(path) == labelset.PUBLISHED:  # TokenLabeling's files, as published
+        if labellayout.layout_of(path) == labelset.PUBLISHED:  # TokenLabeling's files, as published
             from vitpod.trainer.data.published_labels import PublishedLabelStore
 
             return PublishedLabelStore.open(cfg, num_classes, split)  # type: ignore[no-any-return]
@@ -197,25 +193,3 @@ def _load_shards(path: Path, teacher_sha256: str | None = None) -> dict[str, Any
         "format": FORMAT, "num_classes": manifest["num_classes"], "index": index,
         "shards": shards, "starts": starts, "shard_of": shard_of,
     }  # fmt: skip
-
-
-def crop_scores(
-    dense: torch.Tensor,
-    box: tuple[float, float, float, float],
-    size: int,
-    flipped: bool,
-    softmax: bool = False,
-) -> torch.Tensor:
-    """Cut box (x0, y0, x1, y1 in fractions) out of dense [C, H, W] (any H x W) onto a
-    size x size grid: [size*size, C], rows sum 1: normalized probabilities, or with `softmax`
-    (scores that are logits, as TokenLabeling publishes them) their softmax over the classes."""
-    _, height, width = dense.shape
-    x0, y0, x1, y1 = box
-    roi = torch.tensor([[0, x0 * width, y0 * height, x1 * width, y1 * height]], dtype=dense.dtype)
-    crop = roi_align(dense[None], roi, output_size=size, spatial_scale=1.0, aligned=True)[0]
-    if flipped:
-        crop = crop.flip(-1)
-    tokens = crop.flatten(1).T
-    if softmax:
-        return tokens.softmax(1)
-    return tokens / tokens.sum(1, keepdim=True).clamp_min(1e-8)
