@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from vitpod.registry import runfiles
-from vitpod.workflows import preflight, triage
+from vitpod.workflows import grace, triage
 from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.profile import PROFILE_DIR
 
@@ -246,9 +246,9 @@ def test_grace_under_the_last_runs_checkpoint_save_warns(tmp_path, capsys):
         '{"kind": "timing", "event": "checkpoint", "step": 5, "seconds": 12.0}\n'
         '{"kind": "timing", "event": "checkpoint", "step": 10, "seconds": 45.5}\n'
     )
-    line = preflight.check_grace(_plan(tmp_path, grace_s=30))
+    line = grace.check_grace(_plan(tmp_path, grace_s=30))
     assert "preemption.grace_s=30 vs 45.5 s" in line and "WARNING" in line, line
     err = capsys.readouterr().err
     assert "warning: preemption.grace_s=30 vs 45.5 s" in err and "above 46" in err, err
-    line = preflight.check_grace(_plan(tmp_path, grace_s=60))
+    line = grace.check_grace(_plan(tmp_path, grace_s=60))
     assert "WARNING" not in line and capsys.readouterr().err == ""

@@ -17,7 +17,7 @@ import yaml
 from vitpod.workflows import cli, slurmchecks
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import PROFILE_DIR, load_profile
-from vitpod.workflows.spec import cpu_count, loader_workers, rank_threads
+from vitpod.workflows.rankthreads import cpu_count, loader_workers, rank_threads
 
 CASE = re.compile(r"^  (\d+)\) numa=\d+ cpus=(\S+) hca=\S+ threads=(\d+) ;;$", re.M)
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -16,6 +14,7 @@ from vitpod.trainer import labellayout, labelset
 from vitpod.workflows import containerpreflight, sharedfs, slurmchecks
 from vitpod.workflows.container import check_container_paths, host_path
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.grace import check_grace
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.quantities import whole_number
 from vitpod.workflows.recipe import Recipe
@@ -357,75 +356,3 @@ def mount_problems(plan: Planned) -> list[str]:
                 f"{{src: {path}, dst: {path}}} or move it under storage.data"
             )
     return out
-
-
-ASSUMED_WRITE_BYTES_PER_S = 1.0 * memory.GIB
-"""Write rate per node assumed for the planner's checkpoint-save estimate (no measured save)."""
-
-
-def check_grace(plan: Planned) -> str:
-    """preemption.grace_s against the longest checkpoint save of the last run of this model and
-    stage (its `timing` records), else the memory planner's state bytes per node at
-    ASSUMED_WRITE_BYTES_PER_S; a warning on stderr when the grace period is shorter. (A grace at
-    or above the time limit is refused when the profile is loaded.)"""
-    spec = plan.spec
-    grace = spec.profile.preemption.grace_s
-    measured = last_checkpoint_save(Path(spec.run_dir), spec.model, spec.stage)
-    if measured is not None:
-        need, source = measured[0], f"the longest checkpoint save of {measured[1]}"
-    else:
-        estimate = _planned_save_s(plan)
-        if estimate is None:
-            return f"preemption.grace_s={grace}: no checkpoint save measured or estimated yet"
-        need = estimate
-        source = (f"the memory planner's model and optimizer state per node at an assumed "
-                  f"{ASSUMED_WRITE_BYTES_PER_S / memory.GIB:.0f} GiB/s")  # fmt: skip
-    line = f"preemption.grace_s={grace} vs {need:.1f} s, {source}"
-    if grace < need:
-        print(f"warning: {line}: a preemption may end the job before its checkpoint is "
-              f"written; raise preemption.grace_s above {need:.0f}", file=sys.stderr)  # fmt: skip
-        return f"{line} (WARNING: grace too short)"
-    return line
-
-
-def last_checkpoint_save(run_dir: Path, model: str, stage: str) -> tuple[float, str] | None:
-    """(longest checkpoint save in seconds, run directory) of the newest run of `model` and
-    `stage` under run_dir's parent (run_dir itself first: a resumed run) that measured one."""
-    root = run_dir.parent
-    siblings = sorted(root.glob(f"*-{model}-{stage}-*"), reverse=True) if root.is_dir() else []
-    for run in [run_dir, *(r for r in siblings if r != run_dir)]:
-        seconds = [
-            float(rec["seconds"])
-            for path in sorted((run / runfiles.METRICS).glob("rank*.jsonl"))
-            for rec in _records(path)
-            if rec.get("kind") == "timing" and rec.get("event") == "checkpoint"
-            and isinstance(rec.get("seconds"), (int, float))
-        ]  # fmt: skip
-        if seconds:
-            return max(seconds), str(run)
-    return None
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def _planned_save_s(plan: Planned) -> float | None:
-    """Seconds to write one node's share of the weights and optimizer state (memory planner)."""
-    settings = dict(plan.memory.get("settings") or {}) if hasattr(plan, "memory") else {}
-    if not settings or "mesh" in settings:
-        return None
-    try:
-        est = memory.estimate(batch=1, **settings)
-    except (TypeError, ValueError):
-        return None
-    per_node = (est.weights + est.optimizer + est.buffers) * plan.spec.tasks_per_node
-    return per_node / ASSUMED_WRITE_BYTES_PER_S

@@ -14,7 +14,8 @@ from typing import Any
 from vitpod.registry import io, runfiles
 from vitpod.workflows.container import image_provenance, image_record, sqsh_path
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import REPO_ROOT, UNSAFE_PATH, Profile, resolve_path
+from vitpod.workflows.profile import REPO_ROOT, Profile, resolve_path
+from vitpod.workflows.profile_container import UNSAFE_PATH
 
 DIR_MODE = 0o750  # group may read a run; nobody else, and never world-writable
 FILE_MODE = 0o640

@@ -15,8 +15,10 @@ from vitpod.workflows import container, doctor_step, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.masterport import master_port_expr, master_port_span_lines
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
-from vitpod.workflows.recipe import Recipe, StageRecipe, check_token_label_size
+from vitpod.workflows.rankthreads import loader_workers, rank_threads
+from vitpod.workflows.recipe import Recipe
 from vitpod.workflows.templating import render
+from vitpod.workflows.trainerargv import extra_args, last_value, trainer_flags
 
 Entry = Literal["trainer", "rankinfo", "commbench", "labels"]
 COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
@@ -28,22 +30,11 @@ RANK_EXIT_WAIT_S = 60
 ROCE_ENV = {"NCCL_IB_GID_INDEX": "3"}
 """Set on `fabric.network: roce` only (the profile's env may give another value): NCCL's GID
 index 3 is RoCE v2 (IPv4) on a default Mellanox/NVIDIA configuration; InfiniBand needs no GID."""
-DEFAULT_LOADER_WORKERS = 4  # trainer/config.py TrainConfig.workers (-j/--workers)
 # bind.sh exports the path of the rank's requeue marker under this name (for the submitit task).
 REQUEUE_MARKER_ENV = "VITPOD_REQUEUE_MARKER"
 _DEPENDENCY = re.compile(
     r"^(singleton|[a-z_]+(:[0-9A-Za-z_.+]+)+)([,?](singleton|[a-z_]+(:[0-9A-Za-z_.+]+)+))*$"
 )
-# Flags vitpod sets itself; giving them in ARGS would silently fight the run layout.
-_RESERVED = {
-    "--output": "the run directory is created by vitpod",
-    "--finetune": "use FINETUNE_FROM=",
-    # Every (re)start runs `--resume auto`; a --resume in ARGS would come after it and win on
-    # every requeue (each restart back at the same checkpoint, or at step 0 with `none`).
-    "--resume": "every start and requeue resumes the run's newest complete checkpoint; to "
-    "continue a stopped run use `make resume RUN=<run dir>`, to start from a checkpoint's "
-    "weights use FINETUNE_FROM=<checkpoint or run dir>",
-}
 
 
 GENERATED_DATASETS = ("digits", "synthetic")
@@ -184,7 +175,7 @@ def build_spec(
     a script for any cluster can be rendered anywhere.
     """
     stage_recipe = recipe.stage(stage)
-    extra = [*_extra_args(args), *tool_args]
+    extra = [*extra_args(args), *tool_args]
     partition = profile.partition(stage)
     node = profile.node_type(stage)
     _check_dependency(dependency)
@@ -209,7 +200,7 @@ def build_spec(
         command = (python, "-m", "vitpod.trainer.label", data_path, *dataset, *extra)
         data_dir = None if generated else data_path
     else:
-        flags = _trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
+        flags = trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
         data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
         command = (python, "-m", "vitpod.trainer", data_path, "--model", recipe.model, *flags)
         if stage_recipe.dataset not in GENERATED_DATASETS:
@@ -244,33 +235,6 @@ def build_spec(
     )
 
 
-def _trainer_flags(
-    profile: Profile, stage: StageRecipe, run_dir: Path, finetune: str | None, extra: list[str]
-) -> list[str]:
-    """Recipe flags, shared-storage paths, the run directory, then ARGS (last wins)."""
-    flags = stage.trainer_flags()
-    if stage.token_label and stage.token_label_data:
-        labels = resolve_path(profile.storage.data) / stage.token_label_data
-        flags += ["--token-label-data", str(labels)]
-    if finetune:
-        flags += ["--finetune", finetune]
-    flags += ["--output", str(run_dir), "--resume", "auto", *extra]
-    _check_final_flags(flags)
-    return flags
-
-
-def _extra_args(args: str) -> list[str]:
-    try:
-        extra = shlex.split(args or "")
-    except ValueError as exc:
-        raise ConfigError(f"ARGS={args!r}: {exc}; balance the quotes") from None
-    for arg in extra:
-        flag = arg.split("=", 1)[0]
-        if flag in _RESERVED:
-            raise ConfigError(f"ARGS: {flag} is set by vitpod ({_RESERVED[flag]}); remove it")
-    return extra
-
-
 def _check_dependency(dependency: str | None) -> None:
     if dependency and not _DEPENDENCY.match(dependency):
         raise ConfigError(
@@ -297,26 +261,6 @@ def _python(profile: Profile) -> str:
     return profile.python or sys.executable
 
 
-def _last_value(flags: list[str], *names: str) -> str | None:
-    value = None
-    for i, arg in enumerate(flags):
-        key, _, inline = arg.partition("=")
-        if key in names:
-            value = inline if inline else (flags[i + 1] if i + 1 < len(flags) else None)
-    return value
-
-
-def _check_final_flags(flags: list[str]) -> None:
-    """Re-check what ARGS may have changed: token-label grid = img_size/16."""
-    if "--token-label" not in flags:
-        return
-    img, size = _last_value(flags, "--img-size"), _last_value(flags, "--token-label-size")
-    try:
-        check_token_label_size(int(img or 0), int(size) if size else None, "--token-label-size")
-    except ValueError as exc:
-        raise ConfigError(f"ARGS/recipe: {exc}") from None
-
-
 def environment(spec: JobSpec) -> dict[str, str]:
     """Variables exported before srun: the profile's env, plus RoCE's on a RoCE fabric.
 
@@ -329,56 +273,13 @@ def environment(spec: JobSpec) -> dict[str, str]:
     return env
 
 
-def cpu_count(cpus: str) -> int:
-    """CPUs in a list such as '48-63,176-191' (32)."""
-    total = 0
-    for part in cpus.split(","):
-        low, _, high = part.partition("-")
-        total += int(high or low) - int(low) + 1
-    return total
-
-
-def loader_workers(command: tuple[str, ...]) -> int:
-    """Data-loader worker processes per rank: the command's last -j/--workers, else the
-    trainer's default (0 when the command is not the trainer or the labeler)."""
-    value: str | None = None
-    for i, arg in enumerate(command):
-        if arg in ("-j", "--workers") and i + 1 < len(command):
-            value = command[i + 1]
-        elif arg.startswith("--workers="):
-            value = arg.partition("=")[2]
-        elif arg.startswith("-j") and arg[2:].isdigit():
-            value = arg[2:]
-    if value is not None and value.isdigit():
-        return int(value)
-    trains = any(m in command for m in ("vitpod.trainer", "vitpod.trainer.label"))
-    return DEFAULT_LOADER_WORKERS if trains else 0
-
-
-def rank_threads(node: NodeType, workers: int) -> dict[int, int]:
-    """OMP_NUM_THREADS per local rank: the CPUs bound to it, split among the ranks bound to the
-    same CPUs (or NUMA node), minus its loader workers (one CPU each), at least 1. Without a
-    binding map a rank has cpus_per_node / ranks."""
-    ranks = range(node.ranks_per_node)
-    if not node.binding:
-        return {r: max(1, node.cpus_per_task - workers) for r in ranks}
-    key = {b.local_rank: (b.cpus or f"numa{b.numa}") for b in node.binding}
-    numa_nodes = len({b.numa for b in node.binding})
-    out = {}
-    for b in node.binding:
-        cores = cpu_count(b.cpus) if b.cpus else max(1, node.cpus_per_node // numa_nodes)
-        sharing = sum(1 for k in key.values() if k == key[b.local_rank])
-        out[b.local_rank] = max(1, cores // sharing - workers)
-    return out
-
-
 def _container_args(spec: JobSpec, env_names: list[str]) -> list[str]:
     if spec.profile.container is None:
         return []
     # The run's directory tree (its siblings: a pipeline's other stage) and a fine-tune source
     # are mounted at the same paths when no profile mount covers them.
     extra = [str(Path(spec.run_dir).parent)]
-    extra += [p for p in (_last_value(list(spec.command), "--finetune"),) if p]
+    extra += [p for p in (last_value(list(spec.command), "--finetune"),) if p]
     return container.srun_args(spec.profile.container, env_names, extra)
 
 

@@ -1,0 +1,69 @@
+"""The ranks' trainer argv: the recipe's flags, shared-storage paths, the run directory, then
+ARGS (last wins), with the flags vitpod sets itself refused in ARGS."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.profile import Profile, resolve_path
+from vitpod.workflows.recipe import StageRecipe, check_token_label_size
+
+# Flags vitpod sets itself; giving them in ARGS would silently fight the run layout.
+RESERVED = {
+    "--output": "the run directory is created by vitpod",
+    "--finetune": "use FINETUNE_FROM=",
+    # Every (re)start runs `--resume auto`; a --resume in ARGS would come after it and win on
+    # every requeue (each restart back at the same checkpoint, or at step 0 with `none`).
+    "--resume": "every start and requeue resumes the run's newest complete checkpoint; to "
+    "continue a stopped run use `make resume RUN=<run dir>`, to start from a checkpoint's "
+    "weights use FINETUNE_FROM=<checkpoint or run dir>",
+}
+
+
+def trainer_flags(
+    profile: Profile, stage: StageRecipe, run_dir: Path, finetune: str | None, extra: list[str]
+) -> list[str]:
+    """Recipe flags, shared-storage paths, the run directory, then ARGS (last wins)."""
+    flags = stage.trainer_flags()
+    if stage.token_label and stage.token_label_data:
+        labels = resolve_path(profile.storage.data) / stage.token_label_data
+        flags += ["--token-label-data", str(labels)]
+    if finetune:
+        flags += ["--finetune", finetune]
+    flags += ["--output", str(run_dir), "--resume", "auto", *extra]
+    check_final_flags(flags)
+    return flags
+
+
+def extra_args(args: str) -> list[str]:
+    try:
+        extra = shlex.split(args or "")
+    except ValueError as exc:
+        raise ConfigError(f"ARGS={args!r}: {exc}; balance the quotes") from None
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED:
+            raise ConfigError(f"ARGS: {flag} is set by vitpod ({RESERVED[flag]}); remove it")
+    return extra
+
+
+def last_value(flags: list[str], *names: str) -> str | None:
+    value = None
+    for i, arg in enumerate(flags):
+        key, _, inline = arg.partition("=")
+        if key in names:
+            value = inline if inline else (flags[i + 1] if i + 1 < len(flags) else None)
+    return value
+
+
+def check_final_flags(flags: list[str]) -> None:
+    """Re-check what ARGS may have changed: token-label grid = img_size/16."""
+    if "--token-label" not in flags:
+        return
+    img, size = last_value(flags, "--img-size"), last_value(flags, "--token-label-size")
+    try:
+        check_token_label_size(int(img or 0), int(size) if size else None, "--token-label-size")
+    except ValueError as exc:
+        raise ConfigError(f"ARGS/recipe: {exc}") from None
