@@ -62,7 +62,7 @@ setup:
 	bash scripts/setup.sh
 
 test:
-	$(PY) -m pytest -q -rs $(TESTS)
+	$(PY) -m pytest -q -rs --durations=25 $(TESTS)
 
 lint:
 	$(PY) -m ruff check vitpod workflows trainer analysis registry tests benchmarks
