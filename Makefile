@@ -49,7 +49,7 @@ FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --time "$$TIME" --args="$$ARGS"
 # FT_NODES/FT_TIME are the fine-tune stage's of `make pipeline`; one stage takes NODES/TIME.
-FT_ONLY = $(if $(FT_NODES)$(FT_TIME),$(error FT_NODES/FT_TIME set the fine-tune of make pipeline; make $@ runs one stage: use NODES= and TIME=))
+FT_ONLY = $(if $(FT_NODES)$(FT_TIME),$(error FT_NODES/FT_TIME set the fine-tune of make pipeline; make $@ runs one stage: use NODES= and TIME=))$(if $(TEACHER)$(TEACHER_CKPT),$(error TEACHER/TEACHER_CKPT make token labels in make pipeline and make token-labels; make $@ would ignore them: drop TEACHER, or pass the labels with ARGS="--token-label-data DIR"))
 
 .PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
         container slurm-up slurm-down bench calibrate token-labels shards profile doctor
@@ -79,7 +79,7 @@ preflight:
 	$(FT_ONLY)$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 pretrain:
-	$(FT_ONLY)$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG)
+	$(FT_ONLY)$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 finetune:
 	$(FT_ONLY)$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
@@ -91,7 +91,8 @@ resume:
 
 pipeline:
 	$(WF) pipeline $(STAGE_ARGS) --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" \
-	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG)
+	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG) \
+	  --finetune-from "$$FINETUNE_FROM"
 
 demo:
 	$(WF) demo --cluster "$$CLUSTER" $(if $(TOKEN_LABELS),--token-labels)

@@ -22,6 +22,7 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.executor import make_executor, trainer_task
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import load_profile
+from vitpod.workflows.recipe import recipe_name
 from vitpod.workflows.rundir import (
     DIR_MODE,
     new_run_path,
@@ -126,7 +127,7 @@ class Chain:
         """Plan every stage and run the whole preflight; raises ConfigError, writes nothing.
         Offline: only the checks that need no cluster (as `make render`)."""
         profile = load_profile(self.cluster)
-        model = profile.model_for(self.model)
+        model = recipe_name(profile.model_for(self.model))
         directory = new_run_path(runs_root(profile, self.run_root), model, "pipeline")
         records: dict[str, StageRecord] = {}
         self.label_jobs = {}
@@ -138,12 +139,20 @@ class Chain:
                 **self.resources.request(stage, profile, "pretrain" in self.wanted),
                 args=self.stage_args[stage], run_dir=directory / stage, entry=self.entry,  # type: ignore[arg-type]
                 finetune_from=source if stage == "finetune" else "",
+                finetune_pending=chained, offline=self.offline,
             )  # fmt: skip
             plan = plan_job(req)
             pending = self._plan_labels(plan, directory)
             if not self.offline:
                 preflight.check(plan, chained=chained, labels_pending=pending)
             records[stage] = StageRecord(stage, plan)
+        if self.teacher and not any((r.plan.trainer or {}).get("token_label")
+                                    for r in records.values()):  # fmt: skip
+            raise ConfigError(
+                f"TEACHER={self.teacher!r}: no stage of recipe {model} ({', '.join(records)}) "
+                "trains with token labels, so the teacher would be ignored; drop TEACHER, or "
+                'turn them on with ARGS="--token-label ..."'
+            )
         self.directory = directory
         return records
 

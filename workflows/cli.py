@@ -66,7 +66,7 @@ def request(ns: argparse.Namespace) -> Request:
         cluster=ns.cluster, model=ns.model, stage=ns.stage, nodes=ns.nodes, time=ns.time,
         args=ns.args,
         finetune_from=ns.finetune_from, dependency=ns.dependency, run_root=ns.run_root,
-        entry=ns.entry,
+        entry=ns.entry, offline=ns.offline,
     )  # fmt: skip
 
 
