@@ -266,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", default="", help="array tasks x ranks per task")
     p.add_argument("--force", action="store_true", help="label even if matching labels exist")
     p.add_argument("--wait", action="store_true", help="wait for the array to end")
+    p.add_argument(
+        "--dry-run", action="store_true",
+        help="print the array script it would submit; write and submit nothing",
+    )  # fmt: skip
     return p
 
 
@@ -276,6 +280,10 @@ def main(argv: list[str]) -> int:
         teacher_checkpoint=ns.teacher_checkpoint, nodes=ns.nodes or None, shards=ns.shards,
         args=ns.args, run_root=ns.run_root,
     )  # fmt: skip
+    if ns.dry_run:
+        print(f"# dry run: would write {job.plan.run_dir} and submit this array; nothing written")
+        print(job.script, end="" if job.script.endswith("\n") else "\n")
+        return 0
     job_id = submit(job, force=ns.force)
     if job_id is not None and ns.wait:
         states = jobstate.wait_array(job_id, job.tasks, ns.timeout)
