@@ -149,8 +149,8 @@ class Chain:
             if not self.offline:
                 preflight.check(plan, chained=chained, labels_pending=pending)
             records[stage] = StageRecord(stage, plan)
-        if self.teacher and not any((r.plan.trainer or {}).get("token_label")
-                                    for r in records.values()):  # fmt: skip
+        labeled = [r.plan and (r.plan.trainer or {}).get("token_label") for r in records.values()]
+        if self.teacher and not any(labeled):
             raise ConfigError(
                 f"TEACHER={self.teacher!r}: no stage of recipe {model} ({', '.join(records)}) "
                 "trains with token labels, so the teacher would be ignored; drop TEACHER, or "
