@@ -33,7 +33,9 @@ NAME ?=
 PARTITIONS ?=
 OFFLINE ?=
 CANCEL ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL VENV
+STATE ?=
+DRY_RUN ?=
+VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN VENV
 export CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
@@ -47,16 +49,20 @@ WF := $(PY) -m vitpod.workflows
 FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 # OFFLINE=1: render/preflight without asking Slurm (a submission refuses it).
 OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
+# DRY_RUN=1: pretrain, finetune, pipeline, token-labels print the scripts, write and submit nothing.
+DRY_FLAG = $(if $(filter-out 0,$(DRY_RUN)),--dry-run)
+# make list filters by CLUSTER only when it is given (its default, local, would hide the rest).
+LIST_CLUSTER = $(if $(filter command line environment,$(origin CLUSTER)),--cluster "$$CLUSTER")
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --time "$$TIME" --args="$$ARGS"
 # FT_NODES/FT_TIME are the fine-tune stage's of `make pipeline`; one stage takes NODES/TIME.
-FT_ONLY = $(if $(FT_NODES)$(FT_TIME),$(error FT_NODES/FT_TIME set the fine-tune of make pipeline; make $@ runs one stage: use NODES= and TIME=))
+FT_ONLY = $(if $(FT_NODES)$(FT_TIME),$(error FT_NODES/FT_TIME set the fine-tune of make pipeline; make $@ runs one stage: use NODES= and TIME=))$(if $(TEACHER)$(TEACHER_CKPT),$(error TEACHER/TEACHER_CKPT make token labels in make pipeline and make token-labels; make $@ would ignore them: drop TEACHER, or pass the labels with ARGS="--token-label-data DIR"))
 
 .PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
-        container slurm-up slurm-down bench calibrate token-labels shards profile doctor
+        container slurm-up slurm-down bench calibrate token-labels shards profile doctor list cancel
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) FT_NODES= FT_TIME= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first)"
+	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status list cancel scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) FT_NODES= FT_TIME= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels: 1 = print the scripts, write and submit nothing)"
 
 setup:
 	bash scripts/setup.sh
@@ -79,10 +85,10 @@ preflight:
 	$(FT_ONLY)$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 pretrain:
-	$(FT_ONLY)$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG)
+	$(FT_ONLY)$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG) $(DRY_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 finetune:
-	$(FT_ONLY)$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
+	$(FT_ONLY)$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) $(DRY_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 # RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch (workflows/resume.py).
 # CANCEL=1: cancel the run's job still pending or running first (resume refuses otherwise).
@@ -91,7 +97,8 @@ resume:
 
 pipeline:
 	$(WF) pipeline $(STAGE_ARGS) --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" \
-	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG)
+	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG) $(DRY_FLAG) \
+	  --finetune-from "$$FINETUNE_FROM"
 
 demo:
 	$(WF) demo --cluster "$$CLUSTER" $(if $(TOKEN_LABELS),--token-labels)
@@ -99,11 +106,19 @@ demo:
 status:
 	$(WF) status --run "$$RUN" $(FOLLOW_FLAG)
 
+# Runs, pipelines and studies under the run root (VITPOD_RUN_ROOT, else CLUSTER's storage.runs).
+list:
+	$(WF) list --state "$$STATE" --model "$$MODEL" $(LIST_CLUSTER)
+
+# Every job of RUN (a run, pipeline or study directory), pending and running; the directory stays.
+cancel:
+	$(WF) cancel --run "$$RUN"
+
 # Token labels for STAGE's data and grid (img_size/16), from TEACHER (a run dir or weights file;
 # or a timm name with TEACHER_CKPT): a Slurm job array, one shard per rank.
 token-labels:
 	$(WF) token-labels --stage "$$STAGE" --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" \
-	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS"
+	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS" $(DRY_FLAG)
 
 scaling:
 	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(FOLLOW_FLAG)

@@ -152,16 +152,18 @@ def assemble(
     """The ledger of one run from rank 0's records and Slurm's attempts (none: no scheduler)."""
     segs = segments(records)
     ledger = Ledger()
-    by_key = {(s["start"].get("job_id"), s["start"].get("restart", 0)): s for s in segs}
-    if not attempts:  # no accounting: the processes' own clocks bound the run
+    by_key = {(str(s["start"].get("job_id")), s["start"].get("restart", 0)): s for s in segs}
+    pairs = [(a, by_key.get((a.job_id, a.restart))) for a in attempts]
+    if not attempts:  # no accounting: each process's own clock bounds its part of the run
         ledger.notes.append("no Slurm accounting: queue wait unknown")
-        attempts = [
-            Attempt(str(s["start"].get("job_id")), s["start"].get("restart", 0),
-                    s["start"]["process_start"], s["start"]["process_start"], None)
+        # Paired by position: a run without a scheduler has no job id (its starts all read
+        # job None, restart 0), so a key would fold its starts into one.
+        pairs = [
+            (Attempt(str(s["start"].get("job_id")), s["start"].get("restart", 0),
+                     s["start"]["process_start"], s["start"]["process_start"], None), s)
             for s in segs
         ]  # fmt: skip
-    for attempt in attempts:
-        seg = by_key.get((attempt.job_id, attempt.restart))
+    for attempt, seg in pairs:
         resumed_at = _redone(segs, segs.index(seg)) if seg is not None else 0
         ledger.add(_attempt_ledger(attempt, seg, resumed_at))
     if container_s is None:

@@ -193,5 +193,7 @@ def test_unsourced_value_is_rejected(tmp_path):
     path = user_recipe(tmp_path, "volo_d1", "pretrain", num_classes=100)
     with pytest.raises(ConfigError, match=r"no source given for \['num_classes'\]"):
         load_recipe(str(path))
-    with pytest.raises(ConfigError, match=r"model: no recipe for 'volo_d9'; choose one of"):
+    with pytest.raises(
+        ConfigError, match=r"MODEL='volo_d9': no recipe; did you mean .* choose one of"
+    ):
         load_recipe("volo_d9")

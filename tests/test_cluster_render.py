@@ -97,7 +97,8 @@ def test_make_render_dgxpod_volo_d5(tmp_path):
 
 def test_every_bundled_profile_and_recipe_renders_shellcheck_clean(tmp_path, capsys):
     pretrained = tmp_path / "pretrained"
-    pretrained.mkdir()
+    (pretrained / "final").mkdir(parents=True)
+    (pretrained / "final" / "model.pt").write_bytes(b"weights")
     scripts: list[Path] = []
     for profile in bundled_profiles():
         for model in ("volo_d1", "volo_d5", "vit_base_patch16_224", "volo_tiny"):
@@ -111,7 +112,7 @@ def test_every_bundled_profile_and_recipe_renders_shellcheck_clean(tmp_path, cap
                     "--stage",
                     stage,
                     "--finetune-from",
-                    str(pretrained),
+                    str(pretrained) if stage == "finetune" else "",
                     capsys=capsys,
                 )
                 assert status == 0, err
@@ -206,7 +207,7 @@ def _bad_profile(tmp_path: Path) -> str:
         (["--args", "--output /tmp/elsewhere"], r"ARGS: --output is set by vitpod"),
         (["--args", "--img-size 256"], r"--token-label-size=14 must be img_size/16 = 16"),
         (["--stage", "finetune"], r"FINETUNE_FROM: the finetune stage needs the pretrain run"),
-        (["--model", "volo_d7"], r"model: no recipe for 'volo_d7'"),
+        (["--model", "volo_d7"], r"MODEL='volo_d7': no recipe; did you mean MODEL=volo_d\d"),
         (["--dependency", "afterok:1\n#SBATCH --x"], r"is not a Slurm dependency; write e\.g\."),
         (
             ["--cluster", "TYPO"],
@@ -230,7 +231,7 @@ def test_unknown_command_and_lazy_dispatch(capsys):
     assert known in capsys.readouterr().err
     assert set(cli.COMMANDS) == {
         "render", "preflight", "submit", "pipeline", "demo", "status", "scaling", "calibrate",
-        "token-labels", "memory", "layouts", "profile", "doctor", "resume",
+        "token-labels", "memory", "layouts", "profile", "doctor", "resume", "list", "cancel",
     }  # fmt: skip
     assert cli._load("render") is cli.render_main
 

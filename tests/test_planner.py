@@ -67,9 +67,10 @@ def test_render_records_the_decision_once_in_plan_json(tmp_path):
 
 
 def test_finetune_renders_on_its_own_partition_and_node_type(tmp_path):
-    source = "FINETUNE_FROM=/lustre/fsw/vitpod/runs/x"  # exists only on the cluster
+    source = "FINETUNE_FROM=/lustre/fsw/vitpod/runs/x"  # exists only on the cluster: OFFLINE=1
     pre = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5")
-    fin = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", source)
+    fin = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", source,
+               "OFFLINE=1")  # fmt: skip
     assert pre.returncode == 0 and fin.returncode == 0, fin.stderr
     pre_text = Path(pre.stdout.splitlines()[-1]).read_text()
     fin_script = Path(fin.stdout.splitlines()[-1])
@@ -83,7 +84,8 @@ def test_finetune_renders_on_its_own_partition_and_node_type(tmp_path):
 
 
 def test_a_batch_that_cannot_fit_in_gpu_memory_is_refused(tmp_path):
-    base = ["CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", "FINETUNE_FROM=/lustre/x"]
+    base = ["CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", "FINETUNE_FROM=/lustre/x",
+            "OFFLINE=1"]  # fmt: skip
     done = make(tmp_path, "render", *base, "ARGS=-b 64")
     assert done.returncode == 2
     assert "-b 64: the batch does not fit in GPU memory" in done.stderr
@@ -155,8 +157,10 @@ def test_preflight_checks_the_paths_the_ranks_will_read(tmp_path, capsys):
     argv[-1] = str(empty)
     assert cli.main(["preflight", *argv]) == 2
     assert "has no model (final/model.pt or checkpoints/)" in capsys.readouterr().err
-    # render needs none of it: a script for any cluster can be written and read anywhere.
-    assert cli.main(["render", *argv, "--run-root", str(tmp_path / "runs")]) == 0
+    # render refuses it too (before writing), unless it renders for another machine (OFFLINE=1)
+    assert cli.main(["render", *argv, "--run-root", str(tmp_path / "runs")]) == 2
+    assert "has no model" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    assert cli.main(["render", *argv, "--run-root", str(tmp_path / "runs"), "--offline"]) == 0
     labels = ["--args", "--token-label --token-label-size 2 --token-label-data /no/labels"]
     assert cli.main(["preflight", "--cluster", "local", "--model", "volo_tiny", *labels]) == 2
     assert "token-label data '/no/labels' does not exist" in capsys.readouterr().err

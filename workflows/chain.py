@@ -7,21 +7,22 @@ Named a chain so that "pipeline" keeps one meaning in the code: pipeline paralle
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shlex
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import Decision
 from vitpod.trainer import labelset
-from vitpod.workflows import chain_watch, jobstate, labels, preflight, status
+from vitpod.workflows import chain_watch, jobctl, jobstate, labels, preflight, status
+from vitpod.workflows.chain_stage import StageRecord
 from vitpod.workflows.chain_watch import ChainError
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.executor import make_executor, trainer_task
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import load_profile
+from vitpod.workflows.recipe import recipe_name
 from vitpod.workflows.rundir import (
     DIR_MODE,
     new_run_path,
@@ -35,25 +36,6 @@ from vitpod.workflows.submission import materialize
 
 __all__ = ["STAGES", "Chain", "ChainError", "StageRecord"]
 STAGES = ("pretrain", "finetune")
-
-
-@dataclass
-class StageRecord:
-    """One submitted stage: its run directory and job(s)."""
-
-    stage: str
-    plan: JobPlan
-    job: Any = None
-    job_ids: list[str] = field(default_factory=list)
-    state: str = ""
-
-    @property
-    def run_dir(self) -> Path:
-        return self.plan.run_dir
-
-    @property
-    def decision(self) -> Decision | None:
-        return self.plan.decision
 
 
 class Chain:
@@ -120,13 +102,35 @@ class Chain:
         self.label_job_ids: list[str] = []
         self.directory: Path | None = None
         self.stages: dict[str, StageRecord] = {}
+        self.recorded: dict[str, Any] = {}
+        """pipeline.json as read back by from_dir (empty for a chain planned here)."""
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Chain:
+        """Reattach to a pipeline directory from a fresh interpreter: its pipeline.json names
+        each stage's run directory and job ids; status(), wait(), follow(), report() and
+        cancel() then work as on the Chain that submitted it (nothing is planned again)."""
+        directory = Path(path).expanduser().absolute()
+        if not (directory / runfiles.PIPELINE).is_file():
+            raise ConfigError(f"{directory}: no {runfiles.PIPELINE}; pass the pipeline "
+                              "directory `make pipeline` printed")  # fmt: skip
+        record = json.loads((directory / runfiles.PIPELINE).read_text())
+        chain = cls(record.get("cluster", ""), record.get("model", ""),
+                    offline=bool(record.get("offline")))  # fmt: skip
+        chain.directory, chain.recorded = directory, record
+        chain.stages = {n: StageRecord.from_record(n, s) for n, s in record["stages"].items()}
+        chain.label_job_ids = list(
+            dict.fromkeys(str(j) for lab in record.get("labels", {}).values()
+                          for j in lab.get("job_ids", []))
+        )  # fmt: skip
+        return chain
 
     # ---- planning: everything validated, nothing written
     def plan(self) -> dict[str, StageRecord]:
         """Plan every stage and run the whole preflight; raises ConfigError, writes nothing.
         Offline: only the checks that need no cluster (as `make render`)."""
         profile = load_profile(self.cluster)
-        model = profile.model_for(self.model)
+        model = recipe_name(profile.model_for(self.model))
         directory = new_run_path(runs_root(profile, self.run_root), model, "pipeline")
         records: dict[str, StageRecord] = {}
         self.label_jobs = {}
@@ -138,12 +142,20 @@ class Chain:
                 **self.resources.request(stage, profile, "pretrain" in self.wanted),
                 args=self.stage_args[stage], run_dir=directory / stage, entry=self.entry,  # type: ignore[arg-type]
                 finetune_from=source if stage == "finetune" else "",
+                finetune_pending=chained, offline=self.offline,
             )  # fmt: skip
             plan = plan_job(req)
             pending = self._plan_labels(plan, directory)
             if not self.offline:
                 preflight.check(plan, chained=chained, labels_pending=pending)
             records[stage] = StageRecord(stage, plan)
+        labeled = [r.plan and (r.plan.trainer or {}).get("token_label") for r in records.values()]
+        if self.teacher and not any(labeled):
+            raise ConfigError(
+                f"TEACHER={self.teacher!r}: no stage of recipe {model} ({', '.join(records)}) "
+                "trains with token labels, so the teacher would be ignored; drop TEACHER, or "
+                'turn them on with ARGS="--token-label ..."'
+            )
         self.directory = directory
         return records
 
@@ -204,7 +216,7 @@ class Chain:
         self.directory.mkdir(mode=DIR_MODE)
         try:
             for rec in records.values():
-                materialize(rec.plan, self._manifest(rec))
+                materialize(rec.job_plan, self._manifest(rec))
                 if rec.decision is not None:
                     print(rec.decision.log_line(), flush=True)
             self.stages = records
@@ -262,11 +274,13 @@ class Chain:
 
     @property
     def uses_slurm(self) -> bool:
+        if self.recorded:
+            return self.recorded.get("executor", "slurm") == "slurm"
         first = next(iter(self.stages.values()))
-        return first.plan.profile.scheduler == "slurm"
+        return first.job_plan.profile.scheduler == "slurm"
 
     def _manifest(self, rec: StageRecord, dependency: str | None = None) -> dict[str, Any]:
-        manifest = rec.plan.manifest(
+        manifest = rec.job_plan.manifest(
             rec.job_ids,
             pipeline={"directory": str(self.directory), "submitted_via": "submitit"},
             submitit_folder=str(rec.run_dir / runfiles.SUBMITIT),
@@ -275,13 +289,13 @@ class Chain:
         return manifest
 
     def _submit_stage(self, rec: StageRecord, dependency: str | None) -> None:
-        executor = make_executor(rec.plan, dependency)
-        rec.job = executor.submit(trainer_task(rec.plan))
+        executor = make_executor(rec.job_plan, dependency)
+        rec.job = executor.submit(trainer_task(rec.job_plan))
         rec.job_ids = [str(rec.job.job_id)]
         rec.state = "SUBMITTED"
         if self.uses_slurm:  # keep exactly what sbatch received: submitit's script
             kept = Path(rec.job.paths.submission_file).read_text()
-            write_atomic(rec.run_dir / rec.plan.script_name, kept, mode=0o750)
+            write_atomic(rec.run_dir / rec.job_plan.script_name, kept, mode=0o750)
         write_json(rec.run_dir / runfiles.MANIFEST, self._manifest(rec, dependency))
         print(f"{rec.stage}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)
 
@@ -319,19 +333,9 @@ class Chain:
                     "job_ids": self.label_job_ids,
                 }
                 for stage, job in self.label_jobs.items()
-            },  # fmt: skip
-            "stages": {
-                name: {
-                    "run_dir": str(rec.run_dir),
-                    "job_ids": rec.job_ids,
-                    "state": rec.state,
-                    "engine": rec.decision.engine.name if rec.decision else None,
-                    "partition": rec.plan.spec.partition,
-                    "nodes": rec.plan.spec.nodes,
-                    "time": rec.plan.spec.time,
-                }
-                for name, rec in self.stages.items()
-            },
+            }
+            or self.recorded.get("labels", {}),  # fmt: skip
+            "stages": {name: rec.record() for name, rec in self.stages.items()},
         }
 
     # ---- watching (workflows/chain_watch.py)
@@ -352,3 +356,14 @@ class Chain:
         """Each stage's final accuracy and where its checkpoints, logs and final model are."""
         assert self.directory is not None
         return status.pipeline_report(self.directory, self._record())
+
+    def cancel(self) -> list[str]:
+        """Cancel every job of the chain still queued or running (its stages and labeling
+        arrays) with one scancel; returns their ids. The directories stay (`vitpod resume`)."""
+        if not self.stages:
+            raise RuntimeError("submit() first")
+        if not self.uses_slurm:
+            self._cancel_submitted()
+            return [j for rec in self.stages.values() if rec.job is not None for j in rec.job_ids]
+        ids = [j for rec in self.stages.values() for j in rec.job_ids] + self.label_job_ids
+        return list(jobctl.cancel_jobs(ids))

@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         help="write every stage's script into the pipeline directory, ask Slurm nothing, "
         "submit nothing (make OFFLINE=1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--dry-run", action="store_true",
+        help="print every script it would submit (labeling arrays first); write and submit "
+        "nothing (with --offline: Slurm not asked)",
+    )  # fmt: skip
     ns = parser.parse_args(argv)
     chain = Chain(
         ns.cluster,
@@ -53,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         finetune_time=ns.finetune_time,
         offline=ns.offline,
     )
+    if ns.dry_run:
+        return _dry_run(chain)
     if ns.offline:
         if ns.wait:
             raise ConfigError("--wait with --offline (OFFLINE=1): nothing is submitted; drop one")
@@ -81,11 +88,24 @@ def _render(chain: Chain) -> int:
     for name, script in written.items():
         rec = chain.stages.get(name)
         if rec is not None:
-            spec = rec.plan.spec
+            spec = rec.job_plan.spec
             line = f"{name}: {spec.nodes} node(s) on partition {spec.partition}, time {spec.time}"
             if rec.decision is not None and rec.decision.precision is not None:
                 line += f"; {rec.decision.precision.line()}"
             print(line)
         print(f"{name}: {script}")
     print(f"pipeline directory (offline: rendered, nothing submitted): {chain.directory}")
+    return 0
+
+
+def _dry_run(chain: Chain) -> int:
+    """--dry-run: plan every stage (the whole preflight unless --offline), print the scripts."""
+    records = chain.plan()
+    scripts = [(f"labels-{stage}", job.plan.run_dir, job.script)
+               for stage, job in chain.label_jobs.items()]  # fmt: skip
+    scripts += [(name, rec.run_dir, rec.job_plan.script) for name, rec in records.items()]
+    for name, run_dir, script in scripts:
+        print(f"# ---- {name}: would write {run_dir} and submit this (dry run)")
+        print(script, end="" if script.endswith("\n") else "\n")
+    print(f"# dry run: pipeline directory {chain.directory} not written; nothing submitted")
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,13 +37,34 @@ COMMANDS = {
     "profile": "vitpod.workflows.profile_cli:main",
     "doctor": "vitpod.workflows.doctor_cli:main",
     "resume": "vitpod.workflows.resume:main",
+    "list": "vitpod.workflows.jobctl_cli:list_main",
+    "cancel": "vitpod.workflows.jobctl_cli:cancel_main",
+}
+# One line per command for `vitpod --help` (kept here: the dispatch imports nothing to show it).
+DESCRIPTIONS = {
+    "render": "write one stage's job into a new run directory (no cluster asked)",
+    "preflight": "every check a submission makes; nothing written or submitted",
+    "submit": "plan, preflight, render and sbatch one stage (--dry-run: print it only)",
+    "pipeline": "the pretrain -> fine-tune chain, token labels first with --teacher",
+    "demo": "the whole 224->512 style chain on this machine",
+    "status": "state, progress and root cause of a run, pipeline or study (--follow)",
+    "scaling": "a scaling study: one job array plus a report job",
+    "calibrate": "time collectives, fit the fabric the cost model uses",
+    "token-labels": "make VOLO token labels with a teacher (a job array)",
+    "memory": "predicted peak GPU memory of a model and batch",
+    "layouts": "data/tensor/pipeline layouts a model fits, priced",
+    "profile": "discover a cluster into a new profile, or --check one",
+    "doctor": "check a partition's nodes (GPUs, InfiniBand, disk, image)",
+    "resume": "continue a stopped run, also on another node count",
+    "list": "runs, pipelines and studies under the run root, with state and progress",
+    "cancel": "cancel every job of a run, pipeline or study; the directory stays",
 }
 
 
 def stage_parser(prog: str) -> argparse.ArgumentParser:
     """Arguments of render/preflight/submit; an empty string (from make) means 'not given'."""
     p = argparse.ArgumentParser(
-        prog=f"python -m vitpod.workflows {prog}",
+        prog=f"vitpod {prog}",
         parents=[request_flags("stage", "cluster", "model", "nodes", "time", "args", "run-root",
                                nodes="override the stage partition's node count",
                                args="extra trainer flags, shell-quoted")],
@@ -56,8 +79,13 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--offline", action="store_true",
-        help="render/preflight only: skip the checks that ask Slurm (make OFFLINE=1)",
+        help="render/preflight (submit --dry-run): skip the checks that ask Slurm (make OFFLINE=1)",
     )  # fmt: skip
+    if prog == "submit":
+        p.add_argument(
+            "--dry-run", action="store_true",
+            help="print the script it would submit; write and submit nothing",
+        )  # fmt: skip
     return p
 
 
@@ -66,7 +94,7 @@ def request(ns: argparse.Namespace) -> Request:
         cluster=ns.cluster, model=ns.model, stage=ns.stage, nodes=ns.nodes, time=ns.time,
         args=ns.args,
         finetune_from=ns.finetune_from, dependency=ns.dependency, run_root=ns.run_root,
-        entry=ns.entry,
+        entry=ns.entry, offline=ns.offline,
     )  # fmt: skip
 
 
@@ -115,6 +143,8 @@ def preflight_main(argv: list[str]) -> int:
 def submit_main(argv: list[str]) -> int:
     """Plan, preflight, render, then sbatch it (slurm) or run it here (local)."""
     ns = stage_parser("submit").parse_args(argv)
+    if ns.dry_run:
+        return _dry_run(ns)
     if ns.offline:
         raise ConfigError("--offline (OFFLINE=1) is for render/preflight only: a submission "
                           "needs Slurm's answer; drop OFFLINE=1")  # fmt: skip
@@ -132,6 +162,19 @@ def submit_main(argv: list[str]) -> int:
     return 0
 
 
+def _dry_run(ns: argparse.Namespace) -> int:
+    """submit --dry-run: the plan and its preflight (none of Slurm's checks with --offline);
+    prints the script, writes nothing."""
+    plan = plan_job(request(ns))
+    checks = [] if ns.offline else preflight.check(plan)
+    _print_decisions(plan)
+    for line in checks:
+        print(f"ok: {line}")
+    print(f"# dry run: would write {plan.script_path} and submit it; nothing written or submitted")
+    print(plan.script, end="" if plan.script.endswith("\n") else "\n")
+    return 0
+
+
 def _run_local(plan: JobPlan, script: Path) -> int:
     print(f"running {script} here (profile {plan.profile.name} has no scheduler)", flush=True)
     rc = subprocess.run(["bash", str(script)], check=False).returncode
@@ -146,15 +189,38 @@ def _load(command: str) -> Any:
     return getattr(importlib.import_module(module), func)
 
 
+def version() -> str:
+    """The installed package's version, else pyproject.toml's (a source checkout)."""
+    try:
+        return importlib.metadata.version("vitpod")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M)
+        return found[1] if found else "unknown"
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:{width}s}  {DESCRIPTIONS.get(name, '')}" for name in COMMANDS]
+    return "\n".join([
+        "usage: vitpod <command> [options]    (the same: python -m vitpod.workflows <command>)",
+        "", "commands:", *lines, "",
+        "vitpod <command> --help lists a command's options; vitpod --version prints the version",
+    ])  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        known = ", ".join(COMMANDS)
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"error: unknown command {argv[0]!r}; commands: {known}", file=sys.stderr)
-            return USAGE
-        print(f"usage: python -m vitpod.workflows {{{known}}} [options]")
-        return 0 if argv else USAGE
+    if argv and argv[0] in ("-V", "--version"):
+        print(f"vitpod {version()}")
+        return 0
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"error: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} "
+              "(vitpod --help)", file=sys.stderr)  # fmt: skip
+        return USAGE
     try:
         return int(_load(argv[0])(argv[1:]) or 0)
     except ConfigError as exc:

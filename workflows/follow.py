@@ -26,7 +26,7 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.workflows import goodput, jobstate, status, triage
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.metricstail import MetricsTail
+from vitpod.workflows.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.rootcause import first_error_line, restarts_from_logs, root_cause
 from vitpod.workflows.rundir import write_json
 
@@ -34,15 +34,6 @@ REPORT_HTML = Path(runfiles.STUDY_REPORT) / runfiles.STUDY_REPORT_HTML
 # A job waiting on a dependency that can no longer be met never starts (without Slurm's
 # kill_invalid_depend it pends forever): for the view it has ended.
 _NEVER_STARTS = "DependencyNeverSatisfied"
-
-
-def newest_checkpoint_age(run_dir: Path, now: float) -> float | None:
-    """Seconds since the newest complete checkpoint was committed (None: none yet)."""
-    times = [
-        p.stat().st_mtime
-        for p in (run_dir / runfiles.CHECKPOINTS).glob(f"*/{runfiles.CHECKPOINT_COMMIT}")
-    ]
-    return now - max(times) if times else None
 
 
 @dataclass
@@ -63,14 +54,6 @@ class Row:
     gone_polls: int = field(default=0, repr=False)
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
 def cells(row: Row) -> dict[str, str]:
     """The row's columns as text (shared by the live table and the plain lines)."""
     tail = row.tail
@@ -87,8 +70,8 @@ def cells(row: Row) -> dict[str, str]:
         "loss": "-" if tail is None or tail.loss is None else f"{tail.loss:.4f}",
         "images/s": "-" if ips is None else f"{ips:.1f}",
         "MFU": "-" if tail is None or tail.mfu is None else f"{100 * tail.mfu:.1f}%",
-        "ETA": _duration(tail.eta_s()) if tail else "-",
-        "ckpt age": _duration(row.ckpt_age_s),
+        "ETA": duration(tail.eta_s()) if tail else "-",
+        "ckpt age": duration(row.ckpt_age_s),
     }
 
 

@@ -21,13 +21,13 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer import labelset
-from vitpod.workflows import jobstate, preflight
+from vitpod.workflows import jobstate, preflight, teachercheck
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import Profile, load_profile, resolve_path
 from vitpod.workflows.quantities import whole_number
-from vitpod.workflows.recipe import load_recipe
+from vitpod.workflows.recipe import load_recipe, recipe_name
 from vitpod.workflows.rundir import new_run_path, runs_root, write_json
 from vitpod.workflows.submission import materialize, sbatch_run
 
@@ -126,7 +126,7 @@ def prepare(
 ) -> LabelJob:  # fmt: skip
     """Plan the labeling array (ConfigError on bad input); nothing is written."""
     profile = load_profile(cluster)
-    model = profile.model_for(model)
+    model = recipe_name(profile.model_for(model))
     stage_recipe = load_recipe(model).stage(stage)
     node_count = whole_number(nodes, "NODES", 1)
     per_task = node_count * profile.node_type(stage).ranks_per_node
@@ -157,6 +157,10 @@ def prepare(
         )
     )  # fmt: skip
     labeler = _parse_labeler(plan)
+    problem = teachercheck.teacher_problem(teacher, teacher_checkpoint, labeler.layout,
+                                           labeler.img_size)  # fmt: skip
+    if problem:
+        raise ConfigError(problem)
     tasks = wanted // per_task
     return LabelJob(
         plan=plan, tasks=tasks, shards=wanted, label_dir=Path(labeler.label_dir).absolute(),
@@ -262,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", default="", help="array tasks x ranks per task")
     p.add_argument("--force", action="store_true", help="label even if matching labels exist")
     p.add_argument("--wait", action="store_true", help="wait for the array to end")
+    p.add_argument(
+        "--dry-run", action="store_true",
+        help="print the array script it would submit; write and submit nothing",
+    )  # fmt: skip
     return p
 
 
@@ -272,6 +280,10 @@ def main(argv: list[str]) -> int:
         teacher_checkpoint=ns.teacher_checkpoint, nodes=ns.nodes or None, shards=ns.shards,
         args=ns.args, run_root=ns.run_root,
     )  # fmt: skip
+    if ns.dry_run:
+        print(f"# dry run: would write {job.plan.run_dir} and submit this array; nothing written")
+        print(job.script, end="" if job.script.endswith("\n") else "\n")
+        return 0
     job_id = submit(job, force=ns.force)
     if job_id is not None and ns.wait:
         states = jobstate.wait_array(job_id, job.tasks, ns.timeout)

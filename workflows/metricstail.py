@@ -125,3 +125,21 @@ class MetricsTail:
         if self.step_s:  # an older trainer without wall_time: the measured step time
             return left * sum(self.step_s) / len(self.step_s)
         return None
+
+
+def newest_checkpoint_age(run_dir: Path, now: float) -> float | None:
+    """Seconds since the newest complete checkpoint was committed (None: none yet)."""
+    times = [
+        p.stat().st_mtime
+        for p in (run_dir / runfiles.CHECKPOINTS).glob(f"*/{runfiles.CHECKPOINT_COMMIT}")
+    ]
+    return now - max(times) if times else None
+
+
+def duration(seconds: float | None) -> str:
+    """H:MM:SS (M:SS under an hour); "-" for None."""
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"

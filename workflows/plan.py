@@ -61,6 +61,10 @@ class Request:
     ranks: int | None = None
     """World size when a job uses part of a node (a sweep point); default: every rank."""
     finetune_from: str = ""
+    finetune_pending: bool = False
+    """The fine-tune source is made by a job queued first (a pipeline's pretrain)."""
+    offline: bool = False
+    """OFFLINE=1: a script for another machine; paths on its storage are not checked here."""
     dependency: str = ""
     run_root: str = ""
     run_dir: Path | None = None
@@ -166,6 +170,13 @@ def plan_job(req: Request) -> JobPlan:
         tool_args=req.tool_args, finetune_from=req.finetune_from or None,
         dependency=req.dependency or None, entry=req.entry,
     )  # fmt: skip
+    source_now = not (req.finetune_pending or req.offline or req.dependency)
+    if spec.finetune_from and source_now:  # the preflight's own check, before anything is written
+        problem = preflight.finetune_source_problem(req.finetune_from)
+        if problem:
+            raise ConfigError(
+                f"{problem} (make render OFFLINE=1 writes a script for a machine that has it)"
+            )
     cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
     precision = None
     if req.entry == "trainer":

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from vitpod.registry import models
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import read_yaml
 from vitpod.workflows.schema import Strict, describe
@@ -134,16 +136,37 @@ def bundled_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 
 
+def recipe_name(model: str) -> str:
+    """MODEL as a recipe name: a bundled recipe or a YAML path as given, timm's name of a
+    registered model as its recipe (volo_d5_224 -> volo_d5, whose pretrain is at 224 px, as
+    `vitpod-train --model volo_d5_224` takes it); others unchanged (load_recipe refuses them)."""
+    if "/" in model or model.endswith((".yaml", ".yml")) or model in bundled_recipes():
+        return model
+    mapped = models.canonical(model)
+    return mapped if mapped in bundled_recipes() else model
+
+
 def load_recipe(model: str) -> Recipe:
-    """The bundled recipe for `model` (or a YAML path); ConfigError names the field and the fix."""
+    """The bundled recipe for `model` (or a YAML path, or timm's name of a registered model);
+    ConfigError names the field and the fix (and the nearest recipe to an unknown name)."""
+    model = recipe_name(model)
     looks_like_path = "/" in model or model.endswith((".yaml", ".yml"))
     path = Path(model) if looks_like_path else RECIPE_DIR / f"{model}.yaml"
     if not model or not path.is_file():
+        timm_names = [n for n in map(_timm_name, bundled_recipes()) if n]
+        near = difflib.get_close_matches(model, [*bundled_recipes(), *timm_names], n=1)
+        hint = f"did you mean MODEL={models.canonical(near[0])}? " if near and model else ""
         raise ConfigError(
-            f"model: no recipe for {model!r}; choose one of {bundled_recipes()} (MODEL=...) or "
-            f"give a recipe YAML path"
+            f"MODEL={model!r}: no recipe; {hint}choose one of {bundled_recipes()} (or timm's "
+            f"names of them: {timm_names}), or give a recipe YAML path"
         )
     try:
         return Recipe.model_validate(read_yaml(path, "recipe"))
     except ValidationError as exc:
         raise describe(exc, f"recipe {path}") from None
+
+
+def _timm_name(recipe: str) -> str | None:
+    """timm's name of a recipe's model when it differs (volo_d5 -> volo_d5_224)."""
+    info = models.MODELS.get(recipe)
+    return info.timm_name if info and info.timm_name and info.timm_name != recipe else None

@@ -179,7 +179,7 @@ def build_spec(
     partition = profile.partition(stage)
     node = profile.node_type(stage)
     _check_dependency(dependency)
-    finetune = _finetune_source(stage_recipe.finetune and entry != "labels", finetune_from)
+    finetune = _finetune_source(stage, stage_recipe.finetune, entry, finetune_from)
     python = _python(profile)
     data_dir: str | None = None
     if entry == "rankinfo":
@@ -243,9 +243,20 @@ def _check_dependency(dependency: str | None) -> None:
         )
 
 
-def _finetune_source(needs: bool, finetune_from: str | None) -> str | None:
+def _finetune_source(
+    stage: str, finetunes: bool, entry: str, finetune_from: str | None
+) -> str | None:
+    """The stage's fine-tune source (absolute); a stage that starts from scratch refuses one
+    (it would be ignored). Whether it exists: plan_job (preflight.finetune_source_problem)."""
+    if finetune_from and not finetunes:
+        raise ConfigError(
+            f"FINETUNE_FROM={finetune_from!r}: the {stage} stage starts from scratch and would "
+            "ignore it; drop FINETUNE_FROM, or fine-tune with STAGE=finetune (make finetune)"
+        )
+    if entry == "labels":
+        return None
     if not finetune_from:
-        if needs:
+        if finetunes:
             raise ConfigError(
                 "FINETUNE_FROM: the finetune stage needs the pretrain run directory (or a "
                 "checkpoint); e.g. make finetune FINETUNE_FROM=runs/<pretrain run>"

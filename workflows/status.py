@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import engine_fields, find_decision
+from vitpod.registry.decision import RecordError, engine_fields, find_decision
 from vitpod.trainer import labelset
 from vitpod.workflows import goodput, jobstate, triage
+from vitpod.workflows.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.rootcause import Traceback, restarts_from_logs, root_cause
 from vitpod.workflows.runsizes import world_sizes
 
@@ -32,17 +34,39 @@ class StageStatus:
     diagnosis: triage.Diagnosis | None = None
     ledger: goodput.Ledger | None = None
     sizes: tuple[int, ...] = ()  # ranks of each stretch, when a restart changed the size
+    total_steps: int | None = None
+    loss: float | None = None  # rank 0's newest step
+    eta_s: float | None = None  # None: not known (no steps yet, or the stage failed)
+    ckpt_age_s: float | None = None  # since the newest committed checkpoint
+    engine: str | None = None  # from plan.json: "ring", or "mesh(dp=2,tp=2,pp=1)"
 
     def line(self) -> str:
         jobs = ",".join(self.job_ids) or "-"
-        step = "-" if self.last_step is None else str(self.last_step)
+        step = "-" if self.last_step is None else f"{self.last_step}/{self.total_steps or '?'}"
         ips = "-" if self.images_per_s is None else f"{self.images_per_s:.1f}"
+        loss = "-" if self.loss is None else f"{self.loss:.4f}"
         top1 = "" if self.top1 is None else f" top1={self.top1:.2f}%"
         ranks = f" ranks={'>'.join(map(str, self.sizes))}" if len(self.sizes) > 1 else ""
         return (
             f"{self.stage:9s} {self.state:11s} jobs={jobs} restarts={self.restarts}{ranks} "
-            f"step={step} images/s={ips}{top1}  {self.run_dir}"
+            f"step={step} loss={loss} images/s={ips} ETA={duration(self.eta_s)} "
+            f"ckpt_age={duration(self.ckpt_age_s)} engine={self.engine or '-'}{top1}  "
+            f"{self.run_dir}"
         )
+
+
+def engine_of(run_dir: Path) -> str | None:
+    """The engine plan.json records, with its layout when it is not plain data parallel."""
+    try:
+        decision = find_decision(run_dir)
+    except RecordError as exc:
+        return f"? ({exc})"
+    if decision is None:
+        return None
+    layout = decision.layout
+    if layout.tp == 1 and layout.pp == 1:
+        return decision.engine.name
+    return f"{decision.engine.name}(dp={layout.dp},tp={layout.tp},pp={layout.pp})"
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -104,8 +128,13 @@ def stage_status(
         found = triage.stuck(run_dir, hang_factor)
     ledger = goodput.ledger(run_dir, job_ids if accounting else []) if last_step else None
     sizes = tuple(world_sizes(run_dir))
+    tail = MetricsTail(run_dir)
+    tail.update()
+    now = time.time()
+    eta = None if failed else tail.eta_s(now)
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
-                       found, ledger, sizes)  # fmt: skip
+                       found, ledger, sizes, tail.total, tail.loss, eta,
+                       newest_checkpoint_age(run_dir, now), engine_of(run_dir))  # fmt: skip
 
 
 def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:

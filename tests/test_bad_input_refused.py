@@ -1,0 +1,113 @@
+"""Bad input typed as a user types it is refused before anything is written: exit 2, one line
+naming the field and the fix, no run directory (issue 28 item 7)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = Path(sys.executable).parent.parent
+
+
+def _env(runs: Path) -> dict[str, str]:
+    return {**os.environ, "VITPOD_RUN_ROOT": str(runs)}
+
+
+def _vitpod(runs: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vitpod.workflows", *argv], cwd=REPO, env=_env(runs),
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def _make(runs: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", *argv, f"VENV={VENV}"], cwd=REPO, env=_env(runs),
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def _refused(out: subprocess.CompletedProcess[str], runs: Path, *needles: str) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    errors = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1, out.stderr  # one line (make adds its own `make: ***` after it)
+    line = errors[0]
+    for needle in needles:
+        assert needle in line, line
+    assert not runs.exists(), list(runs.rglob("*"))
+    return line
+
+
+def test_finetune_from_a_missing_run_is_refused_at_render(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    out = _vitpod(runs, "render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage",
+                  "finetune", "--finetune-from", "runs/does-not-exist")  # fmt: skip
+    _refused(out, runs, "FINETUNE_FROM='runs/does-not-exist' does not exist", "give a pretrain")
+    # A run that exists renders (the same check passes); OFFLINE=1 renders for another machine.
+    pretrain = tmp_path / "pre"
+    (pretrain / "final").mkdir(parents=True)
+    (pretrain / "final" / "model.pt").write_bytes(b"x")
+    ok = _vitpod(runs, "render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage",
+                 "finetune", "--finetune-from", str(pretrain))  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert Path(ok.stdout.strip().splitlines()[-1]).is_file()
+
+
+def test_finetune_from_on_a_pretrain_is_refused(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    out = _make(runs, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=pretrain",
+                f"FINETUNE_FROM={tmp_path}")  # fmt: skip
+    _refused(out, runs, "FINETUNE_FROM=", "pretrain stage starts from scratch", "STAGE=finetune")
+    out = _make(runs, "pretrain", "CLUSTER=local", "MODEL=volo_tiny", f"FINETUNE_FROM={tmp_path}")
+    _refused(out, runs, "FINETUNE_FROM=", "drop FINETUNE_FROM")
+
+
+def test_teacher_given_to_a_stage_that_does_not_use_it_is_refused(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    weights = tmp_path / "teacher.pth"
+    weights.write_bytes(b"x")
+    # vit_base_patch16_224's recipe has no token labels: the pipeline would ignore TEACHER.
+    out = _make(runs, "pipeline", "CLUSTER=dgxpod", "MODEL=vit_base_patch16_224", "OFFLINE=1",
+                f"TEACHER={weights}")  # fmt: skip
+    _refused(out, runs, "TEACHER=", "trains with token labels", "drop TEACHER")
+    # A single-stage target never makes labels.
+    out = _make(runs, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", f"TEACHER={weights}")
+    assert out.returncode == 2 and "TEACHER/TEACHER_CKPT" in out.stderr and not runs.exists()
+
+
+def test_a_teacher_that_cannot_label_is_refused_at_planning(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    weights = tmp_path / "nfnet.pth"
+    weights.write_bytes(b"x")
+    data = tmp_path / "data"
+    (data / "imagenet" / "train").mkdir(parents=True)
+    common = ["token-labels", "--cluster", "dgxpod", "--model", "volo_d5",
+              "--teacher-checkpoint", str(weights)]  # fmt: skip
+    # NFNet's final map is 1/32 of the image: 7x7 at 224 px, not vitpod's 14x14.
+    out = _vitpod(runs, *common, "--teacher", "dm_nfnet_f6")
+    _refused(out, runs, "TEACHER='dm_nfnet_f6'", "1/32", "14x14", "--layout published")
+    out = _vitpod(runs, *common, "--teacher", "dm_nfnet_f66")
+    _refused(out, runs, "not a timm model", "did you mean dm_nfnet_f6")
+
+
+def test_timm_model_names_map_to_their_recipe(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    out = _vitpod(runs, "render", "--cluster", "dgxpod", "--model", "volo_d5_224", "--offline")
+    assert out.returncode == 0, out.stderr
+    script = Path(out.stdout.strip().splitlines()[-1])
+    assert "-volo_d5-pretrain-" in script.parent.name
+    assert "--model volo_d5 " in script.read_text() and "--img-size 224" in script.read_text()
+    out = _vitpod(tmp_path / "none", "render", "--cluster", "dgxpod", "--model", "volo_d55")
+    _refused(out, tmp_path / "none", "MODEL='volo_d55'", "did you mean MODEL=volo_d5?")
+
+
+@pytest.mark.parametrize("model", ["volo_d5_224", "volo_d1_224"])
+def test_a_timm_name_plans_like_its_recipe(model: str) -> None:
+    from vitpod.workflows.recipe import load_recipe
+
+    assert load_recipe(model).model == model.removesuffix("_224")
