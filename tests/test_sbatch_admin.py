@@ -1,6 +1,6 @@
 """An sbatch script an admin accepts (issue 28 item 5), rendered offline: threads per rank split
 the CPUs bound to them, no --mpi unless the profile asks (and then checked against
-`srun --mpi=list`), --kill-on-bad-exit=1, the log location in Slurm's own output, RoCE settings
+`srun --mpi=list`), --kill-on-bad-exit=0, the log location in Slurm's own output, RoCE settings
 only on RoCE fabrics, each explained in a comment line."""
 
 from __future__ import annotations
@@ -88,9 +88,9 @@ def test_rank_threads_is_at_least_one_and_splits_shared_bindings():
 def test_no_mpi_unless_the_profile_asks_and_kill_on_bad_exit(tmp_path, capsys):
     text = _render(tmp_path, capsys).read_text()
     srun = _ranks_srun(text)
-    assert "--mpi=" not in text and "--kill-on-bad-exit=1" in srun
+    assert "--mpi=" not in text and "--kill-on-bad-exit=0" in srun
     assert "# No --mpi: the ranks meet by torch.distributed's env:// rendezvous" in text
-    assert "# --kill-on-bad-exit=1: a rank that fails ends the step at once" in text
+    assert "# --kill-on-bad-exit=0: srun's TERM to the other ranks would look like" in text
 
     pmix = _copy(tmp_path, lambda d: d.update(mpi="pmix"))
     script = _render(tmp_path, capsys, cluster=pmix)

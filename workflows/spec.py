@@ -22,10 +22,11 @@ from vitpod.workflows.trainerargv import extra_args, last_value, trainer_flags
 
 Entry = Literal["trainer", "rankinfo", "commbench", "labels"]
 COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
-# srun --wait: once one rank exits, the others get this long, then are killed. With
-# --kill-on-bad-exit=1 a rank that fails ends the step at once; a preempted rank (its command
-# exited 75) leaves the requeue marker and bind.sh exits 0, so the ranks still saving their part
-# of the preemption checkpoint are not killed (the teardown counts the marker as exit 75).
+# srun --wait: once one rank exits, the others get this long, then are killed. Not
+# --kill-on-bad-exit=1: srun would end the other ranks with SIGTERM, which they (and bind.sh)
+# take for a preemption, so a killed rank requeued the job instead of failing it (measured:
+# test_resume_slurm's SIGKILLed rank ended COMPLETED). The others fail on their own at the next
+# collective. A preempted rank leaves the requeue marker and bind.sh exits 0 (teardown: exit 75).
 RANK_EXIT_WAIT_S = 60
 ROCE_ENV = {"NCCL_IB_GID_INDEX": "3"}
 """Set on `fabric.network: roce` only (the profile's env may give another value): NCCL's GID
@@ -311,7 +312,7 @@ def launch_for(spec: JobSpec) -> Launch:
     env = environment(spec)
     env_names = sorted({*env, "MASTER_ADDR", "MASTER_PORT", *profile.secrets})
     srun_args = [f"--mpi={profile.mpi}"] if profile.mpi else []  # the trainer needs no MPI
-    srun_args += ["--kill-on-bad-exit=1", f"--wait={RANK_EXIT_WAIT_S}", "--cpu-bind=none"]
+    srun_args += ["--kill-on-bad-exit=0", f"--wait={RANK_EXIT_WAIT_S}", "--cpu-bind=none"]
     if profile.container is None:  # ranks start in the code directory (in a container: workdir)
         srun_args.append(f"--chdir={spec.code_dir}")
     srun_args += _container_args(spec, env_names)
