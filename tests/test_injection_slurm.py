@@ -32,6 +32,7 @@ def test_a_hostile_study_path_runs_nothing_in_a_real_report_job(local_slurm, tmp
     )  # fmt: skip
     sweep = scaling.prepare(ns)
     study_dir.mkdir(parents=True)
+    Path(sweep.spec.log_dir).mkdir(parents=True, exist_ok=True)
     first = subprocess.run(["sbatch", "--parsable", "--partition=pretrain", "--wrap", "true"],
                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     script = study_dir / "report.sbatch"
@@ -41,5 +42,5 @@ def test_a_hostile_study_path_runs_nothing_in_a_real_report_job(local_slurm, tmp
     job = out.stdout.strip().split(";")[0]
     local_slurm.wait(job, timeout=300)
     assert not marker.exists(), "a payload in the study path ran inside the real report job"
-    log = next(study_dir.glob(f"report-{job}.out")).read_text()
+    log = (Path(sweep.spec.log_dir) / f"report-{job}.out").read_text()
     assert f"vitpod: report of {study_dir} after array {first}" in log, log
