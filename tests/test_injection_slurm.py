@@ -33,8 +33,8 @@ def test_a_hostile_study_path_runs_nothing_in_a_real_report_job(local_slurm, tmp
     sweep = scaling.prepare(ns)
     study_dir.mkdir(parents=True)
     Path(sweep.spec.log_dir).mkdir(parents=True, exist_ok=True)
-    first = subprocess.run(["sbatch", "--parsable", "--partition=pretrain", "--wrap", "true"],
-                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    wrap = ["sbatch", "--parsable", "--partition=pretrain", "--output=/dev/null", "--wrap", "true"]
+    first = subprocess.run(wrap, capture_output=True, text=True, check=True).stdout.strip()
     script = study_dir / "report.sbatch"
     script.write_text(reportjob.render_script(sweep.spec, study_dir, first))
     out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
