@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.zygote import LOAD_TIME_ENV, ForkedRank, zygote
 from vitpod.trainer import dist as tdist
 
 ROOT = Path(__file__).resolve().parents[1]
+Rank = subprocess.Popen | ForkedRank
 
 
 def free_port() -> int:
@@ -19,17 +21,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(nproc: int, args: list[str], log_dir: Path) -> list[subprocess.Popen]:
-    """`python -m vitpod.trainer ARGS` once per rank with torchrun-style variables (gloo on CPU)."""
+def start_ranks(nproc: int, args: list[str], log_dir: Path, fresh: bool = False) -> list[Rank]:
+    """`python -m vitpod.trainer ARGS` once per rank with torchrun-style variables (gloo on CPU),
+    forked from the session's zygote (tests/zygote.py says why); `fresh`: new interpreters."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    procs = []
+    fresh = fresh or os.environ.get("VITPOD_TEST_FRESH_RANKS") == "1"
+    procs: list[Rank] = []
     for rank in range(nproc):
         env = {
             **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-            "PYTHONWARNINGS": "ignore",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **LOAD_TIME_ENV,
         }  # fmt: skip
+        if not fresh:
+            procs.append(zygote().start(args, env, ROOT, log_dir / f"rank{rank}.log"))
+            continue
         log = open(log_dir / f"rank{rank}.log", "a")
         procs.append(
             subprocess.Popen(
@@ -43,7 +49,7 @@ def start_ranks(nproc: int, args: list[str], log_dir: Path) -> list[subprocess.P
     return procs
 
 
-def wait_ranks(procs: list[subprocess.Popen], log_dir: Path, timeout: float = 240) -> list[int]:
+def wait_ranks(procs: list[Rank], log_dir: Path, timeout: float = 240) -> list[int]:
     codes = []
     try:
         for proc in procs:

@@ -84,7 +84,7 @@ def handles(pid: int, signum: int) -> bool:
 def test_signal_during_startup_requeues_every_rank(digits_dir: Path, tmp_path: Path):
     run = tmp_path / "early"
     args = [str(digits_dir), *ARGS, "--output", str(run)]
-    procs = start_ranks(2, args, tmp_path / "logs")
+    procs = start_ranks(2, args, tmp_path / "logs", fresh=True)  # the signal lands mid-imports
     deadline = time.monotonic() + 60
     while not handles(procs[1].pid, signal.SIGUSR2):  # as soon as main() starts, mid-imports
         assert time.monotonic() < deadline and procs[1].poll() is None, logs(tmp_path / "logs")
