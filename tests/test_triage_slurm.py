@@ -129,8 +129,13 @@ def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits
     )
     hang_job, hang_run = _submit(tmp_path, no_requeue, "--loader torch --workers 0 --epochs 20 "
                                  "--log-interval 1")  # fmt: skip
-    config_job, config_run = _submit(tmp_path, _profile(tmp_path, data), f"{TINY} --num-classes 3")
-    memory = _variant(tmp_path, data, "memory", python=str(_memory_capped_python(tmp_path / "py")))
+    # The causes found at startup need no second node: 2 ranks start, not 4 (each rank's
+    # imports cost ~10 s of CPU on the 2 shared cores).
+    one_node = _variant(tmp_path, data, "onenode", nodes=1)
+    config_job, config_run = _submit(tmp_path, one_node, f"{TINY} --num-classes 3")
+    memory = _variant(
+        tmp_path, data, "memory", nodes=1, python=str(_memory_capped_python(tmp_path / "py"))
+    )
     # 256 images a rank: the first forward needs far more than the 16 MiB the rank has left.
     memory_job, memory_run = _submit(tmp_path, memory, f"{TINY} --batch-size 256")
 
