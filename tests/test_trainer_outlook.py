@@ -19,13 +19,18 @@ SHAPES = [  # (height, width, dim, heads, stride): VOLO's stride 1, odd sizes, a
 ]
 
 
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=NO_CUDA)]  # fp32; gpu_check.sh runs it on a GPU
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("height", "width", "dim", "heads", "stride"), SHAPES)
-def test_outputs_and_gradients_match_timm(height, width, dim, heads, stride):
+def test_outputs_and_gradients_match_timm(height, width, dim, heads, stride, device):
     torch.manual_seed(0)
-    ref = OutlookAttention(dim, heads, stride=stride, qkv_bias=True)
+    ref = OutlookAttention(dim, heads, stride=stride, qkv_bias=True).to(device)
     fused = copy.deepcopy(ref)
     assert use_fused_outlook(fused) == 1
-    x_ref = torch.randn(2, height, width, dim, requires_grad=True)
+    x_ref = torch.randn(2, height, width, dim, requires_grad=True, device=device)
     x_fused = x_ref.detach().clone().requires_grad_()
     out_ref, out_fused = ref(x_ref), fused(x_fused)
     torch.testing.assert_close(out_fused, out_ref, rtol=1e-5, atol=1e-5)

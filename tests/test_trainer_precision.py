@@ -1,4 +1,5 @@
-"""fp16 with dynamic loss scaling through the project's own precision and DDP engine (CPU):
+"""fp16 with dynamic loss scaling through the project's own precision and DDP engine (CPU, and
+on a CUDA GPU with NCCL where one is present: benchmarks/gpu_check.sh runs this file there):
 a step whose gradients hold inf or NaN is skipped (parameters and optimizer state unchanged)
 and the scale halves; a finite step updates. bf16 is refused on a GPU without it."""
 
@@ -19,22 +20,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _fp16_steps(port: int, out: dict) -> None:
+def _fp16_steps(port: int, out: dict, device_type: str) -> None:
     from vitpod.trainer import dist as tdist
     from vitpod.trainer.ddp_engine import DDPEngine
     from vitpod.trainer.precision import make_precision
 
-    tdist.init(tdist.DistEnv(0, 0, 1, "127.0.0.1", port, "torchrun"))
+    device = tdist.init(tdist.DistEnv(0, 0, 1, "127.0.0.1", port, "torchrun"))
     try:
-        device = torch.device("cpu")
+        assert device.type == device_type, device  # the rank's device follows torch's view
         precision = make_precision(device, True, False, "fp16", False)
         out["scaler"] = type(precision.scaler).__name__ if precision.scaler else None
         out["dtype"] = str(precision.dtype)
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        model = model.to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         engine = DDPEngine(model, optimizer, precision, "ring", 1, 1, clip_grad=1.0)
-        images, targets = torch.randn(6, 8), torch.randint(0, 4, (6,))
+        images = torch.randn(6, 8, device=device)
+        targets = torch.randint(0, 4, (6,), device=device)
 
         def step(poison: float | None) -> None:
             with precision.autocast():
@@ -48,9 +51,6 @@ def _fp16_steps(port: int, out: dict) -> None:
 
         def snapshot() -> list[torch.Tensor]:
             return [p.detach().clone() for p in model.parameters()]
-
-        def same(before: list[torch.Tensor]) -> bool:
-            return same(before)
 
         assert precision.scaler is not None
         scales = [precision.scaler.get_scale()]
@@ -75,9 +75,18 @@ def _fp16_steps(port: int, out: dict) -> None:
         tdist.teardown()
 
 
-def test_fp16_step_with_inf_or_nan_gradient_is_skipped_and_the_scale_drops() -> None:
+@pytest.mark.parametrize(
+    "device_type",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU"))],
+)  # fmt: skip
+def test_fp16_step_with_inf_or_nan_gradient_is_skipped_and_the_scale_drops(
+    device_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if device_type == "cpu":
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out: dict = {}
-    _fp16_steps(_free_port(), out)  # a world of one rank (gloo), torn down after
+    _fp16_steps(_free_port(), out, device_type)  # one rank (gloo or NCCL), torn down after
     assert (out["scaler"], out["dtype"], out["autocast_dtype"]) == (
         "GradScaler", "torch.float16", "torch.float16",
     )  # fmt: skip
