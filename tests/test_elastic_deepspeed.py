@@ -5,16 +5,13 @@ count of the run never stopped and its losses within the tolerance of another su
 from __future__ import annotations
 
 import random
-import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.test_elastic_resume import step_records
-from tests.test_trainer_launch import logs, run_ranks, start_ranks, wait_ranks
-from tests.test_trainer_resume import last_step
+from tests.test_trainer_launch import logs, preempt_at, run_ranks, start_ranks, wait_ranks
 from vitpod.trainer import ds_universal
 from vitpod.trainer.checkpoint import Checkpointer, ResumeError
 from vitpod.trainer.elastic import Resize
@@ -45,15 +42,6 @@ RESUME_TOLERANCE = 1e-6
 PARAM_TOLERANCE = 1e-6  # max |difference| of any final weight
 
 
-def preempt_at(run: Path, step: int, procs: list) -> None:
-    """SIGUSR2 to the last rank once rank 0 logged `step`."""
-    deadline = time.monotonic() + 300
-    while last_step(run) < step:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-        time.sleep(0.02)
-    procs[-1].send_signal(signal.SIGUSR2)
-
-
 def train(data: Path, tmp: Path, name: str, ranks: int, stage: int) -> Path:
     run = tmp / name
     args = [str(data), *ARGS, "--zero-stage", str(stage), "--output", str(run)]
@@ -80,7 +68,8 @@ def test_preempted_zero_run_continues_on_another_world_size(
     stopped = tmp_path / "stopped"
     args = [str(digits_dir), *ARGS, "--zero-stage", str(stage), "--output", str(stopped)]
     procs = start_ranks(before, args, tmp_path / "l1")
-    preempt_at(stopped, random.Random(stage * 10 + before).randrange(3, 8), procs)
+    at = random.Random(stage * 10 + before).randrange(3, 8)
+    preempt_at(stopped, at, procs, rank=-1, timeout=300)  # the last rank
     assert wait_ranks(procs, tmp_path / "l1", 600) == [REQUEUE] * before, logs(tmp_path / "l1")
     stopped_at = max(step_records(stopped))
     resumed = train(digits_dir, tmp_path, "stopped", after, stage)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_elastic_resume import preempt_at, step_records, train
-from tests.test_trainer_launch import logs, start_ranks, wait_ranks
+from tests.test_elastic_resume import step_records, train
+from tests.test_trainer_launch import logs, preempt_at, start_ranks, wait_ranks
 from vitpod.trainer.exitcodes import REQUEUE
 from vitpod.workflows.runsizes import world_sizes
 
@@ -63,7 +63,7 @@ def test_preempted_run_continues_on_another_mesh(
     stopped = tmp_path / "stopped"
     signal_at = random.Random(case).randrange(3, 12)  # mid-epoch 0, seeded per case
     procs = start_ranks(before, [str(digits_dir), *args, "--output", str(stopped)], tmp_path / "l1")
-    preempt_at(stopped, signal_at, procs)
+    preempt_at(stopped, signal_at, procs, rank=1)
     assert wait_ranks(procs, tmp_path / "l1", 900) == [REQUEUE] * before, logs(tmp_path / "l1")
     stopped_at = max(step_records(stopped))
     assert stopped_at < 14  # mid-epoch 0: the loader position, not an epoch end, carries over

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.test_trainer_launch import logs, run_ranks, start_ranks, wait_ranks
-from tests.test_trainer_resume import last_step
+from tests.test_trainer_launch import logs, preempt_at, run_ranks, start_ranks, wait_ranks
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
 from vitpod.trainer.data.sharding import epoch_order, rank_batches
 from vitpod.trainer.elastic import ElasticError, accumulation_for
@@ -76,15 +73,6 @@ def test_a_global_batch_that_does_not_split_names_the_sizes_that_do() -> None:
     assert (resolve(cfg).accum_steps, cfg.global_batch_size) == (2, 32)
 
 
-def preempt_at(run: Path, step: int, procs: list) -> None:
-    """SIGUSR2 to rank 1 once rank 0 logged `step` (the ranks start slowly on a busy host)."""
-    deadline = time.monotonic() + 600
-    while last_step(run) < step:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-        time.sleep(0.02)
-    procs[1].send_signal(signal.SIGUSR2)
-
-
 def step_records(run: Path, rank: int = 0) -> dict[int, dict]:
     lines = (run / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
@@ -109,7 +97,7 @@ def test_preempted_run_continues_on_another_world_size(
     signal_at = random.Random(before).randrange(5, 40)  # mid-epoch 0, a different step per case
     args = [str(digits_dir), *ARGS, "--output", str(stopped)]
     procs = start_ranks(before, args, tmp_path / "l1")
-    preempt_at(stopped, signal_at, procs)
+    preempt_at(stopped, signal_at, procs, rank=1)
     assert wait_ranks(procs, tmp_path / "l1", 900) == [REQUEUE] * before, logs(tmp_path / "l1")
     stopped_at = max(step_records(stopped))
     resumed = train(digits_dir, tmp_path, "stopped", after)

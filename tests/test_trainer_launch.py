@@ -1,9 +1,12 @@
 """Rank discovery from Slurm/torchrun variables, plus the local launcher the trainer tests share."""
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +66,31 @@ def wait_ranks(procs: list[Rank], log_dir: Path, timeout: float = 240) -> list[i
 
 def run_ranks(nproc: int, args: list[str], log_dir: Path, timeout: float = 240) -> list[int]:
     return wait_ranks(start_ranks(nproc, args, log_dir), log_dir, timeout)
+
+
+def last_step(run: Path) -> int:
+    """The newest step rank 0 has logged (0 before the first)."""
+    path = run / "metrics" / "rank0.jsonl"
+    if not path.is_file():
+        return 0
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return max((x["step"] for x in lines if x["kind"] == "step"), default=0)
+
+
+def preempt_at(
+    run: Path,
+    step: int,
+    procs: list[Rank],
+    rank: int,
+    signum: int = signal.SIGUSR2,
+    timeout: float = 600,
+) -> None:
+    """`signum` to `rank` alone once rank 0 logged `step`: the others must learn it from it."""
+    deadline = time.monotonic() + timeout
+    while last_step(run) < step:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.02)
+    procs[rank].send_signal(signum)
 
 
 def logs(log_dir: Path) -> str:

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_trainer_launch import logs, run_ranks, start_ranks, wait_ranks
+from tests.test_trainer_launch import (
+    last_step,
+    logs,
+    preempt_at,
+    run_ranks,
+    start_ranks,
+    wait_ranks,
+)
 from vitpod.trainer.exitcodes import OK, REQUEUE
 
 ARGS = [
@@ -25,22 +32,6 @@ ARGS = [
 SIGNAL_AT_STEP = 52  # in the middle of epoch 1 (45 steps per epoch)
 
 
-def last_step(run: Path) -> int:
-    path = run / "metrics" / "rank0.jsonl"
-    if not path.is_file():
-        return 0
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return max((x["step"] for x in lines if x["kind"] == "step"), default=0)
-
-
-def preempt_at(run: Path, step: int, procs, signum: int) -> None:
-    deadline = time.monotonic() + 120
-    while last_step(run) < step:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-        time.sleep(0.02)
-    procs[1].send_signal(signum)  # only rank 1 hears it; rank 0 must learn it from rank 1
-
-
 def final_weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "final" / "model.pt", weights_only=True)
 
@@ -52,7 +43,7 @@ def test_preempted_and_resumed_run_equals_uninterrupted_run(digits_dir: Path, tm
     assert codes == [OK, OK], logs(tmp_path / "l1")
 
     procs = start_ranks(2, [str(digits_dir), *ARGS, "--output", str(stopped)], tmp_path / "l2")
-    preempt_at(stopped, SIGNAL_AT_STEP, procs, signal.SIGUSR2)
+    preempt_at(stopped, SIGNAL_AT_STEP, procs, rank=1, timeout=120)  # rank 0 learns it from 1
     assert wait_ranks(procs, tmp_path / "l2") == [REQUEUE, REQUEUE], logs(tmp_path / "l2")
     assert not (stopped / "final").exists()
     newest = sorted((stopped / "checkpoints").iterdir())[-1]
