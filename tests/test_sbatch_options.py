@@ -27,9 +27,11 @@ from vitpod.workflows.templating import sbatch_value
 OPTIONS = ["--account=proj_a", "--qos=high", "--reservation=maint_1", "--constraint=a100&ib",
            "--exclude=node[3-4],node7",
            "--sbatch-extra=--mail-type=END --comment='nightly #3' --hold"]  # fmt: skip
-HEADER = ["#SBATCH --account=proj_a", "#SBATCH --qos=high", "#SBATCH --reservation=maint_1",
-          "#SBATCH --constraint=a100&ib", "#SBATCH --exclude=node[3-4],node7",
-          "#SBATCH --mail-type=END", '#SBATCH "--comment=nightly #3"', "#SBATCH --hold"]  # fmt: skip
+HEADER = [
+    "#SBATCH --account=proj_a", "#SBATCH --qos=high", "#SBATCH --reservation=maint_1",
+    "#SBATCH --constraint=a100&ib", "#SBATCH --exclude=node[3-4],node7",
+    "#SBATCH --mail-type=END", '#SBATCH "--comment=nightly #3"', "#SBATCH --hold",
+]  # fmt: skip
 
 
 def _render(tmp_path: Path, *options: str) -> int:
@@ -76,13 +78,14 @@ def test_render_writes_each_option_into_the_header_plan_and_manifest(tmp_path):
         "proj_a", "high", "maint_1")  # fmt: skip
     assert scheduling.constraint == "a100&ib" and scheduling.exclude == "node[3-4],node7"
     assert scheduling.extra == ["--mail-type=END", "--comment=nightly #3", "--hold"]
-    assert scheduling.set_by["account"] == "ACCOUNT" and scheduling.set_by["extra"] == "SBATCH_EXTRA"
+    assert scheduling.set_by["account"] == "ACCOUNT"
+    assert scheduling.set_by["extra"] == "SBATCH_EXTRA"
     overrides = json.loads((run / runfiles.MANIFEST).read_text())["overrides"]
     assert overrides["sbatch"]["qos"] == "high"
 
 
 def test_each_header_line_reads_back_as_one_sbatch_word(tmp_path):
-    assert _render(tmp_path, "--sbatch-extra=--comment=\"it's a#b\" --mail-user=me@x.org") == 0
+    assert _render(tmp_path, '--sbatch-extra=--comment="it\'s a#b" --mail-user=me@x.org') == 0
     run = next((tmp_path / "runs").iterdir())
     words = [sbatch_words(line) for line in _header((run / runfiles.SBATCH).read_text())]
     assert ["--comment=it's a#b"] in words and ["--mail-user=me@x.org"] in words
@@ -109,18 +112,22 @@ REFUSED = [
     (["--time=2 hours"], "TIME='2 hours' is not a Slurm time"),
     (["--time=1:00:00\n#SBATCH --uid=0"], "TIME="),
     (["--sbatch-extra=--nodes=3"], "SBATCH_EXTRA: --nodes is not passed through; use NODES="),
-    (["--sbatch-extra=--output=x"], "--output is not passed through; vitpod sets it: vitpod "
-                                    "writes Slurm's output"),
+    (
+        ["--sbatch-extra=--output=x"],
+        "--output is not passed through; vitpod sets it: vitpod writes Slurm's output",
+    ),
     (["--sbatch-extra=--requeue"], "vitpod sets it: the profile's preemption.requeue"),
     (["--sbatch-extra=--signal=USR1@60"], "the profile's preemption: block"),
     (["--sbatch-extra=--ntasks-per-node=1"], "the profile's node_types fields"),
     (["--sbatch-extra=--account=x"], "use ACCOUNT="),
-    (["--sbatch-extra=--mail-typ=END"], "--mail-typ is not an sbatch option; did you mean "
-                                        "--mail-type?"),
+    (
+        ["--sbatch-extra=--mail-typ=END"],
+        "--mail-typ is not an sbatch option; did you mean --mail-type?",
+    ),
     (["--sbatch-extra=-A proj"], "SBATCH_EXTRA: '-A' is not a long sbatch option"),
     (["--sbatch-extra=--comment"], "--comment needs a value"),
     (["--sbatch-extra=--hold=1"], "--hold takes no value"),
-    (["--sbatch-extra=--comment='a"], "SBATCH_EXTRA=\"--comment='a\": No closing quotation"),
+    (["--sbatch-extra=--comment='a"], 'SBATCH_EXTRA="--comment=\'a": No closing quotation'),
     (["--sbatch-extra=--comment=a\nb"], "SBATCH_EXTRA='--comment=a\\nb' contains a newline"),
     (["--sbatch-extra=--comment=a\\\\b"], "no double quote or backslash"),
     (["--sbatch-extra=--hold --hold"], "--hold is given twice"),
@@ -212,7 +219,8 @@ def _stub_sbatch(tmp_path: Path, monkeypatch, body: str) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub = bin_dir / "sbatch"
-    stub.write_text(f'#!/bin/bash\ncat > "{tmp_path}/stdin"; echo "$*" > "{tmp_path}/argv"\n{body}\n')
+    record = f'cat > "{tmp_path}/stdin"; echo "$*" > "{tmp_path}/argv"'
+    stub.write_text(f"#!/bin/bash\n{record}\n{body}\n")
     stub.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return tmp_path / "stdin"

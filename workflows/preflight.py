@@ -168,8 +168,10 @@ def check(
     check_ranks_per_gpu(plan)
     done: list[str] = []
     if spec.profile.scheduler == "slurm" and offline:
-        done.append("OFFLINE: Slurm not asked (partition, nodes, GPUs, memory, CPUs, account, "
-                    "sbatch --test-only)")
+        done.append(
+            "OFFLINE: Slurm not asked (partition, nodes, GPUs, memory, CPUs, account, "
+            "sbatch --test-only)"
+        )
         if spec.profile.mpi:
             done.append(f"mpi: --mpi={spec.profile.mpi} NOT CHECKED (offline: srun --mpi=list)")
     elif spec.profile.scheduler == "slurm":

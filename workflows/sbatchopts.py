@@ -187,10 +187,10 @@ def parse_extra(extra: str | Sequence[str] | Mapping[str, Any], name: str, prefi
     elif isinstance(extra, str):
         _check_text(name, extra)
         if not extra.strip():
-            if extra:
-                raise ConfigError(f"{name}={extra!r} is blank; give sbatch options "
-                                  f"(e.g. {name}=--mail-type=END) or leave {name} unset")  # fmt: skip
-            return ()
+            if not extra:
+                return ()
+            raise ConfigError(f"{name}={extra!r} is blank; give sbatch options "
+                              f"(e.g. {name}=--mail-type=END) or leave {name} unset")  # fmt: skip
         try:
             words = shlex.split(extra)
         except ValueError as exc:
@@ -207,7 +207,7 @@ def parse_extra(extra: str | Sequence[str] | Mapping[str, Any], name: str, prefi
         if not word.startswith("--") or word == "--":
             raise ConfigError(
                 f"{name}: {word!r} is not a long sbatch option; write each as --name=value "
-                f"(e.g. {name}=\"--mail-type=END --mail-user=me@example.org\")"
+                f'(e.g. {name}="--mail-type=END --mail-user=me@example.org")'
             )
         option, eq, value = word[2:].partition("=")
         kind = _known(option, name, prefix)

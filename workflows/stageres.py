@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from vitpod.workflows.profile import Profile
-from vitpod.workflows.sbatchopts import SbatchOptions
 from vitpod.workflows.rundir import DIR_MODE, remove_run_dir
+from vitpod.workflows.sbatchopts import SbatchOptions
 from vitpod.workflows.submission import materialize
 
 
