@@ -10,9 +10,12 @@ import difflib
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from vitpod.workflows.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vitpod.workflows.spec import JobSpec
 
 Arg = Literal["value", "optional", "none"]
 _VALUE = """account acctg-freq array batch bb bbf begin chdir cluster-constraint clusters comment
@@ -242,7 +245,7 @@ def _known(option: str, name: str, prefix: str) -> Arg:
     return SBATCH_OPTIONS[option]
 
 
-def apply(spec: Any, sbatch: Sbatch) -> Any:
+def apply(spec: JobSpec, sbatch: Sbatch) -> JobSpec:
     """The JobSpec with the checked options (account and qos over the profile's)."""
     return dataclasses.replace(
         spec, account=sbatch.account or spec.account, qos=sbatch.qos or spec.qos,
