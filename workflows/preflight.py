@@ -42,6 +42,8 @@ class Planned(Protocol):
     def recipe(self) -> Recipe: ...
     @property
     def trainer(self) -> dict[str, Any] | None: ...
+    @property
+    def script(self) -> str: ...
 
 
 # --------------------------------------------------------------------------- static checks
@@ -166,7 +168,10 @@ def check(
     check_ranks_per_gpu(plan)
     done: list[str] = []
     if spec.profile.scheduler == "slurm" and offline:
-        done.append("OFFLINE: Slurm not asked (partition, nodes, GPUs, memory, CPUs, account)")
+        done.append(
+            "OFFLINE: Slurm not asked (partition, nodes, GPUs, memory, CPUs, account, "
+            "sbatch --test-only)"
+        )
         if spec.profile.mpi:
             done.append(f"mpi: --mpi={spec.profile.mpi} NOT CHECKED (offline: srun --mpi=list)")
     elif spec.profile.scheduler == "slurm":
@@ -179,6 +184,7 @@ def check(
         done += slurmchecks.check_partition(plan)
         done += slurmchecks.check_account(spec)
         done += slurmchecks.check_mpi(spec)
+        done += slurmchecks.check_test_only(spec, plan.script)
     problems = path_problems(plan, chained, labels_pending)
     container_problems, container_done = containerpreflight.check(spec.profile)
     if problems or container_problems:
