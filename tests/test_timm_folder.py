@@ -120,6 +120,18 @@ def test_volo_tiny_has_no_timm_files_and_the_manifest_says_why(tmp_path: Path) -
         timm.create_model("volo_d1_224", layers=(1, 1), embed_dims=(32, 64), num_heads=(1, 2))
 
 
+def test_weights_timm_would_not_load_write_no_timm_folder(tmp_path: Path) -> None:
+    """A state whose shapes are not the architecture's (here a 16 px vit_micro filed as 32 px):
+    no config.json that timm would choke on; model.pt and the manifest (with why) as before."""
+    state = create_model("vit_micro", 16, 10, 0.0).state_dict()
+    save_final(tmp_path, state, model_manifest("vit_micro", 32, 10))
+    final = tmp_path / runfiles.FINAL
+    assert not (final / runfiles.TIMM_CONFIG).exists()
+    assert not (final / runfiles.TIMM_WEIGHTS).exists()
+    why = json.loads((final / runfiles.MANIFEST).read_text())["timm"]["why_not"]
+    assert "keys or shapes are not the trained vit_micro's" in why
+
+
 @pytest.mark.slow
 def test_finetune_reads_a_timm_folder_and_checks_its_recorded_sha256(
     trained: Path, tmp_path: Path

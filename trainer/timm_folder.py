@@ -3,6 +3,7 @@ model.pt, so plain timm loads it (`timm.create_model("local-dir:RUN/final", pret
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ import torch
 from vitpod.registry import models, runfiles
 from vitpod.registry.io import fsync_dir
 from vitpod.trainer.torchsave import sha256_of
+
+log = logging.getLogger(__name__)
 
 
 def write(
@@ -32,17 +35,35 @@ def write(
     from safetensors.torch import save_file
     from timm.models._hub import save_config_for_hf
 
-    weights = {k: v.detach().cpu().contiguous() for k, v in state.items()}  # no channels_last
-    meta = _meta_model(architecture, model_args)
     cfg = {"pretrained_cfg": {"tag": "vitpod", **data}}
-    files = {
-        runfiles.TIMM_WEIGHTS: lambda tmp: save_file(weights, str(tmp), {"format": "pt"}),
-        runfiles.TIMM_CONFIG: lambda tmp: save_config_for_hf(meta, str(tmp), cfg, model_args),
-    }
+    try:  # timm cannot build or describe it: model.pt stays the final model, the manifest says why
+        meta = _meta_model(architecture, model_args)
+        if _shapes(meta.state_dict()) != _shapes(state):
+            raise ValueError(f"its keys or shapes are not the trained {model_name}'s")
+
+        def write_config(tmp: Path) -> None:
+            save_config_for_hf(meta, str(tmp), cfg, model_args)
+
+        config = _atomic(directory / runfiles.TIMM_CONFIG, write_config)
+    except (TypeError, ValueError, RuntimeError) as err:
+        log.warning("final model: no timm folder (%s): %s", architecture, err)
+        return {"architecture": None, "why_not": f"timm {architecture} {model_args}: {err}"}
+    weights = {k: v.detach().cpu().contiguous() for k, v in state.items()}  # no channels_last
+
+    def write_weights(tmp: Path) -> None:
+        save_file(weights, str(tmp), {"format": "pt"})
+
     return {
         "architecture": architecture,
-        "files": {name: _atomic(directory / name, fn) for name, fn in files.items()},
+        "files": {
+            runfiles.TIMM_WEIGHTS: _atomic(directory / runfiles.TIMM_WEIGHTS, write_weights),
+            runfiles.TIMM_CONFIG: config,
+        },
     }
+
+
+def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state.items()}
 
 
 def preprocessing(data_cfg: Any) -> dict[str, Any]:
