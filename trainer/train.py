@@ -38,6 +38,7 @@ from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_
 from vitpod.trainer.sample_digest import StepSamples
 from vitpod.trainer.speedups import apply_speedups, startup_mfu
 from vitpod.trainer.timing import TimingLog
+from vitpod.trainer.timm_folder import preprocessing
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +338,7 @@ class Trainer:
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
             if model_state is None:  # every engine gathers the whole model on rank 0
                 raise RuntimeError("rank 0 received no model state")
-            ckpt.save_final(self.run_dir, model_state, manifest)
+            ckpt.save_final(self.run_dir, model_state, manifest, preprocessing(data_config(cfg)))
             self.metrics.summary(
                 {
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),

@@ -316,19 +316,22 @@ def _recipe_label_dir(plan: Planned) -> Path | None:
 
 
 def finetune_source_problem(path: str) -> str | None:
-    """A finetune source must hold a model now: a file, a final model or a checkpoint."""
+    """A finetune source must hold a model now: a file, a final model, a checkpoint or a timm
+    local model folder."""
     source = Path(path)
     if source.is_file():
         return None
     if not source.exists():
         return f"FINETUNE_FROM={path!r} does not exist; give a pretrain run directory or a file"
-    final = runfiles.final_model(source)
     ckpts = source / runfiles.CHECKPOINTS
-    if final.is_file() or (ckpts.is_dir() and any(ckpts.iterdir())):
+    if any(p.is_file() for p in runfiles.weights_candidates(source)) or (
+        ckpts.is_dir() and any(ckpts.iterdir())
+    ):
         return None
     return (
-        f"FINETUNE_FROM={path!r} has no model ({runfiles.FINAL}/{runfiles.FINAL_MODEL} or "
-        f"{runfiles.CHECKPOINTS}/); give a finished pretrain run directory or a checkpoint file"
+        f"FINETUNE_FROM={path!r} has no model ({runfiles.FINAL}/{runfiles.FINAL_MODEL}, "
+        f"{runfiles.CHECKPOINTS}/ or a timm folder's {runfiles.TIMM_WEIGHTS}); give a finished "
+        "pretrain run directory, a timm local model folder or a checkpoint file"
     )
 
 
