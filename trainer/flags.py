@@ -174,6 +174,9 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainC
     argv = sys.argv[1:] if argv is None else list(argv)
     ns = build_parser().parse_args(layered_argv(argv))
     ns.config = config_path(argv)
+    for f in _cli_fields():  # argparse gives nargs values as a list: the field's tuple
+        if str(f.type).startswith("tuple") and isinstance(getattr(ns, f.name), list):
+            setattr(ns, f.name, tuple(getattr(ns, f.name)))
     requested = {k: v for k, v in vars(ns).items() if k not in ("config", "print_config")}
     cfg = TrainConfig(**vars(ns), world_size=world_size, requested=requested)
     return resolve(cfg)
