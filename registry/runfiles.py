@@ -43,6 +43,8 @@ found no newer one (preemption.max_requeues_without_progress ends the requeues).
 
 CONFIG = "config.json"
 """The trainer's resolved arguments."""
+ARGS = "args.yaml"
+"""The trainer's flags as parsed, before defaults are resolved (timm's name); `-c` reads it."""
 REPORT_DIR = "report"
 """A scaling study's report folder: the plots, TABLE and REPORT_HTML."""
 TABLE = "table.json"

@@ -90,7 +90,7 @@ class Trainer:
         total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
         self.metrics = MetricsLogger(
             self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device,
-            config=dataclasses.asdict(cfg),
+            config=cfg.record(),
         )  # fmt: skip
         self.mfu = startup_mfu(cfg, num_classes(cfg), self.device) if env.is_main else None
         if self.mfu is not None:
@@ -136,7 +136,8 @@ class Trainer:
         cfg = self.cfg
         self.preemption.install()  # main() installed it already; again for Trainers built directly
         if self.env.is_main:
-            io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, dataclasses.asdict(cfg))
+            io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, cfg.record())
+            io.write_text_atomic(self.run_dir / runfiles.ARGS, cfg.args_yaml())
         self.checkpointer.resume(cfg.resume, self._load, self.device)
         self.timing.start(self.step)
         if self.preemption.agreed():  # signalled during startup, before any step of this process

@@ -384,4 +384,4 @@ def _decide_engine(
 
 
 def _config_record(cfg: TrainConfig) -> dict[str, Any]:
-    return {**dataclasses.asdict(cfg), "global_batch_size": cfg.global_batch_size}
+    return {**cfg.record(), "global_batch_size": cfg.global_batch_size}
