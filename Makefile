@@ -11,6 +11,18 @@ NODES ?=
 TIME ?=
 FT_NODES ?=
 FT_TIME ?=
+ACCOUNT ?=
+QOS ?=
+RESERVATION ?=
+CONSTRAINT ?=
+EXCLUDE ?=
+SBATCH_EXTRA ?=
+FT_ACCOUNT ?=
+FT_QOS ?=
+FT_RESERVATION ?=
+FT_CONSTRAINT ?=
+FT_EXCLUDE ?=
+FT_SBATCH_EXTRA ?=
 ARGS ?=
 FINETUNE_FROM ?=
 RUN ?=
@@ -35,8 +47,9 @@ OFFLINE ?=
 CANCEL ?=
 STATE ?=
 DRY_RUN ?=
-VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN VENV
-export CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
+SLURM_VARS := ACCOUNT QOS RESERVATION CONSTRAINT EXCLUDE SBATCH_EXTRA FT_ACCOUNT FT_QOS FT_RESERVATION FT_CONSTRAINT FT_EXCLUDE FT_SBATCH_EXTRA
+VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN VENV
+export CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -53,16 +66,24 @@ OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
 DRY_FLAG = $(if $(filter-out 0,$(DRY_RUN)),--dry-run)
 # make list filters by CLUSTER only when it is given (its default, local, would hide the rest).
 LIST_CLUSTER = $(if $(filter command line environment,$(origin CLUSTER)),--cluster "$$CLUSTER")
-STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --time "$$TIME" --args="$$ARGS"
-# FT_NODES/FT_TIME are the fine-tune stage's of `make pipeline`; one stage takes NODES/TIME.
-FT_ONLY = $(if $(FT_NODES)$(FT_TIME),$(error FT_NODES/FT_TIME set the fine-tune of make pipeline; make $@ runs one stage: use NODES= and TIME=))$(if $(TEACHER)$(TEACHER_CKPT),$(error TEACHER/TEACHER_CKPT make token labels in make pipeline and make token-labels; make $@ would ignore them: drop TEACHER, or pass the labels with ARGS="--token-label-data DIR"))
+# This submission's sbatch options (workflows/sbatchopts.py); FT_...: a pipeline's fine-tune.
+SLURM_ARGS = --account="$$ACCOUNT" --qos="$$QOS" --reservation="$$RESERVATION" \
+  --constraint="$$CONSTRAINT" --exclude="$$EXCLUDE" --sbatch-extra="$$SBATCH_EXTRA"
+FT_SLURM_ARGS = --finetune-account="$$FT_ACCOUNT" --finetune-qos="$$FT_QOS" \
+  --finetune-reservation="$$FT_RESERVATION" --finetune-constraint="$$FT_CONSTRAINT" \
+  --finetune-exclude="$$FT_EXCLUDE" --finetune-sbatch-extra="$$FT_SBATCH_EXTRA"
+STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --time "$$TIME" --args="$$ARGS" $(SLURM_ARGS)
+# FT_NODES/FT_TIME/FT_ACCOUNT/... are the fine-tune stage's of `make pipeline`; one stage takes
+# NODES/TIME/ACCOUNT/...
+FT_SET = $(strip $(foreach v,FT_NODES FT_TIME $(filter FT_%,$(SLURM_VARS)),$(if $($(v)),$(v))))
+FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; make $@ runs one stage: use the name without FT_ (NODES=, TIME=, ACCOUNT=, ...)))$(if $(TEACHER)$(TEACHER_CKPT),$(error TEACHER/TEACHER_CKPT make token labels in make pipeline and make token-labels; make $@ would ignore them: drop TEACHER, or pass the labels with ARGS="--token-label-data DIR"))
 
 .PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
         container slurm-up slurm-down bench calibrate token-labels shards profile doctor list cancel
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status list cancel scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) FT_NODES= FT_TIME= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels: 1 = print the scripts, write and submit nothing)"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels: 1 = print the scripts, write and submit nothing)"
 
 setup:
 	bash scripts/setup.sh
@@ -96,7 +117,7 @@ resume:
 	$(WF) resume --run "$$RUN" --nodes "$$NODES" $(if $(filter-out 0,$(CANCEL)),--cancel-running)
 
 pipeline:
-	$(WF) pipeline $(STAGE_ARGS) --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" \
+	$(WF) pipeline $(STAGE_ARGS) --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" $(FT_SLURM_ARGS) \
 	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG) $(DRY_FLAG) \
 	  --finetune-from "$$FINETUNE_FROM"
 
@@ -118,10 +139,10 @@ cancel:
 # or a timm name with TEACHER_CKPT): a Slurm job array, one shard per rank.
 token-labels:
 	$(WF) token-labels --stage "$$STAGE" --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" \
-	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS" $(DRY_FLAG)
+	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS" $(SLURM_ARGS) $(DRY_FLAG)
 
 scaling:
-	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(FOLLOW_FLAG)
+	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(SLURM_ARGS) $(FOLLOW_FLAG)
 
 report:
 	$(PY) -m vitpod.analysis report "$$STUDY"
@@ -129,7 +150,7 @@ report:
 # Time collectives on the partition's nodes, fit latency/bandwidth, store <profile>.calibration.json
 # (ARGS: trainer.commbench flags, e.g. ARGS="--sizes '4K 1M 16M' --iters 20").
 calibrate:
-	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES" --args="$$ARGS"
+	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES" --args="$$ARGS" $(SLURM_ARGS)
 
 # Discover a site: Slurm's partitions and nodes, one probe job per node type -> a new profile
 # (never overwrites). ARGS: more flags, e.g. ARGS="--base localslurm --storage-hca mlx5_4,mlx5_5",

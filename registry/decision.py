@@ -39,6 +39,22 @@ class Resources(_Record):
     time: str | None = None
 
 
+class Scheduling(_Record):
+    """The job's sbatch options beyond its resources: the account and QOS (the profile's, or
+    given for this submission), and RESERVATION, CONSTRAINT, EXCLUDE and SBATCH_EXTRA."""
+
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    extra: list[str] = []
+    """More #SBATCH options as --name[=value] words (SBATCH_EXTRA)."""
+    set_by: dict[str, str] = {}
+    """The make variable that gave each per-submission option (account: ACCOUNT, or FT_ACCOUNT
+    in a pipeline's fine-tune); an option absent here is the profile's, or not set."""
+
+
 class Layout(_Record):
     """How the world is split: data-parallel x tensor-parallel x pipeline stages."""
 
@@ -122,6 +138,7 @@ class Decision(_Record):
     memory: dict[str, Any] = {}
     precision: Precision | None = None
     """None in records written before the planner chose the dtype."""
+    scheduling: Scheduling = Scheduling()
 
     def log_line(self) -> str:
         """One line for the job log: the engine, why, and its predicted cost."""

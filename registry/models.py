@@ -158,6 +158,32 @@ def build(name: str, img_size: int, num_classes: int, drop_path: float = 0.0) ->
     )  # fmt: skip
 
 
+VIT_TIMM_BASE = "vit_base_patch16_224"
+"""The timm entry point our own ViTs are written as: its factory lets model_args override its
+shape (dict(model_args, **kwargs)), and its other arguments are VisionTransformer's defaults."""
+NOT_IN_TIMM = (
+    "timm cannot rebuild a VOLO of another shape: each of its VOLO entry points (volo_d1_224 ...)"
+    " passes layers, embed_dims and num_heads itself, so a config.json whose model_args gives"
+    " them is a duplicate keyword (TypeError); model.pt is the only weights file"
+)
+
+
+def timm_architecture(name: str) -> tuple[str, dict[str, Any]] | None:
+    """The timm entry point and shape arguments that `timm.create_model(arch, img_size=...,
+    num_classes=..., **args)` rebuilds `name` with; None for a model timm cannot (NOT_IN_TIMM)."""
+    if not known(name):
+        return name, {}  # a timm name the trainer builds with timm.create_model
+    info = get(name)
+    if info.timm_name is not None:
+        return info.timm_name, {}
+    a = info.arch
+    if isinstance(a, Vit):
+        return VIT_TIMM_BASE, {"patch_size": a.patch_size, "embed_dim": a.embed_dim,
+                               "depth": a.depth, "num_heads": a.num_heads,
+                               "mlp_ratio": a.mlp_ratio}  # fmt: skip
+    return None
+
+
 # ---------------------------------------------------------------- parameter counts
 
 

@@ -25,6 +25,12 @@ METRICS = "metrics"
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
 FINAL_MODEL = "model.pt"
+TIMM_WEIGHTS = "model.safetensors"
+"""Beside FINAL_MODEL, the same tensors for timm's `local-dir:` source (HF_SAFE_WEIGHTS_NAME)."""
+TIMM_CONFIG = "config.json"
+"""Beside FINAL_MODEL: timm's architecture, model_args and pretrained_cfg (not the run's CONFIG)."""
+TIMM_TORCH_WEIGHTS = "pytorch_model.bin"
+"""The torch weights file of a folder timm's save_for_hf wrote (HF_WEIGHTS_NAME)."""
 TENSORBOARD = "tb"
 BIND = "bind.sh"
 SBATCH = "job.sbatch"
@@ -37,6 +43,8 @@ found no newer one (preemption.max_requeues_without_progress ends the requeues).
 
 CONFIG = "config.json"
 """The trainer's resolved arguments."""
+ARGS = "args.yaml"
+"""The trainer's flags as parsed, before defaults are resolved (timm's name); `-c` reads it."""
 REPORT_DIR = "report"
 """A scaling study's report folder: the plots, TABLE and REPORT_HTML."""
 TABLE = "table.json"
@@ -45,6 +53,13 @@ REPORT_HTML = "report.html"
 
 def final_model(run_dir: str | Path) -> Path:
     return Path(run_dir) / FINAL / FINAL_MODEL
+
+
+def weights_candidates(path: str | Path) -> tuple[Path, ...]:
+    """Where a finetune source keeps its weights, in the order taken: the path itself (a file),
+    a run's final model, a final or checkpoint folder's model.pt, a timm local model folder."""
+    p = Path(path)
+    return (p, final_model(p), p / FINAL_MODEL, p / TIMM_WEIGHTS, p / TIMM_TORCH_WEIGHTS)
 
 
 def metrics_file(run_dir: str | Path, rank: int) -> Path:

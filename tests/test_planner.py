@@ -156,7 +156,7 @@ def test_preflight_checks_the_paths_the_ranks_will_read(tmp_path, capsys):
     empty.mkdir()
     argv[-1] = str(empty)
     assert cli.main(["preflight", *argv]) == 2
-    assert "has no model (final/model.pt or checkpoints/)" in capsys.readouterr().err
+    assert "has no model (final/model.pt, checkpoints/ or a timm folder" in capsys.readouterr().err
     # render refuses it too (before writing), unless it renders for another machine (OFFLINE=1)
     assert cli.main(["render", *argv, "--run-root", str(tmp_path / "runs")]) == 2
     assert "has no model" in capsys.readouterr().err and not (tmp_path / "runs").exists()

@@ -17,6 +17,7 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.partitions import SlurmSilent, partition_info
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.sbatchopts import SbatchOptions
 
 Change = Callable[[dict[str, Any]], None]
 
@@ -109,6 +110,19 @@ def test_account_and_qos_checked_against_associations(local_slurm, tmp_path):
     assert ours is not None and "account='nosuchaccount' is not one of your" in ours
     ours = _ours(_plan(tmp_path, _set(account="root", qos="nosuchqos"), "badqos"))
     assert ours is not None and "qos='nosuchqos' is not allowed" in ours
+
+
+def test_sbatch_test_only_takes_good_options_and_refuses_a_reservation_slurm_lacks(
+    local_slurm, tmp_path
+):
+    def plan(options: SbatchOptions) -> JobPlan:
+        return plan_job(Request(cluster="localslurm", run_root=str(tmp_path / "runs"),
+                                slurm=options))  # fmt: skip
+
+    assert _ours(plan(SbatchOptions(extra="--comment='vitpod test' --mail-type=NONE"))) is None
+    ours = _ours(plan(SbatchOptions(reservation="nosuchresv")))
+    assert ours is not None and ours.startswith("sbatch --test-only refuses the job script"), ours
+    assert "RESERVATION=nosuchresv given here" in ours and "\n" not in ours
 
 
 def test_slurm_not_answering_is_an_error(local_slurm, tmp_path, monkeypatch):

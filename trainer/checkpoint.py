@@ -17,6 +17,7 @@ import torch.distributed as dist
 from vitpod.registry import io, runfiles
 from vitpod.trainer import checkpoint_commit as commit
 from vitpod.trainer import elastic as elastic_rules
+from vitpod.trainer import timm_folder
 from vitpod.trainer.dist import all_ranks_ok
 from vitpod.trainer.host_stage import HostStager
 from vitpod.trainer.torchsave import atomic_torch_save
@@ -369,10 +370,15 @@ def _warn_not_removed(function: Any, path: str, excinfo: Any) -> None:
 
 
 def save_final(
-    run_dir: Path, model_state: dict[str, torch.Tensor], manifest: dict[str, Any]
-) -> Path:
-    """RUN_DIR/final/model.pt and manifest.json (written last, so its presence means complete)."""
+    run_dir: Path, model_state: dict[str, torch.Tensor], manifest: dict[str, Any],
+    data: dict[str, Any] | None = None,
+) -> Path:  # fmt: skip
+    """RUN_DIR/final/model.pt, the timm folder's files (timm_folder.py; `data`: the eval
+    preprocessing) and manifest.json (written last, so its presence means complete)."""
     model_file = runfiles.final_model(run_dir)
-    info = atomic_torch_save({k: v.detach().cpu() for k, v in model_state.items()}, model_file)
-    io.write_json_atomic(model_file.parent / runfiles.MANIFEST, {**manifest, **info})
+    state = {k: v.detach().cpu() for k, v in model_state.items()}
+    info = atomic_torch_save(state, model_file)
+    timm = timm_folder.write(model_file.parent, state, manifest["model"], manifest["img_size"],
+                             manifest["num_classes"], data or {})  # fmt: skip
+    io.write_json_atomic(model_file.parent / runfiles.MANIFEST, {**manifest, **info, "timm": timm})
     return model_file

@@ -216,12 +216,21 @@ class TrainConfig:
         default=5, metadata=_arg("run", "steps left out of throughput")
     )
     seed: int = field(default=42, metadata=_arg("run", "random seed"))
-    config: str | None = field(default=None, metadata=_arg("run", "YAML file of these keys"))
+    config: str | None = field(
+        default=None,
+        metadata=_arg("run", "YAML/JSON file of these keys (a run's args.yaml or config.json) "
+                      "or timm train.py's args.yaml; the command line wins over it",
+                      "-c", "--config"),
+    )  # fmt: skip
     print_config: bool = field(
         default=False, metadata=_arg("run", "print resolved config and exit")
     )
     # Resolved at startup (not flags).
     world_size: int = field(default=1, metadata={"derived": True})
+    requested: dict[str, Any] = field(
+        default_factory=dict, repr=False, compare=False, metadata={"derived": True}
+    )
+    """The parsed flags before resolve(), every flag: the run's args.yaml (timm's name)."""
 
     @property
     def use_amp(self) -> bool:
@@ -241,10 +250,22 @@ class TrainConfig:
     def global_batch_size(self) -> int:
         return self.batch_size * self.accum_steps * self.dp_size
 
+    def record(self) -> dict[str, Any]:
+        """The resolved values: config.json."""
+        values = dataclasses.asdict(self)
+        del values["requested"]
+        return values
+
     def to_json(self) -> str:
-        return json.dumps(
-            {**dataclasses.asdict(self), "global_batch_size": self.global_batch_size}, indent=2
-        )
+        return json.dumps({**self.record(), "global_batch_size": self.global_batch_size}, indent=2)
+
+    def args_yaml(self) -> str:
+        """args.yaml: every flag as parsed (YAML lists for tuples); `-c args.yaml` gives the
+        same configuration back."""
+        import yaml
+
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in self.requested.items()}
+        return yaml.safe_dump(values, sort_keys=False)
 
 
 def resolve(cfg: TrainConfig) -> TrainConfig:

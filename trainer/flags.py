@@ -1,14 +1,16 @@
-"""The trainer's command line: one flag per TrainConfig field, and a YAML file of the same keys."""
+"""The trainer's command line: one flag per TrainConfig field, a config file (trainer/configfile.py)
+and the one order in which they and a recipe's flags win (layered_argv)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from vitpod.registry.io import unknown_key_message
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
+from vitpod.trainer.configfile import read_config
 
 
 def flag_name(f: dataclasses.Field) -> str:
@@ -63,29 +65,118 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _yaml_defaults(path: str) -> dict[str, Any]:
-    import yaml
-
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config {path}: no such file; pass a YAML file of trainer keys")
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of keys to values")
-    valid = {f.name for f in _cli_fields()} - {"config", "print_config"}
-    data = {str(k).replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(data) - valid)
-    if unknown:
-        raise ConfigError(f"--config {path}: {unknown_key_message(unknown, sorted(valid))}")
-    return data
+def _long_flag(f: dataclasses.Field) -> str:
+    return next((x for x in f.metadata["flags"] if x.startswith("--")), flag_name(f))
 
 
-def parse_args(argv: list[str] | None = None, world_size: int = 1) -> TrainConfig:
-    """Parse flags (YAML first, flags win), fill model defaults; raises ConfigError on bad input."""
+def config_keys() -> set[str]:
+    """The keys a config file may set: every flag's field but the file itself."""
+    return {f.name for f in _cli_fields()} - {"config", "print_config"}
+
+
+def _arity(action: argparse.Action, rest: list[str]) -> int:
+    """How many of `rest` argparse gives `action` as values."""
+    if action.nargs is None:
+        return 1
+    if action.nargs == "?":
+        return 1 if rest and not rest[0].startswith("-") else 0
+    return int(action.nargs)  # type: ignore[arg-type]
+
+
+def _chunks(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """argv cut as argparse reads it: (field, tokens) per flag or positional; a flag argparse
+    does not know keeps its token under '?' (argparse refuses it when parsing)."""
+    actions = parser._option_string_actions
+    out: list[tuple[str, list[str]]] = []
+    argv, i = list(argv), 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, _ = token.partition("=")
+        action = actions.get(name if eq else token)
+        if action is None:
+            out.append(("?" if token.startswith("-") else "data_dir", [token]))
+            i += 1
+            continue
+        n = 0 if eq else _arity(action, argv[i + 1 :])
+        out.append((action.dest, argv[i : i + 1 + n]))
+        i += 1 + n
+    return out
+
+
+def _as_flags(values: dict[str, Any], path: str) -> list[str]:
+    """A config file's values as flags (the data dir first), checked by the trainer's parser:
+    a wrong type or choice is refused naming the file and the flag."""
+    fields = {f.name: f for f in _cli_fields()}
+    positional, flags = [], []
+    for name, value in values.items():
+        f, flag = fields[name], _long_flag(fields[name])
+        if value is None:
+            if f.default is not None:
+                raise ConfigError(f"--config {path}: {name}: null; give a value or drop the key")
+        elif name == "data_dir":
+            positional = [str(value)]
+        elif _field_type(f) is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"--config {path}: {name}: {value!r}; write true or false")
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list | tuple):
+            flags += [flag, *map(_text, value)]
+        else:
+            flags.append(f"{flag}={_text(value)}")
+    try:
+        build_parser().parse_args([*positional, *flags])
+    except ConfigError as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+    return [*positional, *flags]
+
+
+def _text(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def config_path(argv: Sequence[str]) -> str | None:
+    """The last -c/--config FILE of argv."""
+    path = None
+    for dest, tokens in _chunks(build_parser(), argv):
+        if dest == "config":
+            path = tokens[0].partition("=")[2] if len(tokens) == 1 else tokens[-1]
+    return path
+
+
+def layered_argv(
+    argv: Sequence[str],
+    base: Sequence[str] = (),
+    fixed: Sequence[str] = (),
+    owned: Iterable[str] = (),
+) -> list[str]:
+    """The one precedence, command line > config file > base (a recipe's flags) > defaults, as
+    one argv in which a flag's last value wins: the config file's values (argv's -c FILE, read
+    here) replace base's flags for the keys it sets, and argv's own flags follow. `fixed` (flags
+    the caller sets for every run: the planner's run directory) follow the file, whose `owned`
+    keys are dropped. Without a config file: base, fixed, argv as given."""
+    path = config_path(argv)
+    if path is None:
+        return [*base, *fixed, *argv]
     parser = build_parser()
-    pre, _ = parser.parse_known_args(argv)
-    if pre.config:
-        parser.set_defaults(**_yaml_defaults(pre.config))
-    ns = parser.parse_args(argv)
-    cfg = TrainConfig(**vars(ns), world_size=world_size)
+    own = _chunks(parser, argv)
+    above = {dest for dest, _ in [*own, *_chunks(parser, fixed)]} | set(owned)
+    if any(dest == "data_dir" for dest, _ in _chunks(parser, base)):
+        above.add("data_dir")
+    layer = {k: v for k, v in read_config(path, config_keys()).items() if k not in above}
+    below = [t for dest, tokens in _chunks(parser, base) if dest not in layer for t in tokens]
+    rest = [t for dest, tokens in own if dest != "config" for t in tokens]
+    return [*below, *_as_flags(layer, path), *fixed, *rest]
+
+
+def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainConfig:
+    """Parse flags and a config file (layered_argv's precedence), fill model defaults; raises
+    ConfigError on bad input. cfg.requested keeps the parsed flags for args.yaml."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ns = build_parser().parse_args(layered_argv(argv))
+    ns.config = config_path(argv)
+    for f in _cli_fields():  # argparse gives nargs values as a list: the field's tuple
+        if str(f.type).startswith("tuple") and isinstance(getattr(ns, f.name), list):
+            setattr(ns, f.name, tuple(getattr(ns, f.name)))
+    requested = {k: v for k, v in vars(ns).items() if k not in ("config", "print_config")}
+    cfg = TrainConfig(**vars(ns), world_size=world_size, requested=requested)
     return resolve(cfg)

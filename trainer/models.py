@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +41,13 @@ def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -
 
 
 def resolve_finetune_file(path: str) -> Path:
-    """A file, a checkpoint directory, or a run directory (its final model) -> the weights file."""
-    p = Path(path)
-    for candidate in (p, runfiles.final_model(p), p / runfiles.FINAL_MODEL):
+    """A file, a run, final or checkpoint directory, or a timm local model folder -> the
+    weights file (runfiles.weights_candidates)."""
+    for candidate in runfiles.weights_candidates(path):
         if candidate.is_file():
             return candidate
-    raise ModelLoadError(
-        f"--finetune {path}: no weights found (looked for the file, final/model.pt, model.pt)"
-    )
+    names = ", ".join(str(c.relative_to(path)) for c in runfiles.weights_candidates(path)[1:])
+    raise ModelLoadError(f"--finetune {path}: no weights found (looked for the file, {names})")
 
 
 def _sharded_dir(path: str) -> Path | None:
@@ -75,18 +76,43 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
     file = resolve_finetune_file(path)
     manifest_file = file.parent / runfiles.MANIFEST
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
-    if manifest.get("sha256") and manifest.get("file", file.name) == file.name:
+    expected = _recorded_sha256(manifest, file.name)
+    if expected:
         found = sha256_of(file)
-        if found != manifest["sha256"]:
+        if found != expected:
             raise ModelLoadError(
                 f"--finetune {path}: {file} does not match the sha256 its {runfiles.MANIFEST} "
-                f"records ({found[:12]} != {manifest['sha256'][:12]}): the file changed on disk "
+                f"records ({found[:12]} != {expected[:12]}): the file changed on disk "
                 "after it was written; take the run's newest checkpoint or retrain"
             )
+    return unwrap_state_dict(_load_file(file, path), path), manifest
+
+
+def _recorded_sha256(manifest: dict, name: str) -> str | None:
+    """The sha256 a final model's manifest records for its file `name` (model.pt, or one of
+    the timm folder's); a manifest without a `file` vouches for whatever file is beside it."""
+    if manifest.get("file", name) == name:
+        return manifest.get("sha256")
+    return ((manifest.get("timm") or {}).get("files") or {}).get(name, {}).get("sha256")
+
+
+def _load_file(file: Path, path: str) -> Any:
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(file, device="cpu")
     # timm's train.py saves its argparse Namespace beside the weights: allowed, nothing else.
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        loaded = torch.load(file, map_location="cpu", weights_only=True)
-    return unwrap_state_dict(loaded, path), manifest
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        what = f"a {found.group(1)}" if found else "objects"
+        raise ModelLoadError(
+            f"--finetune {path}: {file.name} holds {what}, which torch.load(weights_only=True) "
+            "does not unpickle (it takes tensors, plain containers and argparse.Namespace); "
+            "save only the state dict (torch.save(model.state_dict(), FILE)) and pass that file"
+        ) from err
 
 
 WRAPPERS = ("state_dict", "model", "state_dict_ema", "model_ema")
@@ -96,17 +122,17 @@ PREFIXES = ("module.", "_orig_mod.")  # DDP/DataParallel, torch.compile
 
 
 def unwrap_state_dict(loaded: Any, path: str) -> dict[str, torch.Tensor]:
-    """The tensors of a checkpoint file, whatever script wrote it; a wrapper that holds none
-    gets its own message (not 'weights are not a <model>')."""
-    if not isinstance(loaded, dict):
-        raise ModelLoadError(f"--finetune {path}: holds a {type(loaded).__name__}, not weights")
-    if not any(isinstance(v, torch.Tensor) for v in loaded.values()):
+    """The tensors of a checkpoint file, whatever script wrote it (a wrapper in a wrapper too,
+    as {"model": {"state_dict": ...}}); a file whose weights are under no known wrapper gets
+    its own message (not 'weights are not a <model>')."""
+    for _ in range(len(WRAPPERS)):
+        if not isinstance(loaded, dict):
+            raise ModelLoadError(f"--finetune {path}: holds a {type(loaded).__name__}, not weights")
+        if any(isinstance(v, torch.Tensor) for v in loaded.values()):
+            break
         key = next((k for k in WRAPPERS if isinstance(loaded.get(k), dict)), None)
         if key is None:
-            raise ModelLoadError(
-                f"--finetune {path}: a dict of {sorted(map(str, loaded))[:8]} with no tensors "
-                f"and none of the keys weights are kept under ({', '.join(WRAPPERS)})"
-            )
+            raise ModelLoadError(_no_wrapper(loaded, path))
         loaded = loaded[key]
     state = {}
     for name, value in loaded.items():
@@ -114,6 +140,22 @@ def unwrap_state_dict(loaded: Any, path: str) -> dict[str, torch.Tensor]:
             name = name.removeprefix(prefix)
         state[name] = value
     return state
+
+
+def _no_wrapper(loaded: dict, path: str) -> str:
+    def has_tensors(value: Any) -> bool:
+        return isinstance(value, dict) and any(isinstance(t, torch.Tensor) for t in value.values())
+
+    holder = next((k for k, v in loaded.items() if has_tensors(v)), None)
+    fix = (
+        f"its tensors are under {holder!r}: save checkpoint[{holder!r}] on its own and pass that"
+        if holder is not None
+        else "pass a file that holds the model's weights"
+    )
+    return (
+        f"--finetune {path}: a dict of {sorted(map(str, loaded))[:8]} with no tensors and none "
+        f"of the keys weights are kept under ({', '.join(WRAPPERS)}); {fix}"
+    )
 
 
 def load_finetune(model: nn.Module, path: str, model_name: str) -> list[str]:
@@ -146,6 +188,8 @@ def _check_architecture(own: dict, state: dict, path: str, model_name: str) -> N
         k for k in own if k in state and own[k].shape != state[k].shape
         and k != "pos_embed" and not k.startswith(HEAD_PREFIXES)
     ]  # fmt: skip
+    if missing and extra:
+        _check_prefix(set(own), list(state), path, model_name)
     if missing or extra or bad_shapes:
         detail = (missing or extra or bad_shapes)[:3]
         raise ModelLoadError(
@@ -153,6 +197,25 @@ def _check_architecture(own: dict, state: dict, path: str, model_name: str) -> N
             f"{len(extra)} unexpected, {len(bad_shapes)} mismatched keys, e.g. {detail}); "
             "pass the --model it was trained with"
         )
+
+
+def _check_prefix(own: set[str], keys: list[str], path: str, model_name: str) -> None:
+    """Keys all under a prefix no PREFIXES strips (Lightning's `model.`, a `backbone.`) that,
+    once dropped, name the model's parameters: say so, not 'N missing, N unexpected'."""
+    prefix = ""
+    while all(k.startswith(prefix) and "." in k[len(prefix) :] for k in keys):
+        firsts = {k[len(prefix) :].split(".", 1)[0] for k in keys}
+        if len(firsts) != 1:
+            return
+        prefix += f"{firsts.pop()}."
+        found = own & {k.removeprefix(prefix) for k in keys}
+        if len(found) * 2 >= len(own):
+            raise ModelLoadError(
+                f"--finetune {path}: every key starts with {prefix!r} (e.g. {keys[0]!r}), a "
+                f"prefix vitpod strips only as {' or '.join(PREFIXES)}; without it "
+                f"{len(found)} of the {len(own)} keys of a {model_name} match: save "
+                f"{{k.removeprefix({prefix!r}): v for k, v in state.items()}} and pass that file"
+            )
 
 
 def _resample_pos_embed(model: nn.Module, own: dict, state: dict) -> dict:

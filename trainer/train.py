@@ -38,6 +38,7 @@ from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_
 from vitpod.trainer.sample_digest import StepSamples
 from vitpod.trainer.speedups import apply_speedups, startup_mfu
 from vitpod.trainer.timing import TimingLog
+from vitpod.trainer.timm_folder import preprocessing
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class Trainer:
         total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
         self.metrics = MetricsLogger(
             self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device,
-            config=dataclasses.asdict(cfg),
+            config=cfg.record(),
         )  # fmt: skip
         self.mfu = startup_mfu(cfg, num_classes(cfg), self.device) if env.is_main else None
         if self.mfu is not None:
@@ -135,7 +136,8 @@ class Trainer:
         cfg = self.cfg
         self.preemption.install()  # main() installed it already; again for Trainers built directly
         if self.env.is_main:
-            io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, dataclasses.asdict(cfg))
+            io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, cfg.record())
+            io.write_text_atomic(self.run_dir / runfiles.ARGS, cfg.args_yaml())
         self.checkpointer.resume(cfg.resume, self._load, self.device)
         self.timing.start(self.step)
         if self.preemption.agreed():  # signalled during startup, before any step of this process
@@ -337,7 +339,7 @@ class Trainer:
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
             if model_state is None:  # every engine gathers the whole model on rank 0
                 raise RuntimeError("rank 0 received no model state")
-            ckpt.save_final(self.run_dir, model_state, manifest)
+            ckpt.save_final(self.run_dir, model_state, manifest, preprocessing(data_config(cfg)))
             self.metrics.summary(
                 {
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),

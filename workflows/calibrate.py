@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vitpod.analysis import calibrate as fitting
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate, preflight
+from vitpod.workflows import jobstate, preflight, sbatchopts
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="", help="message sizes, e.g. '4K 64K 1M 16M'")
     p.add_argument("--iters", default="", help="timed calls per size (default 10)")
     p.add_argument("--out", default="", help="where to store the fit (default: beside the profile)")
+    sbatchopts.add_flags(p)
     return p
 
 
@@ -73,6 +74,7 @@ def prepare(ns: argparse.Namespace) -> tuple[JobPlan, Path]:
         Request(
             cluster=ns.cluster, model=model, stage=ns.stage, nodes=ns.nodes,
             args=bench_args(ns), run_root=ns.run_root, run_dir=run_dir, entry="commbench",
+            slurm=sbatchopts.from_namespace(ns),
         )
     )  # fmt: skip
     default = fitting.calibration_path(profile_path(ns.cluster))

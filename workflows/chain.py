@@ -10,12 +10,13 @@ import datetime as dt
 import json
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer import labelset
-from vitpod.workflows import chain_watch, jobctl, jobstate, labels, preflight, status
+from vitpod.workflows import chain_watch, jobctl, jobstate, labels, preflight, sbatchopts, status
 from vitpod.workflows.chain_stage import StageRecord
 from vitpod.workflows.chain_watch import ChainError
 from vitpod.workflows.errors import ConfigError
@@ -45,6 +46,9 @@ class Chain:
     >>> run.status(); run.wait(timeout=3600)
 
     Per-stage nodes/time: workflows/stageres.py. offline=True: plan()/render() ask Slurm nothing.
+    slurm= (every stage) and finetune_slurm= (the fine-tune's, winning): sbatch options, a
+    mapping with keys account, qos, reservation, constraint, exclude, extra
+    (workflows/sbatchopts.py), e.g. slurm={"account": "proj", "extra": "--mail-type=END"}.
 
     Slurm profiles: the finetune is submitted at once with `dependency=afterok:<pretrain>`, so
     it starts only after the pretrain really completed (requeues included). The local profile
@@ -72,11 +76,14 @@ class Chain:
         finetune_nodes: int | str | None = None,
         finetune_time: str = "",
         offline: bool = False,
+        slurm: sbatchopts.SbatchOptions | Mapping[str, Any] | None = None,
+        finetune_slurm: sbatchopts.SbatchOptions | Mapping[str, Any] | None = None,
     ) -> None:
         self.cluster, self.model = cluster, model
         self.resources = StageResources(
             "" if nodes is None else str(nodes), time,
             "" if finetune_nodes is None else str(finetune_nodes), finetune_time,
+            sbatchopts.options(slurm), sbatchopts.options(finetune_slurm, "FT_"),
         )  # fmt: skip
         self.offline = offline
         self.stage_args = {
@@ -196,7 +203,7 @@ class Chain:
         self.label_jobs[stage] = labels.prepare(
             self.cluster, plan.spec.model, stage, teacher=self.teacher,
             teacher_checkpoint=self.teacher_checkpoint, shards=self.label_shards,
-            nodes=None, run_dir=directory / f"labels-{stage}",
+            nodes=None, run_dir=directory / f"labels-{stage}", slurm=plan.request.slurm,
             args=shlex.join(["--label-dir", str(label_dir),
                              "--img-size", str((plan.trainer or {})["img_size"])]),
         )  # fmt: skip

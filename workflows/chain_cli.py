@@ -7,6 +7,7 @@ import json
 import sys
 
 from vitpod.registry import runfiles
+from vitpod.workflows import sbatchopts
 from vitpod.workflows.chain import Chain, ChainError
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         "--finetune-nodes", default="", help="the fine-tune's node count (FT_NODES)"
     )
     parser.add_argument("--finetune-time", default="", help="the fine-tune's time limit (FT_TIME)")
+    sbatchopts.add_flags(parser)
+    sbatchopts.add_flags(parser, "finetune-")
     parser.add_argument(
         "--offline", action="store_true",
         help="write every stage's script into the pipeline directory, ask Slurm nothing, "
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         finetune_nodes=ns.finetune_nodes or None,
         finetune_time=ns.finetune_time,
         offline=ns.offline,
+        slurm=sbatchopts.from_namespace(ns),
+        finetune_slurm=sbatchopts.from_namespace(ns, "finetune-"),
     )
     if ns.dry_run:
         return _dry_run(chain)

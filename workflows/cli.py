@@ -13,7 +13,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import USAGE
-from vitpod.workflows import preflight
+from vitpod.workflows import preflight, sbatchopts
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
@@ -81,6 +81,7 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
         "--offline", action="store_true",
         help="render/preflight (submit --dry-run): skip the checks that ask Slurm (make OFFLINE=1)",
     )  # fmt: skip
+    sbatchopts.add_flags(p)
     if prog == "submit":
         p.add_argument(
             "--dry-run", action="store_true",
@@ -94,7 +95,7 @@ def request(ns: argparse.Namespace) -> Request:
         cluster=ns.cluster, model=ns.model, stage=ns.stage, nodes=ns.nodes, time=ns.time,
         args=ns.args,
         finetune_from=ns.finetune_from, dependency=ns.dependency, run_root=ns.run_root,
-        entry=ns.entry, offline=ns.offline,
+        entry=ns.entry, offline=ns.offline, slurm=sbatchopts.from_namespace(ns),
     )  # fmt: skip
 
 

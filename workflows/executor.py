@@ -45,7 +45,14 @@ def make_executor(job: JobPlan, dependency: str | None) -> submitit.Executor:
         params["gpus_per_node"] = spec.gpus_per_node
     if spec.exclusive:
         params["exclusive"] = True
-    params.update({k: v for k, v in (("account", spec.account), ("qos", spec.qos)) if v})
+    chosen = {"account": spec.account, "qos": spec.qos, "constraint": spec.constraint,
+              "exclude": spec.exclude}  # fmt: skip
+    params.update({k: v for k, v in chosen.items() if v})
+    if spec.reservation:
+        extra["reservation"] = spec.reservation
+    for option in spec.sbatch_extra:  # --name[=value]; submitit writes #SBATCH --name=<quoted>
+        name, eq, value = option[2:].partition("=")
+        extra[name] = value if eq else True
     executor.update_parameters(**params)
     return executor
 

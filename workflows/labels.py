@@ -21,7 +21,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer import labelset
-from vitpod.workflows import jobstate, preflight, teachercheck
+from vitpod.workflows import jobstate, preflight, sbatchopts, teachercheck
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
@@ -29,6 +29,7 @@ from vitpod.workflows.profile import Profile, load_profile, resolve_path
 from vitpod.workflows.quantities import whole_number
 from vitpod.workflows.recipe import load_recipe, recipe_name
 from vitpod.workflows.rundir import new_run_path, runs_root, write_json
+from vitpod.workflows.sbatchopts import SbatchOptions
 from vitpod.workflows.submission import materialize, sbatch_run
 
 LABELER_ARGV_START = 3  # command = (python, -m, vitpod.trainer.label, DATA_DIR, flags...)
@@ -123,6 +124,7 @@ def prepare(
     cluster: str, model: str = "", stage: str = "pretrain", *, teacher: str,
     teacher_checkpoint: str = "", nodes: int | str | None = None, shards: str | int = "",
     args: str = "", run_root: str = "", dependency: str = "", run_dir: Path | None = None,
+    slurm: SbatchOptions | None = None,
 ) -> LabelJob:  # fmt: skip
     """Plan the labeling array (ConfigError on bad input); nothing is written."""
     profile = load_profile(cluster)
@@ -153,7 +155,7 @@ def prepare(
         Request(
             cluster=cluster, model=model, stage=stage, nodes=node_count, entry="labels",
             args=shlex.join(defaults) + (" " + args if args else ""), run_dir=run_dir,
-            dependency=dependency,
+            dependency=dependency, slurm=slurm or SbatchOptions(),
         )
     )  # fmt: skip
     labeler = _parse_labeler(plan)
@@ -266,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", default="", help="array tasks x ranks per task")
     p.add_argument("--force", action="store_true", help="label even if matching labels exist")
     p.add_argument("--wait", action="store_true", help="wait for the array to end")
+    sbatchopts.add_flags(p)
     p.add_argument(
         "--dry-run", action="store_true",
         help="print the array script it would submit; write and submit nothing",
@@ -278,7 +281,7 @@ def main(argv: list[str]) -> int:
     job = prepare(
         ns.cluster, ns.model, ns.stage, teacher=ns.teacher,
         teacher_checkpoint=ns.teacher_checkpoint, nodes=ns.nodes or None, shards=ns.shards,
-        args=ns.args, run_root=ns.run_root,
+        args=ns.args, run_root=ns.run_root, slurm=sbatchopts.from_namespace(ns),
     )  # fmt: skip
     if ns.dry_run:
         print(f"# dry run: would write {job.plan.run_dir} and submit this array; nothing written")

@@ -16,6 +16,7 @@ from vitpod.registry.decision import (
     Layout,
     Precision,
     Resources,
+    Scheduling,
     engine_named_by_flags,
 )
 from vitpod.trainer import labellayout
@@ -23,7 +24,7 @@ from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.flags import parse_args
-from vitpod.workflows import noderange, preflight, topology
+from vitpod.workflows import noderange, preflight, sbatchopts, topology
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import NodeType, Profile, load_profile, profile_path
 from vitpod.workflows.quantities import slurm_minutes
@@ -54,6 +55,8 @@ class Request:
     time: str = ""
     """Slurm time limit of this job (TIME=, a pipeline's FT_TIME=); empty: the partition's."""
     time_name: str = "TIME"
+    slurm: sbatchopts.SbatchOptions = sbatchopts.SbatchOptions()
+    """ACCOUNT, QOS, RESERVATION, CONSTRAINT, EXCLUDE, SBATCH_EXTRA (a pipeline's FT_...)."""
     args: str = ""
     """ARGS: trainer flags as one shell-quoted string (user input)."""
     tool_args: tuple[str, ...] = ()
@@ -121,6 +124,7 @@ class JobPlan:
                 "time": req.time,
                 "args": req.args,
                 "finetune_from": req.finetune_from,
+                "sbatch": _jsonable(req.slurm.given()),
             },  # fmt: skip
             "resolved": {
                 "run_dir": spec.run_dir,
@@ -141,6 +145,23 @@ class JobPlan:
             "image": self.decision.image if self.decision else image_info(self.profile),
             **extra,
         }
+
+
+def _jsonable(given: dict[str, Any]) -> dict[str, Any]:
+    extra = given.get("extra")
+    if extra is not None and not isinstance(extra, str):  # a mapping or words: as words
+        given = {**given, "extra": list(sbatchopts.parse_extra(extra, "SBATCH_EXTRA"))}
+    return given
+
+
+def _scheduling(spec: JobSpec) -> Scheduling:
+    """plan.json's sbatch options: the job's account/qos (the profile's or given), and the
+    per-submission ones with the variable that set each."""
+    return Scheduling(
+        account=spec.account, qos=spec.qos, reservation=spec.reservation,
+        constraint=spec.constraint, exclude=spec.exclude, extra=list(spec.sbatch_extra),
+        set_by=spec.sbatch_set_by,
+    )  # fmt: skip
 
 
 def _now() -> str:
@@ -164,6 +185,7 @@ def plan_job(req: Request) -> JobPlan:
     check_path_safe(run_dir, "run root", "choose another storage.runs / --run-root")
     nodes = preflight.node_count(req.nodes, profile, req.stage, name=req.nodes_name)
     time_limit = stage_time(req.time, profile, req.stage, req.time_name)
+    sbatch = sbatchopts.check(req.slurm, profile.scheduler, profile.name)
     world = req.ranks or nodes * node.ranks_per_node
     spec = build_spec(
         profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
@@ -201,8 +223,7 @@ def plan_job(req: Request) -> JobPlan:
             finetune_from=req.finetune_from or None, dependency=req.dependency or None,
         )  # fmt: skip
         cfg = _parse_trainer(spec.command, world)
-    if time_limit != spec.time:
-        spec = dataclasses.replace(spec, time=time_limit)
+    spec = sbatchopts.apply(dataclasses.replace(spec, time=time_limit), sbatch)
     if cfg is not None:
         preflight.check_layout(cfg, node, world)
         memory = preflight.memory_fit(cfg, node, world, req.stage, partition.name)
@@ -217,7 +238,7 @@ def plan_job(req: Request) -> JobPlan:
             ),
             layout=Layout(dp=cfg.dp_size, tp=cfg.tp, pp=cfg.pp),
             engine=engine, costs=costs, image=image_info(profile), memory=memory,
-            precision=precision,
+            precision=precision, scheduling=_scheduling(spec),
             data=Data(
                 data_dir=spec.data_dir, token_label_data=cfg.token_label_data,
                 finetune_from=spec.finetune_from,
@@ -363,4 +384,4 @@ def _decide_engine(
 
 
 def _config_record(cfg: TrainConfig) -> dict[str, Any]:
-    return {**dataclasses.asdict(cfg), "global_batch_size": cfg.global_batch_size}
+    return {**cfg.record(), "global_batch_size": cfg.global_batch_size}

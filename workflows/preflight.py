@@ -42,6 +42,8 @@ class Planned(Protocol):
     def recipe(self) -> Recipe: ...
     @property
     def trainer(self) -> dict[str, Any] | None: ...
+    @property
+    def script(self) -> str: ...
 
 
 # --------------------------------------------------------------------------- static checks
@@ -166,7 +168,10 @@ def check(
     check_ranks_per_gpu(plan)
     done: list[str] = []
     if spec.profile.scheduler == "slurm" and offline:
-        done.append("OFFLINE: Slurm not asked (partition, nodes, GPUs, memory, CPUs, account)")
+        done.append(
+            "OFFLINE: Slurm not asked (partition, nodes, GPUs, memory, CPUs, account, "
+            "sbatch --test-only)"
+        )
         if spec.profile.mpi:
             done.append(f"mpi: --mpi={spec.profile.mpi} NOT CHECKED (offline: srun --mpi=list)")
     elif spec.profile.scheduler == "slurm":
@@ -179,6 +184,7 @@ def check(
         done += slurmchecks.check_partition(plan)
         done += slurmchecks.check_account(spec)
         done += slurmchecks.check_mpi(spec)
+        done += slurmchecks.check_test_only(spec, plan.script)
     problems = path_problems(plan, chained, labels_pending)
     container_problems, container_done = containerpreflight.check(spec.profile)
     if problems or container_problems:
@@ -310,19 +316,22 @@ def _recipe_label_dir(plan: Planned) -> Path | None:
 
 
 def finetune_source_problem(path: str) -> str | None:
-    """A finetune source must hold a model now: a file, a final model or a checkpoint."""
+    """A finetune source must hold a model now: a file, a final model, a checkpoint or a timm
+    local model folder."""
     source = Path(path)
     if source.is_file():
         return None
     if not source.exists():
         return f"FINETUNE_FROM={path!r} does not exist; give a pretrain run directory or a file"
-    final = runfiles.final_model(source)
     ckpts = source / runfiles.CHECKPOINTS
-    if final.is_file() or (ckpts.is_dir() and any(ckpts.iterdir())):
+    if any(p.is_file() for p in runfiles.weights_candidates(source)) or (
+        ckpts.is_dir() and any(ckpts.iterdir())
+    ):
         return None
     return (
-        f"FINETUNE_FROM={path!r} has no model ({runfiles.FINAL}/{runfiles.FINAL_MODEL} or "
-        f"{runfiles.CHECKPOINTS}/); give a finished pretrain run directory or a checkpoint file"
+        f"FINETUNE_FROM={path!r} has no model ({runfiles.FINAL}/{runfiles.FINAL_MODEL}, "
+        f"{runfiles.CHECKPOINTS}/ or a timm folder's {runfiles.TIMM_WEIGHTS}); give a finished "
+        "pretrain run directory, a timm local model folder or a checkpoint file"
     )
 
 

@@ -26,6 +26,7 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import load_profile
 from vitpod.workflows.rundir import write_atomic, write_json
+from vitpod.workflows.sbatchopts import SbatchOptions
 from vitpod.workflows.submission import sbatch
 
 KEPT = (runfiles.PLAN, runfiles.MANIFEST)
@@ -56,6 +57,7 @@ def resume_request(run: Path, nodes: str) -> Request:
         nodes=nodes or manifest["resolved"]["nodes"],
         args=f"{overrides.get('args') or ''} {pinned}".strip(),
         finetune_from=overrides.get("finetune_from") or "", run_dir=run,
+        slurm=SbatchOptions(**overrides.get("sbatch", {})),
     )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import write_decision
-from vitpod.workflows import follow, jobstate, preflight, reportjob
+from vitpod.workflows import follow, jobstate, preflight, reportjob, sbatchopts
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait for the array, then the report")
     p.add_argument("--follow", action="store_true", help="live view until the report exists")
     p.add_argument("--interval", type=float, default=None, help="seconds between --follow polls")
+    sbatchopts.add_flags(p)
     return p
 
 
@@ -184,7 +185,7 @@ def prepare(ns: argparse.Namespace) -> Sweep:
             Request(
                 cluster=ns.cluster, model=recipe.model, stage=STAGE, nodes=nodes, args=ns.args,
                 tool_args=tuple(sweep_args(batches[n], accum, steps, warmup)), ranks=n,
-                run_dir=run_dir,
+                run_dir=run_dir, slurm=sbatchopts.from_namespace(ns),
             )
         )  # fmt: skip
         plans.append(plan)
@@ -203,6 +204,7 @@ def prepare(ns: argparse.Namespace) -> Sweep:
         Request(
             cluster=ns.cluster, model=recipe.model, stage=STAGE,
             nodes=max(p.nodes for p in points), args=ns.args, run_dir=study_dir,
+            slurm=sbatchopts.from_namespace(ns),
         )
     )  # fmt: skip
     head_spec = head.spec

@@ -10,6 +10,7 @@ from typing import Protocol
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.partitions import (
     OFFLINE_HINT,
+    QUERY_TIMEOUT_S,
     NodeInfo,
     PartitionInfo,
     associations,
@@ -112,7 +113,8 @@ def _check_resources(plan: Planned, info: PartitionInfo) -> int:
 
 
 def check_account(spec: JobSpec) -> list[str]:
-    """The profile's account and QOS must be an association of the user (sacctmgr)."""
+    """The job's account and QOS (the profile's, or ACCOUNT/QOS) must be an association of the
+    user (sacctmgr)."""
     if not (spec.account or spec.qos):
         return []
     pairs = associations()
@@ -121,18 +123,47 @@ def check_account(spec: JobSpec) -> list[str]:
     accounts = {a for a, _ in pairs}
     if spec.account and spec.account not in accounts:
         raise ConfigError(
-            f"profile {spec.profile.name}: account={spec.account!r} is not one of your Slurm "
-            f"accounts {sorted(accounts)} (sacctmgr show assoc); fix account in the profile"
+            f"{_where(spec, 'account')}={spec.account!r} is not one of your Slurm accounts "
+            f"{sorted(accounts)} (sacctmgr show assoc); {_fix(spec, 'account')}"
         )
     if spec.qos:
         allowed = {q for a, q in pairs if spec.account in (None, a)}
         if spec.qos not in allowed:
             raise ConfigError(
-                f"profile {spec.profile.name}: qos={spec.qos!r} is not allowed for account "
-                f"{spec.account or '(default)'} (sacctmgr lists {sorted(allowed)}); fix qos in "
-                f"the profile"
+                f"{_where(spec, 'qos')}={spec.qos!r} is not allowed for account "
+                f"{spec.account or '(default)'} (sacctmgr lists {sorted(allowed)}); "
+                f"{_fix(spec, 'qos')}"
             )
     return [f"account {spec.account or '(default)'}, qos {spec.qos or '(default)'}: associated"]
+
+
+def _where(spec: JobSpec, field: str) -> str:
+    given = spec.sbatch_set_by.get(field)
+    return given if given else f"profile {spec.profile.name}: {field}"
+
+
+def _fix(spec: JobSpec, field: str) -> str:
+    given = spec.sbatch_set_by.get(field)
+    return f"give another {given}= or leave it unset" if given else f"fix {field} in the profile"
+
+
+def check_test_only(spec: JobSpec, script: str) -> list[str]:
+    """Slurm's own verdict on the rendered script, nothing queued: `sbatch --test-only` reads it
+    from stdin (an account, QOS, reservation, constraint, node list or option Slurm refuses)."""
+    try:
+        out = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True,
+                             text=True, timeout=QUERY_TIMEOUT_S)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigError(f"`sbatch --test-only` did not answer ({exc}); {OFFLINE_HINT}") from None
+    said = " ".join((out.stderr + out.stdout).split())
+    if out.returncode != 0:
+        given = ", ".join(f"{v}={getattr(spec, k) if k != 'extra' else ' '.join(spec.sbatch_extra)}"
+                          for k, v in spec.sbatch_set_by.items())  # fmt: skip
+        fix = f"fix what it names ({given} given here, or the profile)" if given else (
+            f"fix what it names in profile {spec.profile.name}"
+        )  # fmt: skip
+        raise ConfigError(f"sbatch --test-only refuses the job script: {said}; {fix}")
+    return [f"sbatch --test-only accepts the script ({said.removeprefix('sbatch: ')})"]
 
 
 def mpi_types(listing: str) -> set[str]:

@@ -79,6 +79,14 @@ class JobSpec:
     requeue_exit: int = REQUEUE
     nodes_max: int | None = None
     """A node range nodes..nodes_max (profile `nodes: MIN-MAX`): Slurm picks, the job adapts."""
+    reservation: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    sbatch_extra: tuple[str, ...] = ()
+    """More #SBATCH options, --name[=value] (SBATCH_EXTRA; workflows/sbatchopts.py)."""
+    sbatch_set_by: dict[str, str] = field(default_factory=dict)
+    """The make variable that set each per-submission option (account: ACCOUNT); an option
+    absent here is the profile's (account, qos) or not set."""
 
     @property
     def nodes_arg(self) -> str:

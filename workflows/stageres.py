@@ -10,6 +10,7 @@ from typing import Any, TypedDict
 
 from vitpod.workflows.profile import Profile
 from vitpod.workflows.rundir import DIR_MODE, remove_run_dir
+from vitpod.workflows.sbatchopts import SbatchOptions
 from vitpod.workflows.submission import materialize
 
 
@@ -20,16 +21,20 @@ class StageFields(TypedDict):
     nodes_name: str
     time: str
     time_name: str
+    slurm: SbatchOptions
 
 
 @dataclasses.dataclass(frozen=True)
 class StageResources:
-    """NODES/TIME (every stage) and FT_NODES/FT_TIME (the fine-tune's, winning); '' = not given."""
+    """NODES/TIME/ACCOUNT/... (every stage) and FT_NODES/FT_TIME/FT_ACCOUNT/... (the
+    fine-tune's, winning field by field); '' = not given."""
 
     nodes: str = ""
     time: str = ""
     finetune_nodes: str = ""
     finetune_time: str = ""
+    slurm: SbatchOptions = SbatchOptions()
+    finetune_slurm: SbatchOptions = SbatchOptions()
 
     def request(self, stage: str, profile: Profile, with_pretrain: bool) -> StageFields:
         """The stage's Request fields: nodes, time and the variable names errors use. NODES
@@ -49,7 +54,9 @@ class StageResources:
                       f"has {part.node_limit} node(s), so the finetune takes its {part.nodes} "
                       "(FT_NODES= sets it)", flush=True)  # fmt: skip
                 nodes, nodes_name = "", "FT_NODES"
-        return {"nodes": nodes, "nodes_name": nodes_name, "time": time, "time_name": time_name}
+        slurm = self.finetune_slurm.over(self.slurm) if fine else self.slurm
+        return {"nodes": nodes, "nodes_name": nodes_name, "time": time, "time_name": time_name,
+                "slurm": slurm}  # fmt: skip
 
 
 def write_rendered(

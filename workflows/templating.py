@@ -41,13 +41,16 @@ def shell_word(value: object) -> str:
 
 
 def sbatch_value(value: object) -> str:
-    """A value inside an #SBATCH line: sbatch splits on blanks and honours double quotes."""
+    """A value inside an #SBATCH line: sbatch splits on blanks, ends the line at an unquoted #,
+    takes ' as a quote (Slurm 17.11+) and \\ as an escape, also inside double quotes."""
     text = str(value)
     if any(c in text for c in '"\n\r\0'):
         raise UnsafeValue(
             f"{text!r} cannot appear in an #SBATCH line (double quote or newline); remove it"
         )
-    return f'"{text}"' if any(c.isspace() for c in text) else text
+    if any(c.isspace() or c in "#'\\" for c in text):
+        return '"' + text.replace("\\", "\\\\") + '"'
+    return text
 
 
 def argv_lines(argv: Sequence[str]) -> list[str]:

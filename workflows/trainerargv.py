@@ -1,11 +1,13 @@
-"""The ranks' trainer argv: the recipe's flags, shared-storage paths, the run directory, then
-ARGS (last wins), with the flags vitpod sets itself refused in ARGS."""
+"""The ranks' trainer argv: the recipe's flags, a config file given in ARGS, shared-storage paths,
+the run directory, then ARGS (last wins), with the flags vitpod sets itself refused in ARGS."""
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
 
+from vitpod.trainer.config import ConfigError as TrainerConfigError
+from vitpod.trainer.flags import layered_argv
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import Profile, resolve_path
 from vitpod.workflows.recipe import StageRecipe, check_token_label_size
@@ -22,17 +24,26 @@ RESERVED = {
 }
 
 
+# Keys vitpod sets for every run (RESERVED, and the profile's data path); a config file's values
+# for them are not used by a planned job.
+OWNED = ("data_dir", "output", "resume", "finetune")
+
+
 def trainer_flags(
     profile: Profile, stage: StageRecipe, run_dir: Path, finetune: str | None, extra: list[str]
 ) -> list[str]:
-    """Recipe flags, shared-storage paths, the run directory, then ARGS (last wins)."""
-    flags = stage.trainer_flags()
+    """The recipe's flags, a config file in ARGS (-c FILE, inlined), the fine-tune source and
+    run directory, then ARGS: the trainer's one precedence (vitpod.trainer.flags.layered_argv)."""
+    recipe = stage.trainer_flags()
     if stage.token_label and stage.token_label_data:
         labels = resolve_path(profile.storage.data) / stage.token_label_data
-        flags += ["--token-label-data", str(labels)]
-    if finetune:
-        flags += ["--finetune", finetune]
-    flags += ["--output", str(run_dir), "--resume", "auto", *extra]
+        recipe += ["--token-label-data", str(labels)]
+    fixed = ["--finetune", finetune] if finetune else []
+    fixed += ["--output", str(run_dir), "--resume", "auto"]
+    try:
+        flags = layered_argv(extra, base=recipe, fixed=fixed, owned=OWNED)
+    except TrainerConfigError as exc:
+        raise ConfigError(f"ARGS: {exc}") from None
     check_final_flags(flags)
     return flags
 
