@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,35 @@ def test_status_names_a_killed_rank_not_an_earlier_restarts_noise(
     )
     cause = root_cause(logs_dir)
     assert cause is not None and "rank 1 on node1 was killed by SIGKILL" in cause.exception
+
+
+_FAILS_WHILE_COMMIT_WAITS = """
+import sys, time
+from pathlib import Path
+import torch
+import vitpod.trainer.__main__ as entry
+from vitpod.trainer.checkpoint import Checkpointer
+
+def main():
+    ck = Checkpointer(Path(sys.argv[1]), rank=0, world_size=2, launch="start1")
+    ck.save(1, 0, {"w": torch.ones(3)})  # the writer thread now waits for rank 1's files
+    while not (Path(sys.argv[1]) / "step_000000001" / "rank0.json").is_file():
+        time.sleep(0.01)
+    raise RuntimeError("peer rank 1 is gone")  # what gloo raises when a peer was SIGKILLed
+
+entry.main = main
+entry.cli()
+"""
+
+
+def test_a_rank_whose_peer_died_exits_at_once_while_its_commit_waits(tmp_path: Path) -> None:
+    """Rank 0's writer waits (up to commit_timeout_s) for a dead peer's files; the rank's error
+    must end the process now, not when srun's --wait or the commit timeout would."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FAILS_WHILE_COMMIT_WAITS, str(tmp_path / "checkpoints")],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "RuntimeError: peer rank 1 is gone" in done.stderr
+    step = tmp_path / "checkpoints" / "step_000000001"
+    assert (step / "rank0.json").is_file() and not (step / "COMMIT.json").exists()

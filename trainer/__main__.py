@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 
 from vitpod.trainer.exitcodes import OK, USAGE
 from vitpod.trainer.preempt import Preemption
@@ -95,8 +96,21 @@ def exit_without_teardown(code: int) -> None:
 
 
 def cli() -> None:
-    """The `vitpod-train` console script."""
-    exit_without_teardown(main())
+    """The `vitpod-train` console script.
+
+    An error escaping main() is printed and the process leaves at once (exit 1, as Python's
+    own). Left to the interpreter, its shutdown would join rank 0's checkpoint writer, which may
+    be waiting for a dead peer's files to commit the step (up to commit_timeout_s): the rank
+    would stay up until srun's --wait killed it, and the job's end would come a minute late.
+    The step stays uncommitted; the checkpoints before it are complete and untouched."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - everything, KeyboardInterrupt included, ends the rank
+        traceback.print_exc()
+        code = 1
+    exit_without_teardown(code)
 
 
 if __name__ == "__main__":
