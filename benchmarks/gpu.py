@@ -151,16 +151,22 @@ def vitpod_step(name: str, img: int, batch: int, compile_model: bool) -> tuple[A
     """The trainer's pieces: model factory, make_precision (bf16, channels_last on GPU), fused
     AdamW with its parameter groups, and no host sync per step (it logs every N steps)."""
     from vitpod.trainer.models import create_model
-    from vitpod.trainer.optim import create_optimizer
     from vitpod.trainer.precision import make_precision, prepare_model
 
     device = torch.device("cuda")
     precision = make_precision(device, True, False, "bf16", None)
     model = prepare_model(create_model(name, img, 1000, 0.1), precision, compile_model)
-    opt, _ = create_optimizer(model, "adamw", 1e-4, 0.05, device)
+    return trainer_step(model, precision, img, batch), model
+
+
+def trainer_step(model: torch.nn.Module, precision: Any, img: int, batch: int) -> Any:
+    """One step as the trainer takes it: autocast forward, backward, its AdamW, no host sync."""
+    from vitpod.trainer.optim import create_optimizer
+
+    opt, _ = create_optimizer(model, "adamw", 1e-4, 0.05, precision.device)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     images = precision.prepare_input(torch.randn(batch, 3, img, img))
-    targets = torch.randint(0, 1000, (batch,), device="cuda")
+    targets = torch.randint(0, 1000, (batch,), device=precision.device)
 
     def step() -> None:
         with precision.autocast():
@@ -169,7 +175,7 @@ def vitpod_step(name: str, img: int, batch: int, compile_model: bool) -> tuple[A
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return step, model
+    return step
 
 
 def steps_section(cases: list[tuple[str, int, int]], peak: float | None, matmul: float) -> list:

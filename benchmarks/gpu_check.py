@@ -90,7 +90,6 @@ def lever_step(name: str, img: int, batch: int, lever: dict[str, Any], device: t
     """The trainer's pieces with one lever set (bf16 on a GPU, fp32 on the CPU): the step."""
     from vitpod.trainer.fp8 import apply_fp8
     from vitpod.trainer.models import create_model
-    from vitpod.trainer.optim import create_optimizer
     from vitpod.trainer.outlook import apply_outlook_kernel
     from vitpod.trainer.precision import make_precision, prepare_model
 
@@ -103,19 +102,7 @@ def lever_step(name: str, img: int, batch: int, lever: dict[str, Any], device: t
         apply_fp8(model, device)
     if lever["name"].startswith("compile"):
         model.compile(mode=lever.get("mode"))
-    opt, _ = create_optimizer(model, "adamw", 1e-4, 0.05, device)
-    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
-    images = precision.prepare_input(torch.randn(batch, 3, img, img))
-    targets = torch.randint(0, 1000, (batch,), device=device)
-
-    def step() -> None:
-        with precision.autocast():
-            loss = loss_fn(model(images), targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return base.trainer_step(model, precision, img, batch)
 
 
 def sync(device: torch.device) -> None:
