@@ -74,6 +74,15 @@ def test_each_table_entry_names_a_datasheet_and_variants_are_told_apart():
     assert unknown is None and "Some Future GPU" in reason
 
 
+def test_an_fp32_run_has_no_mfu_against_the_16_bit_peak():
+    """Measured on an H100 (docs/benchmarks.md): an fp32 run's MFU against the bf16 peak read
+    5.3%, a figure of the wrong precision; fp16 runs share the 16-bit tensor-core peak."""
+    fp32, reason = peak_flops(torch.device("cuda"), name=H100_SXM, dtype="fp32")
+    assert fp32 is None and "fp32" in reason and "--amp" in reason
+    fp16, _ = peak_flops(torch.device("cuda"), name=H100_SXM, dtype="fp16")
+    assert fp16 is not None and fp16.flops == 989e12
+
+
 def test_on_a_cpu_mfu_is_null_with_the_reason():
     mfu = measure(_tiny_volo(), 32, CPU, per_step_samples=2)
     summary = mfu.summary(images_per_s=100.0, devices=1)

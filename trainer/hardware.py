@@ -110,10 +110,16 @@ def fp8_problem(device: torch.device, capability: tuple[int, int] | None = None)
     return ""
 
 
-def peak_flops(device: torch.device, name: str | None = None) -> tuple[Peak | None, str]:
-    """(peak, '') for a GPU in PEAKS, else (None, the reason MFU is not computed)."""
+def peak_flops(
+    device: torch.device, name: str | None = None, dtype: str = "bf16"
+) -> tuple[Peak | None, str]:
+    """(peak, '') for a GPU in PEAKS, else (None, the reason MFU is not computed). `dtype` is
+    the steps' compute dtype: the table holds 16-bit tensor-core peaks (bf16 and fp16 are the
+    same figure on the GPUs listed), so an fp32 run has no MFU rather than one against them."""
     if device.type != "cuda":
         return None, f"no peak FLOP/s table entry for a {device.type} device"
+    if dtype not in ("bf16", "fp16"):
+        return None, f"{dtype} steps: the peak table holds 16-bit tensor-core peaks (use --amp)"
     name = name or torch.cuda.get_device_name(device)
     for key, peak in PEAKS:
         if key in name:

@@ -69,12 +69,13 @@ class Mfu:
 
 
 def measure(model: nn.Module, img_size: int, device: torch.device, per_step_samples: int,
-            peak_device: torch.device | None = None, replica_ranks: int = 1) -> Mfu:  # fmt: skip
+            peak_device: torch.device | None = None, replica_ranks: int = 1,
+            dtype: str = "bf16") -> Mfu:  # fmt: skip
     """Count one sample's step FLOPs on `device` (the meta device counts without computing)
     and scale them to `per_step_samples`, shared by the `replica_ranks` (tp x pp) ranks of one
     model replica; the peak is that of `peak_device` (default `device`)."""
     per_sample = count_train_flops(model, img_size, device) // COUNT_BATCH
-    peak, reason = peak_flops(peak_device or device)
+    peak, reason = peak_flops(peak_device or device, dtype=dtype)
     return Mfu(
         flops_per_sample=per_sample,
         flops_per_step=per_sample * per_step_samples // replica_ranks,
@@ -85,7 +86,8 @@ def measure(model: nn.Module, img_size: int, device: torch.device, per_step_samp
 
 
 def measure_on_meta(name: str, img_size: int, num_classes: int, device: torch.device,
-                    per_step_samples: int, replica_ranks: int = 1) -> Mfu:  # fmt: skip
+                    per_step_samples: int, replica_ranks: int = 1,
+                    dtype: str = "bf16") -> Mfu:  # fmt: skip
     """MFU terms of model `name` counted on a meta-device copy: no memory, no compute, and the
     training model (compiled, sharded, float8) is left alone."""
     from vitpod.trainer.models import create_model
@@ -93,4 +95,4 @@ def measure_on_meta(name: str, img_size: int, num_classes: int, device: torch.de
     with torch.device("meta"):
         model = create_model(name, img_size, num_classes, 0.0)
     meta = torch.device("meta")
-    return measure(model, img_size, meta, per_step_samples, device, replica_ranks)
+    return measure(model, img_size, meta, per_step_samples, device, replica_ranks, dtype)

@@ -41,7 +41,10 @@ def startup_mfu(cfg: TrainConfig, classes: int, device: torch.device) -> Mfu:
     """This run's FLOPs per step (counted on the meta device) and the device's peak."""
     samples = cfg.batch_size * cfg.accum_steps
     try:
-        return measure_on_meta(cfg.model, cfg.img_size, classes, device, samples, cfg.tp * cfg.pp)
+        dtype = cfg.amp_dtype if cfg.use_amp else "fp32"
+        return measure_on_meta(
+            cfg.model, cfg.img_size, classes, device, samples, cfg.tp * cfg.pp, dtype
+        )
     except (RuntimeError, NotImplementedError, TypeError) as err:  # MFU never stops a run
         log.warning("MFU not computed: the flop count failed (%s)", err)
         return Mfu(0, 0, None, "", f"flop count failed: {err}")
