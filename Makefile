@@ -83,7 +83,7 @@ FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; m
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status list cancel scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels: 1 = print the scripts, write and submit nothing)"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels: 1 = print the scripts, write and submit nothing)"
 
 setup:
 	bash scripts/setup.sh
@@ -94,9 +94,8 @@ test:
 lint:
 	$(PY) -m ruff check vitpod workflows trainer analysis registry tests benchmarks
 	$(PY) -m ruff format --check vitpod workflows trainer analysis registry tests benchmarks
-	@# mypy sees the vitpod package as it installs: the layout's folders under one name
-	rm -rf .cache/typecheck && mkdir -p .cache/typecheck/vitpod && cp vitpod/*.py .cache/typecheck/vitpod/
-	for d in workflows trainer analysis registry templates; do ln -s "$$PWD/$$d" .cache/typecheck/vitpod/$$d; done
+	@# mypy reads the package as pip installs it (the wheel's layout), not the checkout's folders
+	rm -rf .cache/typecheck && $(PY) -m pip install --quiet --no-deps --no-build-isolation --no-compile --target .cache/typecheck .
 	$(PY) -m mypy .cache/typecheck/vitpod
 
 render:
@@ -161,7 +160,7 @@ profile:
 # Check the nodes of CLUSTER's STAGE partition (GPUs, InfiniBand, free space, image); names bad
 # nodes (ARGS="--auto-exclude": then submits STAGE without them).
 doctor:
-	$(WF) doctor --cluster "$$CLUSTER" --stage "$$STAGE" --nodes "$$NODES" --args="$$ARGS"
+	$(WF) doctor --cluster "$$CLUSTER" --stage "$$STAGE" --nodes "$$NODES" --args="$$ARGS" $(SLURM_ARGS)
 
 container:
 	bash containers/build.sh

@@ -12,6 +12,9 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
+# vitpod as `make setup` installs it (editable: the package maps the layout's folders); the
+# GPU image has setuptools, and --no-deps/--no-index fetch nothing
+python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv | tee "$OUT/nvidia-smi.csv"
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__)"
 # CUDA variants of the fp16 loss-scaling and fused-outlook tests (skipped on CPU machines)

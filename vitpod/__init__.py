@@ -1,10 +1,6 @@
-"""vitpod: train timm Vision Transformers on Slurm GPU clusters in enroot/pyxis containers."""
+"""vitpod: train timm Vision Transformers on Slurm GPU clusters in enroot/pyxis containers.
 
-from pathlib import Path as _Path
-
-# In a source checkout the subpackages keep the layout's top-level folders (workflows/,
-# trainer/, analysis/, registry/, templates/) beside this one; an installed wheel has them
-# inside it (pyproject's package-dir). Either way they import as vitpod.<name>.
-_CHECKOUT = _Path(__file__).resolve().parent.parent
-if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "workflows" / "__init__.py").is_file():
-    __path__.append(str(_CHECKOUT))
+One import package over the layout's folders: pyproject.toml maps vitpod.workflows,
+vitpod.trainer, vitpod.analysis, vitpod.registry and vitpod.templates to workflows/, trainer/,
+... (package-dir), for a wheel, the image and an editable install (`make setup`) alike.
+"""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.workflows.doctor_step import CODE_DIR
+from vitpod.workflows.doctor_step import NODE_SCRIPTS
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.probe import PREFIX
 
@@ -143,20 +143,19 @@ def node_types(part: PartitionInfo) -> list[list[NodeInfo]]:
     return list(groups.values())
 
 
-def probe_command(python: str, code: Path, paths: list[str]) -> list[str]:
-    return ["env", f"PYTHONPATH={code}", python, "-m", "vitpod.workflows.probe", *paths]
+def probe_command(python: str, scripts: Path, paths: list[str]) -> list[str]:
+    return [python, str(scripts / "probe.py"), *paths]
 
 
 def run_probe(
     partition: str, node: NodeInfo, paths: list[str], python: str = sys.executable,
-    code: Path | None = None, timeout: float = 300,
+    scripts: Path = NODE_SCRIPTS, timeout: float = 300,
 ) -> dict[str, Any]:  # fmt: skip
     """One short job on `node`: the probe's facts, or ConfigError with what srun said. It asks
     for the node's GPUs: where Slurm constrains devices, a job sees only the GPUs it asked for."""
-    code = code or CODE_DIR
     gres = [f"--gres=gpu:{node.gpus}"] if node.gpus else []
     argv = ["srun", "-N1", "-n1", "-p", partition, "-w", node.name, f"--time={PROBE_TIME}",
-            "--job-name=vitpod-probe", *gres, *probe_command(python, code, paths)]  # fmt: skip
+            "--job-name=vitpod-probe", *gres, *probe_command(python, scripts, paths)]  # fmt: skip
     out = slurm(argv, timeout=timeout)
     for line in out.splitlines():
         if line.startswith(PREFIX):

@@ -11,7 +11,10 @@ import socket
 import sys
 from pathlib import Path
 
-from vitpod.workflows.probe import NOT_FOUND, infiniband_ports, tool
+try:
+    from vitpod.workflows.probe import NOT_FOUND, infiniband_ports, tool
+except ImportError:  # run by path on a node without vitpod installed: probe.py is beside it
+    from probe import NOT_FOUND, infiniband_ports, tool  # type: ignore[import-not-found,no-redef]
 
 PREFIX = "vitpod-doctor: "
 CHUNK = 512  # characters of JSON a line

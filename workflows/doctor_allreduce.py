@@ -57,9 +57,9 @@ def check(ns: argparse.Namespace, exclude: list[str], nodes: int) -> tuple[bool,
     if not path.is_file():
         return False, f"skipped: no calibration for this profile ({path.name})"
     cal = fitting.load(path)
-    bench_ns = argparse.Namespace(
-        cluster=ns.cluster, nodes=str(nodes), stage=ns.stage, run_root=ns.run_root,
-        sizes=SIZES, iters=str(ITERS), args="--levels world", out="", timeout=WAIT_S,
+    bench_ns = argparse.Namespace(  # the doctor's flags (its sbatch options too), then the bench's
+        **{**vars(ns), "nodes": str(nodes), "sizes": SIZES, "iters": str(ITERS),
+           "args": "--levels world", "out": "", "timeout": WAIT_S},
     )  # fmt: skip
     plan, _ = calibrate.prepare(bench_ns)
     checks = preflight.check(plan)

@@ -7,7 +7,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 
-from vitpod.workflows import discover
+from vitpod.workflows import discover, sbatchopts
 from vitpod.workflows.doctor import read_records
 from vitpod.workflows.doctor_step import doctor_argv
 from vitpod.workflows.errors import ConfigError
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auto-exclude", action="store_true",
                    help="submit the stage with sbatch --exclude=<bad nodes>")  # fmt: skip
     p.add_argument("--train-args", default="", help="trainer flags of that submission")
+    sbatchopts.add_flags(p)  # ACCOUNT=, QOS=, ...: the all-reduce job and the resubmission
     return p
 
 
@@ -127,7 +128,8 @@ def resubmit(ns: argparse.Namespace, bad: list[str]) -> str:
     from vitpod.workflows.submission import materialize, sbatch_run
 
     plan = plan_job(Request(cluster=ns.cluster, model=ns.model, stage=ns.stage, nodes=ns.nodes,
-                            args=ns.train_args, run_root=ns.run_root))  # fmt: skip
+                            args=ns.train_args, run_root=ns.run_root,
+                            slurm=sbatchopts.from_namespace(ns)))  # fmt: skip
     checks = preflight.check(plan)
     script = materialize(plan, plan.manifest(preflight=checks))
     job = sbatch_run(script, extra=[f"--exclude={','.join(bad)}"])

@@ -5,25 +5,25 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import vitpod
 from vitpod.workflows.container import sqsh_path
 from vitpod.workflows.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.templating import render
 
-# The directory that holds the `vitpod` package (a checkout or site-packages, on shared storage):
-# PYTHONPATH for the node-side modules, which need nothing but the standard library.
-CODE_DIR = Path(vitpod.__file__).resolve().parent.parent
+# The folder of the node-side scripts (probe.py, doctor.py: the standard library only), in a
+# checkout or site-packages on shared storage: a node's interpreter runs them by path, so the
+# node needs no vitpod install.
+NODE_SCRIPTS = Path(__file__).resolve().parent
 BAD_NODE_EXIT = 3  # the job's status when a node fails its checks before training
 
 
 def doctor_argv(profile: Profile, node: NodeType, run_root: str, min_free_gb: float) -> list[str]:
-    """`env PYTHONPATH=<code> <python> -m vitpod.workflows.doctor ...` for one node: the host's
-    interpreter (the doctor checks the host, so never the container's)."""
+    """`<python> <NODE_SCRIPTS>/doctor.py ...` for one node: the host's interpreter (the doctor
+    checks the host, so never the container's)."""
     python = (profile.python or sys.executable) if profile.container is None else "python3"
     image = profile.container.image if profile.container else ""
     hcas = ",".join(b.hca for b in node.binding if b.hca)
     return [
-        "env", f"PYTHONPATH={CODE_DIR}", python, "-m", "vitpod.workflows.doctor",
+        python, str(NODE_SCRIPTS / "doctor.py"),
         "--gpus", str(node.gpus_per_node), "--hcas", hcas, "--run-root", run_root,
         "--image", (sqsh_path(image) or image) if image else "",
         "--min-free-gb", f"{min_free_gb:g}",
