@@ -22,6 +22,8 @@ class Attempt:
     submit: float
     start: float | None
     end: float | None
+    devices: int = 0  # GPUs allocated (sacct AllocTRES gres/gpu), else CPUs; 0: unknown
+    device_kind: str = ""  # "GPU" or "CPU"
 
 
 @dataclass
@@ -33,6 +35,11 @@ class Ledger:
     attempts: int = 0
     ranks: list[int] = field(default_factory=list)  # the world size of each start that stepped
     notes: list[str] = field(default_factory=list)
+    # Device-hours: allocated = each attempt's devices x its run time (start to end, as Slurm
+    # accounted it); useful = its devices x the training time of the steps the run kept.
+    device_hours: float = 0.0
+    useful_device_hours: float = 0.0
+    device_kind: str = ""  # "GPU", "CPU" (CPU profiles), "" when accounting gave none
 
     @property
     def other(self) -> float:
@@ -45,6 +52,10 @@ class Ledger:
         for name, seconds in other.parts.items():
             self.parts[name] += seconds
         self.notes += [n for n in other.notes if n not in self.notes]
+        self.device_hours += other.device_hours
+        self.useful_device_hours += other.useful_device_hours
+        kinds = {k for k in (self.device_kind, other.device_kind) if k}
+        self.device_kind = "+".join(sorted(kinds))
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "other": self.other}
@@ -54,9 +65,13 @@ class Ledger:
         shown = " ".join(f"{k}={v:.1f}s({pct(v)})" for k, v in self.parts.items() if v)
         sizes = [n for i, n in enumerate(self.ranks) if i == 0 or self.ranks[i - 1] != n]
         ranks = f" ranks={'>'.join(map(str, sizes))}" if sizes else ""
-        return f"goodput: wall={self.wall:.1f}s {shown} other={self.other:.1f}s{ranks}" + "".join(
-            f" [{n}]" for n in self.notes
-        )
+        hours = ""
+        if self.device_kind:
+            kind = self.device_kind.lower()
+            hours = (f" {kind}_hours={self.device_hours:.3g}"
+                     f" useful_{kind}_hours={self.useful_device_hours:.3g}")  # fmt: skip
+        line = f"goodput: wall={self.wall:.1f}s {shown} other={self.other:.1f}s{ranks}{hours}"
+        return line + "".join(f" [{n}]" for n in self.notes)
 
 
 def container_seconds(run_dir: Path) -> float | None:
@@ -190,4 +205,8 @@ def _attempt_ledger(attempt: Attempt, seg: dict[str, Any] | None, resumed_at: in
     if seg is None and attempt.start is not None:  # ended before the trainer started
         one.parts["startup"] = end - start
         one.parts["shutdown"] = 0.0
+    if attempt.devices and attempt.start is not None:
+        one.device_kind = attempt.device_kind
+        one.device_hours = attempt.devices * (end - attempt.start) / 3600
+        one.useful_device_hours = attempt.devices * one.parts["training"] / 3600
     return one

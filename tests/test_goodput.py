@@ -102,3 +102,26 @@ def test_container_start_reads_the_job_scripts_per_node_record(tmp_path):
                         "node2": {"cold_s": 4.0, "warm_s": 0.25}}}  # fmt: skip
     (tmp_path / "container_start.json").write_text(json.dumps(record))
     assert container_seconds(tmp_path) == 4.0 + 0.5
+
+
+def test_device_hours_are_allocated_devices_times_run_time_and_useful_the_kept_steps():
+    records, attempts = timeline()
+    with_gpus = [Attempt(a.job_id, a.restart, a.submit, a.start, a.end, 8, "GPU")
+                 for a in attempts]  # fmt: skip
+    ledger = assemble(records, with_gpus, container_s=None)
+    assert ledger.device_kind == "GPU"
+    assert ledger.device_hours == pytest.approx(8 * ((122 - 110) + (212 - 203)) / 3600)
+    assert ledger.useful_device_hours == pytest.approx(8 * (3 + 1) / 3600)  # kept training
+    assert "gpu_hours=" in ledger.line() and "useful_gpu_hours=" in ledger.line()
+    assert assemble(records, attempts, container_s=None).device_kind == ""  # not accounted
+
+
+@pytest.mark.parametrize(
+    ("tres", "expected"),
+    [("billing=4,cpu=4,gres/gpu=8,mem=8G,node=2", (8, "GPU")), ("cpu=2,mem=1G,node=1", (2, "CPU")),
+     ("", (0, "")), ("cpu=0", (0, ""))],
+)  # fmt: skip
+def test_allocated_devices_read_from_sacct_alloctres(tres, expected):
+    from vitpod.workflows.goodput import allocated_devices
+
+    assert allocated_devices(tres) == expected

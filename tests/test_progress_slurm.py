@@ -115,3 +115,13 @@ def test_goodput_ledger_of_a_preempted_and_killed_run(local_slurm, digits_dir, t
     assert ledger.parts["checkpoint"] > 0 and ledger.parts["eval"] > 0
     assert ledger.parts["startup"] > 0 and ledger.parts["training"] > 0
     assert "container_start.json" in " ".join(ledger.notes)
+    # CPU-hours (a CPU profile's device-hours) against sacct's own figure: CPUTimeRAW is each
+    # start's allocated CPUs x its elapsed seconds; useful ones are the kept steps' share.
+    cputime = subprocess.run(
+        ["sacct", "-D", "-X", "-P", "-n", "-j", f"{job},{job2}", "-o", "CPUTimeRAW"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert ledger.device_kind == "CPU" and len(cputime) == 3
+    assert ledger.device_hours == pytest.approx(sum(map(int, cputime)) / 3600)
+    assert 0 < ledger.useful_device_hours < ledger.device_hours
+    assert "cpu_hours=" in ledger.line()

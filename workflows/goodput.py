@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vitpod.analysis.goodput import Attempt, Ledger, assemble, container_seconds, read_rank0
 
-__all__ = ["AccountingError", "Ledger", "attempts", "ledger"]
+__all__ = ["AccountingError", "Ledger", "allocated_devices", "attempts", "ledger"]
 
 INCOMPLETE = "INCOMPLETE"  # the first note of a ledger whose Slurm accounting could not be read
 
@@ -33,7 +33,7 @@ def attempts(job_ids: list[str]) -> list[Attempt]:
     try:
         out = subprocess.run(
             ["sacct", "-D", "-X", "-P", "-n", "-j", ",".join(job_ids),
-             "-o", "JobID,Submit,Start,End"],
+             "-o", "JobID,Submit,Start,End,AllocTRES"],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -46,13 +46,24 @@ def attempts(job_ids: list[str]) -> list[Attempt]:
     found: list[Attempt] = []
     seen: dict[str, int] = {}
     for line in out.stdout.splitlines():
-        job, submit, start, end = (line.split("|") + ["", "", "", ""])[:4]
+        job, submit, start, end, tres = (line.split("|") + [""] * 5)[:5]
         when = _epoch(submit)
         if when is None:
             continue
         restart = seen[job] = seen.get(job, -1) + 1
-        found.append(Attempt(job, restart, when, _epoch(start), _epoch(end)))
+        devices, kind = allocated_devices(tres)
+        found.append(Attempt(job, restart, when, _epoch(start), _epoch(end), devices, kind))
     return sorted(found, key=lambda a: a.submit)
+
+
+def allocated_devices(tres: str) -> tuple[int, str]:
+    """sacct's AllocTRES ('billing=4,cpu=4,gres/gpu=8,mem=8G,node=2') -> (8, 'GPU'); a job
+    without GPUs counts its CPUs (CPU profiles); (0, '') when the field is empty."""
+    fields = dict(item.partition("=")[::2] for item in tres.split(",") if "=" in item)
+    for key, kind in (("gres/gpu", "GPU"), ("cpu", "CPU")):
+        if fields.get(key, "").isdigit() and int(fields[key]) > 0:
+            return int(fields[key]), kind
+    return 0, ""
 
 
 def ledger(run_dir: Path, job_ids: list[str]) -> Ledger:
