@@ -111,6 +111,33 @@ class Precision(_Record):
         return f"precision: {self.dtype}{scaling} ({self.source}): {self.reason}"
 
 
+class CheckpointInterval(_Record):
+    """--checkpoint-every auto resolved: Young's (1974) and Daly's (2006) interval
+    sqrt(2 x C x M) between checkpoints, its inputs and where each came from."""
+
+    save_cost_s: float
+    """C: seconds one save blocks training."""
+    save_cost_source: str
+    mtbi_hours: float
+    """M: mean time between the job's interruptions."""
+    mtbi_source: str
+    interruptions: int | None = None
+    """Interruptions in the partition's sacct history (None: not asked)."""
+    job_hours: float | None = None
+    step_time_s: float | None = None
+    """Seconds per optimizer step (None: unknown, the job checkpoints at epoch ends)."""
+    step_time_source: str
+    interval_s: float
+    steps: int
+    """The --checkpoint-every the ranks run (0: epoch ends)."""
+    reason: str = ""
+
+    def line(self) -> str:
+        every = f"every {self.steps} steps" if self.steps else "at epoch ends"
+        return (f"checkpoint {every}: sqrt(2 x {self.save_cost_s:.3g} s x {self.mtbi_hours:.3g} h)"
+                f" = {self.interval_s:.0f} s; {self.reason}")  # fmt: skip
+
+
 class Data(_Record):
     data_dir: str | None = None
     token_label_data: str | None = None
@@ -139,6 +166,8 @@ class Decision(_Record):
     precision: Precision | None = None
     """None in records written before the planner chose the dtype."""
     scheduling: Scheduling = Scheduling()
+    checkpoint: CheckpointInterval | None = None
+    """--checkpoint-every auto resolved (None: the flags or the profile gave a number)."""
 
     def log_line(self) -> str:
         """One line for the job log: the engine, why, and its predicted cost."""

@@ -239,7 +239,8 @@ def test_grace_at_or_above_the_time_limit_is_refused_before_anything_is_written(
 
 def test_grace_under_the_last_runs_checkpoint_save_warns(tmp_path, capsys):
     """The newest run of the same model and stage measured a 45.5 s checkpoint save (its
-    `timing` records): grace_s=30 is warned about, grace_s=60 is not."""
+    `timing` records): a grace under twice that is warned about with the value to use (91):
+    grace_s=30 and 60 are, grace_s=91 is not."""
     old = tmp_path / "runs" / "20200101T000000Z-volo_tiny-pretrain-0a0a0a" / runfiles.METRICS
     old.mkdir(parents=True)
     (old / "rank0.jsonl").write_text(
@@ -249,6 +250,9 @@ def test_grace_under_the_last_runs_checkpoint_save_warns(tmp_path, capsys):
     line = grace.check_grace(_plan(tmp_path, grace_s=30))
     assert "preemption.grace_s=30 vs 45.5 s" in line and "WARNING" in line, line
     err = capsys.readouterr().err
-    assert "warning: preemption.grace_s=30 vs 45.5 s" in err and "above 46" in err, err
+    assert "warning: preemption.grace_s=30 vs 45.5 s" in err and "at least 91" in err, err
     line = grace.check_grace(_plan(tmp_path, grace_s=60))
+    assert "WARNING: grace too short, use 91" in line, line
+    capsys.readouterr()
+    line = grace.check_grace(_plan(tmp_path, grace_s=91))
     assert "WARNING" not in line and capsys.readouterr().err == ""

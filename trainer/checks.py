@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from vitpod.registry import models, runfiles
-from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.config import AUTO, AUTO_BY_HAND, TrainConfig
 
 
 def known_model(name: str) -> bool:
@@ -73,6 +73,7 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         out.append(f"--resume {cfg.resume}: no such checkpoint; use auto, none or an existing path")
     if for_training:
         out += _path_problems(cfg)
+        out += [AUTO_BY_HAND] if cfg.checkpoint_every == AUTO else []
     if cfg.log_wandb and for_training and importlib.util.find_spec("wandb") is None:
         out.append(
             "--log-wandb: the wandb package is not installed in this environment; install it "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -13,6 +14,31 @@ from vitpod.trainer import elastic
 
 class ConfigError(ValueError):
     """A bad flag or config key; the message names the flag and the fix."""
+
+
+AUTO = "auto"
+"""--checkpoint-every auto: the planner's interval from save cost, step time and failure rate."""
+AUTO_BY_HAND = (
+    "--checkpoint-every auto: only the planner resolves it (make render/pretrain with "
+    "ARGS=\"--checkpoint-every auto\" writes --checkpoint-every N into the job, from the measured "
+    "save cost, step time and the partition's interruptions); started by hand, give "
+    "--checkpoint-every N (steps) or 0 (epoch ends)"
+)
+
+
+def checkpoint_every_value(text: str) -> int | str:
+    """--checkpoint-every: a step count (0 = epoch ends), or `auto` (resolved by the planner)."""
+    if text == AUTO:
+        return AUTO
+    try:
+        steps = int(text)
+    except ValueError:
+        steps = -1
+    if steps < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of steps (0 = epoch ends) or auto"
+        )
+    return steps
 
 
 def _arg(group: str, help: str, *flags: str, **kwargs: Any) -> dict[str, Any]:
@@ -179,9 +205,12 @@ class TrainConfig:
     # Run
     output: str = field(default="runs/train", metadata=_arg("run", "run directory"))
     resume: str = field(default="auto", metadata=_arg("run", "auto | none | checkpoint path"))
-    checkpoint_every: int = field(
-        default=500, metadata=_arg("run", "checkpoint every N steps (0 = epoch ends)")
-    )
+    checkpoint_every: int | str = field(
+        default=500,
+        metadata=_arg("run", "checkpoint every N steps (0 = epoch ends); auto: the planner's "
+                      "interval sqrt(2 x save cost x mean time between interruptions)",
+                      type=checkpoint_every_value),
+    )  # fmt: skip
     keep_last: int = field(default=3, metadata=_arg("run", "checkpoints kept (plus milestones)"))
     milestone_every: int = field(
         default=50,
@@ -245,6 +274,13 @@ class TrainConfig:
     def uses_mesh(self) -> bool:
         """FSDP2, tensor or pipeline parallelism: the DeviceMesh engine, not DDP/DeepSpeed."""
         return self.fsdp or self.tp > 1 or self.pp > 1
+
+    @property
+    def checkpoint_steps(self) -> int:
+        """--checkpoint-every as steps (`auto` must have been resolved by the planner)."""
+        if not isinstance(self.checkpoint_every, int):
+            raise ConfigError(AUTO_BY_HAND)
+        return self.checkpoint_every
 
     @property
     def global_batch_size(self) -> int:

@@ -143,7 +143,7 @@ class Trainer:
         if self.preemption.agreed():  # signalled during startup, before any step of this process
             self.timing.end(self.step, "preempted")
             return self._requeue_before_training()
-        if cfg.checkpoint_every:
+        if cfg.checkpoint_steps:
             self.checkpointer.preallocate(self._state(epoch_end=False))
         while self.epoch < cfg.epochs and not self._reached_max_steps():
             self.train_loader.set_epoch(self.epoch)
@@ -212,7 +212,7 @@ class Trainer:
             if self.preemption.agreed():
                 self._flush_steps()
                 return "preempted"
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            if cfg.checkpoint_steps and self.step % cfg.checkpoint_steps == 0:
                 self._flush_steps()
                 self._save(epoch_end=False, overlap=True)
             if self._reached_max_steps():

@@ -4,23 +4,27 @@ a grace at or above the time limit is refused when the profile loads)."""
 
 from __future__ import annotations
 
-import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from vitpod.analysis import memory
 from vitpod.registry import runfiles
+from vitpod.workflows.runmeasure import read_records
 
 ASSUMED_WRITE_BYTES_PER_S = 1.0 * memory.GIB
 """Write rate per node assumed for the planner's checkpoint-save estimate (no measured save)."""
+GRACE_MARGIN = 2.0
+"""The signal's lead time wanted per second of save: a slower storage day, the step in flight."""
 
 
 def check_grace(plan: Any) -> str:
     """preemption.grace_s against the longest checkpoint save of the last run of this model and
     stage (its `timing` records), else the memory planner's state bytes per node at
-    ASSUMED_WRITE_BYTES_PER_S; a warning on stderr when the grace period is shorter. (A grace at
-    or above the time limit is refused when the profile is loaded.)"""
+    ASSUMED_WRITE_BYTES_PER_S; a warning on stderr, with the value to use, when the grace period
+    is shorter than GRACE_MARGIN times it. (A grace at or above the time limit is refused when
+    the profile is loaded.)"""
     spec = plan.spec
     grace = spec.profile.preemption.grace_s
     measured = last_checkpoint_save(Path(spec.run_dir), spec.model, spec.stage)
@@ -34,10 +38,12 @@ def check_grace(plan: Any) -> str:
         source = (f"the memory planner's model and optimizer state per node at an assumed "
                   f"{ASSUMED_WRITE_BYTES_PER_S / memory.GIB:.0f} GiB/s")  # fmt: skip
     line = f"preemption.grace_s={grace} vs {need:.1f} s, {source}"
-    if grace < need:
-        print(f"warning: {line}: a preemption may end the job before its checkpoint is "
-              f"written; raise preemption.grace_s above {need:.0f}", file=sys.stderr)  # fmt: skip
-        return f"{line} (WARNING: grace too short)"
+    want = math.ceil(GRACE_MARGIN * need)
+    if grace < want:
+        print(f"warning: {line}: a preemption may end the job before its checkpoint is written; "
+              f"set preemption.grace_s to at least {want} ({GRACE_MARGIN:g} x the save)",
+              file=sys.stderr)  # fmt: skip
+        return f"{line} (WARNING: grace too short, use {want})"
     return line
 
 
@@ -50,25 +56,13 @@ def last_checkpoint_save(run_dir: Path, model: str, stage: str) -> tuple[float, 
         seconds = [
             float(rec["seconds"])
             for path in sorted((run / runfiles.METRICS).glob("rank*.jsonl"))
-            for rec in _records(path)
+            for rec in read_records(path)
             if rec.get("kind") == "timing" and rec.get("event") == "checkpoint"
             and isinstance(rec.get("seconds"), (int, float))
         ]  # fmt: skip
         if seconds:
             return max(seconds), str(run)
     return None
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def _planned_save_s(plan: Any) -> float | None:

@@ -24,7 +24,7 @@ from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.flags import parse_args
-from vitpod.workflows import noderange, preflight, sbatchopts, topology
+from vitpod.workflows import ckptinterval, noderange, preflight, sbatchopts, topology
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import NodeType, Profile, load_profile, profile_path
 from vitpod.workflows.quantities import slurm_minutes
@@ -200,12 +200,16 @@ def plan_job(req: Request) -> JobPlan:
                 f"{problem} (make render OFFLINE=1 writes a script for a machine that has it)"
             )
     cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
-    precision = None
+    precision, checkpoint = None, None
     if req.entry == "trainer":
         cfg = _parse_trainer(spec.command, world)
         precision, dtype_flags = decide_precision(cfg, spec.command, node, partition.node_type)
-        if dtype_flags:  # the chosen dtype goes into the ranks' argv (after ARGS)
-            req = dataclasses.replace(req, tool_args=(*req.tool_args, *dtype_flags))
+        checkpoint, every_flags = ckptinterval.decide(
+            profile, partition.name, cfg, spec.command[TRAINER_ARGV_START:], run_dir,
+            ask_slurm=profile.scheduler == "slurm" and not req.offline,
+        )  # fmt: skip
+        if dtype_flags or every_flags:  # the chosen dtype and interval go after ARGS
+            req = dataclasses.replace(req, tool_args=(*req.tool_args, *dtype_flags, *every_flags))
             spec = build_spec(
                 profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
                 tool_args=req.tool_args, finetune_from=req.finetune_from or None,
@@ -238,7 +242,7 @@ def plan_job(req: Request) -> JobPlan:
             ),
             layout=Layout(dp=cfg.dp_size, tp=cfg.tp, pp=cfg.pp),
             engine=engine, costs=costs, image=image_info(profile), memory=memory,
-            precision=precision, scheduling=_scheduling(spec),
+            precision=precision, scheduling=_scheduling(spec), checkpoint=checkpoint,
             data=Data(
                 data_dir=spec.data_dir, token_label_data=cfg.token_label_data,
                 finetune_from=spec.finetune_from,

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from vitpod.workflows.container import check_container_static
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.profile_checkpoint import Checkpointing
 from vitpod.workflows.profile_container import Container
 from vitpod.workflows.profile_storage import Storage
 from vitpod.workflows.quantities import slurm_minutes
@@ -187,6 +188,10 @@ class Preemption(Strict):
         default=3, ge=0, le=1000,
         description="requeues in a row whose start wrote no new complete checkpoint, then stop",
     )  # fmt: skip
+    mtbi_hours: float = Field(
+        default=24.0, gt=0,
+        description="mean hours between a job's interruptions when sacct has no history of them",
+    )  # fmt: skip
 
 
 class Profile(Strict):
@@ -208,6 +213,7 @@ class Profile(Strict):
     account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     preemption: Preemption = Preemption()
+    checkpoint: Checkpointing = Checkpointing()
     exclusive: bool = True
     backend: Literal["nccl", "gloo"] = "nccl"
     default_model: str | None = Field(default=None, description="recipe used when MODEL is empty")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -38,6 +38,7 @@ _FLAGS = {
     "fsdp": "--fsdp",
     "tp": "--tp",
     "pp": "--pp",
+    "checkpoint_every": "--checkpoint-every",
 }
 
 
@@ -70,6 +71,9 @@ class StageRecipe(Strict):
     fsdp: bool = Field(default=False, description="FSDP2 full sharding (ZeRO-3)")
     tp: int = Field(default=1, ge=1, description="tensor-parallel ranks, within a node")
     pp: int = Field(default=1, ge=1, description="pipeline stages")
+    checkpoint_every: Annotated[int, Field(ge=0)] | Literal["auto"] | None = Field(
+        default=None, description="steps (0 = epoch ends) or auto; unset: the profile's"
+    )
     sources: dict[str, str]
 
     @model_validator(mode="after")

@@ -1,0 +1,71 @@
+"""How often a partition's jobs are interrupted: preempted, node-failed and requeued job starts
+per job-hour of its Slurm accounting history (the mean time between interruptions, M, of the
+checkpoint interval). The one sacct query of it is `partition_history`."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+
+HISTORY_DAYS = 30
+INTERRUPTED = ("PREEMPTED", "NODE_FAIL", "REQUEUED")
+"""sacct states of a start that ended before its job did (with -D, a requeued start is listed
+as REQUEUED, or PREEMPTED when preemption requeued it)."""
+
+Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+
+
+class HistoryError(RuntimeError):
+    """sacct could not be run or failed; the message says why."""
+
+
+@dataclass(frozen=True)
+class History:
+    partition: str
+    days: int
+    starts: int
+    """Job starts in the window (sacct -X -D: one line per start, requeued ones included)."""
+    job_hours: float
+    interruptions: int
+
+    @property
+    def mtbi_hours(self) -> float | None:
+        """Job-hours per interruption; None when there was none (or no time run)."""
+        if not self.interruptions or self.job_hours <= 0:
+            return None
+        return self.job_hours / self.interruptions
+
+    def source(self) -> str:
+        return (f"sacct: {self.interruptions} interruption(s) in {self.job_hours:.2f} job-hours "
+                f"of {self.starts} start(s) on partition {self.partition}, last {self.days} days")  # fmt: skip
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+
+
+def partition_history(partition: str, days: int = HISTORY_DAYS, run: Runner = _run) -> History:
+    """The partition's starts, job-hours (ElapsedRaw) and interruptions in the last `days`;
+    HistoryError when sacct cannot be run or fails."""
+    cmd = ["sacct", "-X", "-D", "--partition", partition, "-S", f"now-{days}days",
+           "--parsable2", "-n", "-o", "JobID,State,ElapsedRaw"]  # fmt: skip
+    try:
+        out = run(cmd)
+    except subprocess.TimeoutExpired:
+        raise HistoryError("sacct did not answer in time") from None
+    except OSError as exc:
+        raise HistoryError(f"sacct could not run ({exc.strerror or exc})") from None
+    if out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise HistoryError(f"sacct failed (exit {out.returncode}: {why})")
+    starts, seconds, interruptions = 0, 0, 0
+    for line in out.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) < 3 or not fields[0]:
+            continue
+        starts += 1
+        state = fields[1].split(" ")[0]  # "CANCELLED by 0"
+        interruptions += state in INTERRUPTED
+        seconds += int(fields[2]) if fields[2].isdigit() else 0
+    return History(partition, days, starts, seconds / 3600, interruptions)
