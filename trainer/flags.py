@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
             )
         else:
             group.add_argument(
-                *flags, dest=f.name, type=meta.get("type", kind), default=f.default, choices=meta.get("choices"),
+                *flags, dest=f.name, type=meta.get("type", kind), default=f.default,
+                choices=meta.get("choices"),
                 nargs=meta.get("nargs"), const=meta.get("const"), help=meta["help"],
             )  # fmt: skip
     return parser

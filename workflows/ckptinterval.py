@@ -6,17 +6,18 @@ steps of the measured step time. docs/preemption-and-resume.md#checkpoint-interv
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vitpod.registry.decision import CheckpointInterval
 from vitpod.trainer.config import AUTO, TrainConfig
 from vitpod.workflows import runmeasure
-from vitpod.workflows.interruptions import HistoryError, History, partition_history
+from vitpod.workflows.interruptions import History, HistoryError, partition_history
 from vitpod.workflows.profile import Profile
 from vitpod.workflows.trainerargv import last_value
 
 FLAG = "--checkpoint-every"
+HistoryFn = Callable[[str], History]
 
 
 def young_daly_s(save_cost_s: float, mtbi_s: float) -> float:
@@ -25,7 +26,7 @@ def young_daly_s(save_cost_s: float, mtbi_s: float) -> float:
 
 
 def interval_steps(interval_s: float, step_s: float | None) -> int:
-    """The interval in optimizer steps (at least 1); 0 (epoch ends) when the step time is unknown."""
+    """The interval in optimizer steps (at least 1); 0 (epoch ends): the step time unknown."""
     if not step_s or step_s <= 0:
         return 0
     return max(1, round(interval_s / step_s))
@@ -33,7 +34,7 @@ def interval_steps(interval_s: float, step_s: float | None) -> int:
 
 def decide(
     profile: Profile, partition: str, cfg: TrainConfig, argv: Sequence[str], run_dir: Path,
-    ask_slurm: bool, history=partition_history,
+    ask_slurm: bool, history: HistoryFn | None = None,
 ) -> tuple[CheckpointInterval | None, tuple[str, ...]]:  # fmt: skip
     """The record and the flags the ranks get after ARGS: --checkpoint-every from the recipe or
     ARGS wins, else the profile's checkpoint.every; `auto` is resolved here (never by the ranks)."""
@@ -50,7 +51,7 @@ def decide(
 
 def resolve(
     profile: Profile, partition: str, cfg: TrainConfig, run_dir: Path, ask_slurm: bool,
-    history=partition_history,
+    history: HistoryFn | None = None,
 ) -> CheckpointInterval:  # fmt: skip
     runs = runmeasure.matching_runs(run_dir, cfg.model, cfg.img_size, cfg.batch_size)
     what = f"{cfg.model} at {cfg.img_size} px, batch {cfg.batch_size}"
@@ -80,7 +81,7 @@ def resolve(
 
 
 def mtbi(
-    profile: Profile, partition: str, ask_slurm: bool, history=partition_history
+    profile: Profile, partition: str, ask_slurm: bool, history: HistoryFn | None = None
 ) -> tuple[float, str, History | None]:
     """M in hours, where it came from, and the sacct history read (None: not asked or failed):
     the partition's job-hours per interruption, else the profile's preemption.mtbi_hours."""
@@ -90,7 +91,7 @@ def mtbi(
         why = "offline: Slurm not asked" if profile.scheduler == "slurm" else "no Slurm"
         return fallback, f"{named}; {why}", None
     try:
-        found = history(partition)
+        found = (history or partition_history)(partition)
     except HistoryError as exc:
         return fallback, f"{named}; {exc}", None
     if found.mtbi_hours is None:

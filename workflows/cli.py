@@ -42,7 +42,7 @@ COMMANDS = {
 }
 # One line per command for `vitpod --help` (kept here: the dispatch imports nothing to show it).
 DESCRIPTIONS = {
-    "render": "write one stage's job into a new run directory (no cluster asked)",
+    "render": "write one stage's job into a new run directory (no preflight)",
     "preflight": "every check a submission makes; nothing written or submitted",
     "submit": "plan, preflight, render and sbatch one stage (--dry-run: print it only)",
     "pipeline": "the pretrain -> fine-tune chain, token labels first with --teacher",
@@ -104,6 +104,8 @@ def _print_decisions(plan: JobPlan) -> None:
         print(plan.decision.log_line())
         if plan.decision.precision is not None:
             print(plan.decision.precision.line())
+        if plan.decision.checkpoint is not None:
+            print(plan.decision.checkpoint.line())
     mem = plan.memory
     if mem.get("checked"):
         gib = 1024**3

@@ -37,8 +37,10 @@ class History:
         return self.job_hours / self.interruptions
 
     def source(self) -> str:
-        return (f"sacct: {self.interruptions} interruption(s) in {self.job_hours:.2f} job-hours "
-                f"of {self.starts} start(s) on partition {self.partition}, last {self.days} days")  # fmt: skip
+        return (
+            f"sacct: {self.interruptions} interruption(s) in {self.job_hours:.2f} job-hours of "
+            f"{self.starts} start(s) on partition {self.partition}, last {self.days} days"
+        )
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
