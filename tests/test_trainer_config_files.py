@@ -154,7 +154,10 @@ def test_published_volo_d5_pretrain_resolves_alike_through_both_entry_points(tmp
         assert planned[key] == by_hand[key], key
     assert (by_hand["warmup_epochs"], by_hand["lr"], by_hand["batch_size"]) == (20, 1e-4, 44)
     differ = {k for k in by_hand if planned[k] != by_hand[k]}
-    assert differ == {"data_dir", "output"}  # where the planner puts the data and the run
+    # Where the planner puts the data and the run, and dgxpod's `checkpoint: {every: auto}`:
+    # no run measured a step yet, so the planned job checkpoints at epoch ends.
+    assert differ == {"data_dir", "output", "checkpoint_every"}
+    assert planned["checkpoint_every"] == plan.decision.checkpoint.steps == 0
 
 
 def test_recipe_alone_gives_the_published_unstated_values() -> None:
