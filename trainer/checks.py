@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from vitpod.registry import models, runfiles
-from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.config import SCHEDULES, TrainConfig
 
 
 def known_model(name: str) -> bool:
@@ -80,6 +80,35 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         )
     if cfg.finetune:
         out += _finetune_problems(cfg)
+    return out + _timm_flag_problems(cfg)
+
+
+def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
+    """timm's optimizer, schedule and regularisation flags an engine or model cannot honour."""
+    out: list[str] = []
+    try:
+        from vitpod.trainer.optim import opt_problem, valid_optimizers
+    except ImportError:  # a login node without torch/timm: the job's own check names it
+        pass
+    else:
+        if problem := opt_problem(cfg.opt, valid_optimizers()):
+            out.append(problem)
+    if cfg.sched not in SCHEDULES:
+        why = (
+            (
+                ": timm's plateau steps once per epoch on the eval metric, and vitpod steps the "
+                "schedule per optimizer update (exact resume)"
+            )
+            if cfg.sched == "plateau"
+            else ""
+        )
+        out.append(f"--sched {cfg.sched}{why}; use one of {', '.join(SCHEDULES)}")  # fmt: skip
+    if cfg.deepspeed and not cfg.deepspeed_config and cfg.opt != "adamw":
+        out.append(f"--opt {cfg.opt} with --deepspeed: the generated DeepSpeed config runs AdamW;"
+                   " pass --opt adamw or a --deepspeed-config naming your optimizer")  # fmt: skip
+    if cfg.layer_decay is not None and (cfg.deepspeed or cfg.uses_mesh):
+        out.append("--layer-decay: DDP (ring/ps) only (DeepSpeed and the mesh engine build their "
+                   "own parameter groups); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
     return out
 
 

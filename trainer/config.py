@@ -10,6 +10,9 @@ from typing import Any
 from vitpod.registry import models
 from vitpod.trainer import elastic
 
+SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
+"""timm's schedules that step per optimizer update (its plateau steps on an epoch's metric)."""
+
 
 class ConfigError(ValueError):
     """A bad flag or config key; the message names the flag and the fix."""
@@ -116,7 +119,22 @@ class TrainConfig:
     )
     # Optimizer and schedule
     opt: str = field(
-        default="adamw", metadata=_arg("optim", "optimizer", choices=("adamw", "lamb"))
+        default="adamw",
+        metadata=_arg("optim", "optimizer: a name of timm.optim.list_optimizers() (adamw: torch's "
+                      "fused AdamW, or apex's with apex on a GPU)"),
+    )  # fmt: skip
+    opt_eps: float | None = field(
+        default=None, metadata=_arg("optim", "optimizer epsilon (the optimizer's default)")
+    )
+    opt_betas: tuple[float, ...] | None = field(
+        default=None, metadata=_arg("optim", "optimizer betas (the optimizer's default)", nargs="+")
+    )
+    momentum: float = field(
+        default=0.9, metadata=_arg("optim", "SGD-style momentum (optimizers that take one)")
+    )
+    layer_decay: float | None = field(
+        default=None,
+        metadata=_arg("optim", "layer-wise LR decay (timm's, by the model's group_matcher)"),
     )
     batch_size: int = field(
         default=64, metadata=_arg("optim", "batch per rank", "-b", "--batch-size")
@@ -135,7 +153,21 @@ class TrainConfig:
     epochs: int = field(default=300, metadata=_arg("optim", "training epochs"))
     warmup_epochs: int = field(default=20, metadata=_arg("optim", "linear warmup epochs"))
     warmup_lr: float = field(default=1e-6, metadata=_arg("optim", "LR at the start of warmup"))
-    min_lr: float = field(default=1e-5, metadata=_arg("optim", "cosine floor"))
+    min_lr: float = field(default=1e-5, metadata=_arg("optim", "LR floor of the schedule"))
+    sched: str = field(
+        default="cosine",
+        metadata=_arg("optim", "LR schedule: " + ", ".join(SCHEDULES) + " (timm's, stepped per "
+                      "optimizer update)"),
+    )  # fmt: skip
+    decay_epochs: float | None = field(
+        default=None,
+        metadata=_arg("optim", "step: epochs between LR decays (90); wsd/rsqrt: decay length "
+                      "(fraction of the run if < 1; 0.2)"),
+    )  # fmt: skip
+    decay_milestones: tuple[int, ...] = field(
+        default=(90, 180, 270), metadata=_arg("optim", "multistep: epochs of LR decay", nargs="+")
+    )
+    decay_rate: float = field(default=0.1, metadata=_arg("optim", "step/multistep: LR factor"))
     smoothing: float = field(default=0.1, metadata=_arg("optim", "label smoothing"))
     clip_grad: float | None = field(
         default=None, metadata=_arg("optim", "clip grad norm (off if unset)")

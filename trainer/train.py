@@ -30,7 +30,7 @@ from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.trainer.mesh import job_images_per_s, local_param_bytes, max_over_ranks
 from vitpod.trainer.metrics import MetricsLogger, StepTimer
 from vitpod.trainer.models import create_model, load_finetune, model_manifest
-from vitpod.trainer.optim import create_optimizer, create_schedule, current_lr
+from vitpod.trainer.optim import current_lr, optimizer_for, schedule_for
 from vitpod.trainer.parallel import parallelize
 from vitpod.trainer.precision import make_precision, prepare_model
 from vitpod.trainer.preempt import Preemption
@@ -78,10 +78,7 @@ class Trainer:
         self.mesh_shape = mesh.shape.as_dict() if mesh else {"dp": env.world_size, "tp": 1, "pp": 1}
         self.train_loader, self.val_loader = self._build_data()
         self.steps_per_epoch = max(1, len(self.train_loader) // cfg.accum_steps)
-        self.scheduler = create_schedule(
-            self.engine.optimizer, cfg.epochs, cfg.warmup_epochs, cfg.warmup_lr, cfg.min_lr,
-            self.steps_per_epoch,
-        )  # fmt: skip
+        self.scheduler = schedule_for(self.engine.optimizer, cfg, self.steps_per_epoch)
         self.checkpointer = ckpt.Checkpointer(
             self.run_dir / runfiles.CHECKPOINTS, env.rank, env.world_size, cfg.keep_last,
             cfg.milestone_every, elastic=Resize(cfg.global_batch_size, self.engine.name),
@@ -115,11 +112,7 @@ class Trainer:
         return model
 
     def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        cfg = self.cfg
-        optimizer, _ = create_optimizer(
-            model, cfg.opt, cfg.lr or 0.0, cfg.weight_decay, self.device
-        )
-        return optimizer
+        return optimizer_for(model, self.cfg, self.device)
 
     def _build_data(self):
         from vitpod.trainer.data import create_loader
