@@ -123,8 +123,8 @@ def test_a_config_file_in_args_beats_the_recipe_and_the_command_line_beats_it(tm
     assert (cfg["epochs"], cfg["token_label"]) == (30, False)  # the file's, over the recipe's
     assert cfg["output"].startswith(str(tmp_path / "runs"))  # the planner's run directory
     assert planned(f"-c {path} --epochs 40")["epochs"] == 40
-    path.write_text("mixup: 0.8\nsched: cosine\n")
-    with pytest.raises(PlanError, match=r"^ARGS: --config .*vitpod does not implement mixup"):
+    path.write_text("jsd_loss: true\nsched: cosine\n")
+    with pytest.raises(PlanError, match=r"^ARGS: --config .*vitpod does not implement jsd_loss"):
         planned(f"-c {path}")
 
 

@@ -109,6 +109,20 @@ def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
     if cfg.layer_decay is not None and (cfg.deepspeed or cfg.uses_mesh):
         out.append("--layer-decay: DDP (ring/ps) only (DeepSpeed and the mesh engine build their "
                    "own parameter groups); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
+    if cfg.grad_checkpointing and cfg.pp > 1:
+        out.append("--grad-checkpointing with --pp: pipeline stages run their blocks themselves,"
+                   " unrecomputed; drop one")  # fmt: skip
+    if cfg.mixup_active and cfg.token_label:
+        out.append("--mixup/--cutmix with --token-label: token labeling mixes with its own "
+                   "MixToken (VOLO's recipe: no mixup/cutmix); drop one")  # fmt: skip
+    if cfg.mixup_active and cfg.batch_size % 2:
+        out.append(f"--mixup/--cutmix: -b {cfg.batch_size} is odd (timm's Mixup pairs the batch "
+                   "with its flip); pass an even -b")  # fmt: skip
+    if cfg.model_ema and (cfg.deepspeed or cfg.uses_mesh):
+        out.append("--model-ema: DDP (ring/ps) only (DeepSpeed and the mesh engine shard the "
+                   "weights it averages); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
+    if cfg.initial_checkpoint and cfg.finetune:
+        out.append("--initial-checkpoint and --finetune both load the weights; drop one")
     return out
 
 
@@ -174,6 +188,7 @@ def _path_problems(cfg: TrainConfig) -> list[str]:
     checks = (
         ("token_label_data", cfg.token_label and cfg.dataset == "folder"),
         ("finetune", cfg.finetune is not None),
+        ("initial_checkpoint", cfg.initial_checkpoint is not None),
         ("deepspeed_config", cfg.deepspeed_config is not None),
     )
     for name, needed in checks:

@@ -85,6 +85,12 @@ class TrainConfig:
     finetune: str | None = field(
         default=None, metadata=_arg("model", "checkpoint file/dir or run dir")
     )
+    initial_checkpoint: str | None = field(
+        default=None, metadata=_arg("model", "weights of this exact model (timm's; strict load)")
+    )
+    grad_checkpointing: bool = field(
+        default=False, metadata=_arg("model", "recompute blocks in backward (timm; not --pp)")
+    )
     channels_last: bool | None = field(
         default=None, metadata=_arg("model", "NHWC (default: on; NCHW with --fsdp, --deepspeed)")
     )
@@ -169,6 +175,20 @@ class TrainConfig:
     )
     decay_rate: float = field(default=0.1, metadata=_arg("optim", "step/multistep: LR factor"))
     smoothing: float = field(default=0.1, metadata=_arg("optim", "label smoothing"))
+    # timm.data.Mixup: on when --mixup or --cutmix > 0 (SoftTargetCrossEntropy, --smoothing kept).
+    mixup: float = field(default=0.0, metadata=_arg("optim", "mixup alpha (0 = off)"))
+    cutmix: float = field(default=0.0, metadata=_arg("optim", "cutmix alpha (0 = off)"))
+    mixup_prob: float = field(default=1.0, metadata=_arg("optim", "chance a batch is mixed"))
+    mixup_switch_prob: float = field(
+        default=0.5, metadata=_arg("optim", "chance of cutmix when both are on")
+    )
+    mixup_mode: str = field(
+        default="batch", metadata=_arg("optim", "mix per", choices=("batch", "pair", "elem"))
+    )
+    model_ema: bool = field(
+        default=False, metadata=_arg("optim", "keep an EMA of the weights (timm ModelEmaV3; DDP)")
+    )
+    model_ema_decay: float = field(default=0.9998, metadata=_arg("optim", "EMA decay"))
     clip_grad: float | None = field(
         default=None, metadata=_arg("optim", "clip grad norm (off if unset)")
     )
@@ -267,6 +287,10 @@ class TrainConfig:
     @property
     def use_amp(self) -> bool:
         return self.amp or self.apex_amp
+
+    @property
+    def mixup_active(self) -> bool:
+        return self.mixup > 0 or self.cutmix > 0
 
     @property
     def dp_size(self) -> int:
