@@ -62,7 +62,7 @@ class TrainConfig:
     drop_last: bool = field(
         default=False,
         metadata=_arg("data", "drop each epoch's partial last step, as timm's train loader does "
-                      "(always with --pp: pipeline stages take one micro-batch shape)"),
+                      "(always with --pp or mixup/cutmix: they need full micro-batches)"),
     )  # fmt: skip
     corrupt: str = field(
         default="skip", metadata=_arg("data", "corrupt images", choices=("skip", "fail"))
