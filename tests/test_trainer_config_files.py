@@ -57,21 +57,25 @@ def test_dash_c_reads_timms_args_yaml_and_maps_its_keys() -> None:
 
 
 def test_timm_keys_vitpod_lacks_are_refused_in_one_message_unless_at_timms_default(tmp_path):
-    path = timm_args(tmp_path, mixup=0.8, model_ema=True, sched="step", cutmix=0.0)
+    path = timm_args(tmp_path, jsd_loss=True, sync_bn=True, cooldown_epochs=10, bce_loss=False)
     with pytest.raises(ConfigError) as err:
         parse_args(["-c", str(path)])
     message = str(err.value)
     assert message.startswith(f"--config {path} (timm's args.yaml): vitpod does not implement ")
-    for named in ("mixup: 0.8 (timm's default: 0.0)", "model_ema: True (timm's default: False)",
-                  "sched: 'step' (timm's default: 'cosine')"):  # fmt: skip
+    for named in ("jsd_loss: True (timm's default: False)", "sync_bn: True (timm's default: False)",
+                  "cooldown_epochs: 10 (timm's default: 0)"):  # fmt: skip
         assert named in message
-    assert "cutmix" not in message  # at timm's default: a no-op, accepted
+    assert "bce_loss" not in message  # at timm's default: a no-op, accepted
     assert "docs/trainer.md#config-files" in message
 
 
 def test_timm_values_vitpod_cannot_take_are_refused_naming_the_key(tmp_path) -> None:
-    with pytest.raises(ConfigError, match=r"argument --opt: invalid choice: 'sgd'"):
-        parse_args(["-c", str(timm_args(tmp_path, opt="sgd"))])
+    # timm's optimizer and schedule keys map to vitpod's flags (timm's factories build them).
+    cfg = parse_args(["-c", str(timm_args(tmp_path, opt="sgd", momentum=0.8, sched="step",
+                                          decay_epochs=30, opt_betas=None))])  # fmt: skip
+    assert (cfg.opt, cfg.momentum, cfg.sched, cfg.decay_epochs) == ("sgd", 0.8, "step", 30)
+    with pytest.raises(ConfigError, match=r"argument --decay-rate: invalid float value: 'x'"):
+        parse_args(["-c", str(timm_args(tmp_path, decay_rate="x"))])
     # timm scales lr_base by sqrt(batch) for AdamW when lr is unset; vitpod linearly.
     with pytest.raises(ConfigError, match=r"lr: None with lr_base_scale 'sqrt'.*give lr"):
         parse_args(["-c", str(timm_args(tmp_path, lr=None))])
@@ -119,8 +123,8 @@ def test_a_config_file_in_args_beats_the_recipe_and_the_command_line_beats_it(tm
     assert (cfg["epochs"], cfg["token_label"]) == (30, False)  # the file's, over the recipe's
     assert cfg["output"].startswith(str(tmp_path / "runs"))  # the planner's run directory
     assert planned(f"-c {path} --epochs 40")["epochs"] == 40
-    path.write_text("mixup: 0.8\nsched: cosine\n")
-    with pytest.raises(PlanError, match=r"^ARGS: --config .*vitpod does not implement mixup"):
+    path.write_text("jsd_loss: true\nsched: cosine\n")
+    with pytest.raises(PlanError, match=r"^ARGS: --config .*vitpod does not implement jsd_loss"):
         planned(f"-c {path}")
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from vitpod.registry import models, runfiles
-from vitpod.trainer.config import AUTO, AUTO_BY_HAND, TrainConfig
+from vitpod.trainer.config import AUTO, AUTO_BY_HAND, SCHEDULES, TrainConfig
 
 
 def known_model(name: str) -> bool:
@@ -81,6 +81,49 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         )
     if cfg.finetune:
         out += _finetune_problems(cfg)
+    return out + _timm_flag_problems(cfg)
+
+
+def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
+    """timm's optimizer, schedule and regularisation flags an engine or model cannot honour."""
+    out: list[str] = []
+    try:
+        from vitpod.trainer.optim import opt_problem, valid_optimizers
+    except ImportError:  # a login node without torch/timm: the job's own check names it
+        pass
+    else:
+        if problem := opt_problem(cfg.opt, valid_optimizers()):
+            out.append(problem)
+    if cfg.sched not in SCHEDULES:
+        why = (
+            (
+                ": timm's plateau steps once per epoch on the eval metric, and vitpod steps the "
+                "schedule per optimizer update (exact resume)"
+            )
+            if cfg.sched == "plateau"
+            else ""
+        )
+        out.append(f"--sched {cfg.sched}{why}; use one of {', '.join(SCHEDULES)}")  # fmt: skip
+    if cfg.deepspeed and not cfg.deepspeed_config and cfg.opt != "adamw":
+        out.append(f"--opt {cfg.opt} with --deepspeed: the generated DeepSpeed config runs AdamW;"
+                   " pass --opt adamw or a --deepspeed-config naming your optimizer")  # fmt: skip
+    if cfg.layer_decay is not None and (cfg.deepspeed or cfg.uses_mesh):
+        out.append("--layer-decay: DDP (ring/ps) only (DeepSpeed and the mesh engine build their "
+                   "own parameter groups); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
+    if cfg.grad_checkpointing and cfg.pp > 1:
+        out.append("--grad-checkpointing with --pp: pipeline stages run their blocks themselves,"
+                   " unrecomputed; drop one")  # fmt: skip
+    if cfg.mixup_active and cfg.token_label:
+        out.append("--mixup/--cutmix with --token-label: token labeling mixes with its own "
+                   "MixToken (VOLO's recipe: no mixup/cutmix); drop one")  # fmt: skip
+    if cfg.mixup_active and cfg.batch_size % 2:
+        out.append(f"--mixup/--cutmix: -b {cfg.batch_size} is odd (timm's Mixup pairs the batch "
+                   "with its flip); pass an even -b")  # fmt: skip
+    if cfg.model_ema and (cfg.deepspeed or cfg.uses_mesh):
+        out.append("--model-ema: DDP (ring/ps) only (DeepSpeed and the mesh engine shard the "
+                   "weights it averages); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
+    if cfg.initial_checkpoint and cfg.finetune:
+        out.append("--initial-checkpoint and --finetune both load the weights; drop one")
     return out
 
 
@@ -146,6 +189,7 @@ def _path_problems(cfg: TrainConfig) -> list[str]:
     checks = (
         ("token_label_data", cfg.token_label and cfg.dataset == "folder"),
         ("finetune", cfg.finetune is not None),
+        ("initial_checkpoint", cfg.initial_checkpoint is not None),
         ("deepspeed_config", cfg.deepspeed_config is not None),
     )
     for name, needed in checks:

@@ -20,7 +20,7 @@ def data_config(cfg: TrainConfig):
         token_label_data=cfg.token_label_data or "",
         token_label_size=cfg.token_label_size or cfg.img_size // 16,
         ground_truth=cfg.ground_truth, corrupt=cfg.corrupt, seed=cfg.seed,
-        drop_last=cfg.drop_last or cfg.pp > 1,
+        drop_last=cfg.drop_last or cfg.pp > 1 or cfg.mixup_active,  # Mixup pairs the batch
     )  # fmt: skip
 
 
@@ -41,7 +41,26 @@ def make_criterion(cfg: TrainConfig) -> nn.Module:
         from vitpod.trainer.token_loss import TokenLabelCriterion
 
         return TokenLabelCriterion(ground_truth=cfg.ground_truth)
+    if cfg.mixup_active:  # Mixup's targets are soft, --smoothing already in them
+        from timm.loss import SoftTargetCrossEntropy
+
+        return SoftTargetCrossEntropy()
     return nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
+
+
+def make_mixup(cfg: TrainConfig):
+    """timm's Mixup/CutMix for --mixup/--cutmix (None when both are 0). It draws from numpy's
+    and torch's global generators, which reseed_for_step seeds from (seed, rank, step): the
+    same mix in a resumed run as in an uninterrupted one."""
+    if not cfg.mixup_active:
+        return None
+    from timm.data import Mixup
+
+    return Mixup(
+        mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
+        switch_prob=cfg.mixup_switch_prob, mode=cfg.mixup_mode, label_smoothing=cfg.smoothing,
+        num_classes=num_classes(cfg),
+    )  # fmt: skip
 
 
 def num_classes(cfg: TrainConfig) -> int:

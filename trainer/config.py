@@ -11,6 +11,9 @@ from typing import Any
 from vitpod.registry import models
 from vitpod.trainer import elastic
 
+SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
+"""timm's schedules that step per optimizer update (its plateau steps on an epoch's metric)."""
+
 
 class ConfigError(ValueError):
     """A bad flag or config key; the message names the flag and the fix."""
@@ -85,7 +88,7 @@ class TrainConfig:
     drop_last: bool = field(
         default=False,
         metadata=_arg("data", "drop each epoch's partial last step, as timm's train loader does "
-                      "(always with --pp: pipeline stages take one micro-batch shape)"),
+                      "(always with --pp or mixup/cutmix: they need full micro-batches)"),
     )  # fmt: skip
     corrupt: str = field(
         default="skip", metadata=_arg("data", "corrupt images", choices=("skip", "fail"))
@@ -107,6 +110,12 @@ class TrainConfig:
     )
     finetune: str | None = field(
         default=None, metadata=_arg("model", "checkpoint file/dir or run dir")
+    )
+    initial_checkpoint: str | None = field(
+        default=None, metadata=_arg("model", "weights of this exact model (timm's; strict load)")
+    )
+    grad_checkpointing: bool = field(
+        default=False, metadata=_arg("model", "recompute blocks in backward (timm; not --pp)")
     )
     channels_last: bool | None = field(
         default=None, metadata=_arg("model", "NHWC (default: on; NCHW with --fsdp, --deepspeed)")
@@ -142,7 +151,22 @@ class TrainConfig:
     )
     # Optimizer and schedule
     opt: str = field(
-        default="adamw", metadata=_arg("optim", "optimizer", choices=("adamw", "lamb"))
+        default="adamw",
+        metadata=_arg("optim", "optimizer: a name of timm.optim.list_optimizers() (adamw: torch's "
+                      "fused AdamW, or apex's with apex on a GPU)"),
+    )  # fmt: skip
+    opt_eps: float | None = field(
+        default=None, metadata=_arg("optim", "optimizer epsilon (the optimizer's default)")
+    )
+    opt_betas: tuple[float, ...] | None = field(
+        default=None, metadata=_arg("optim", "optimizer betas (the optimizer's default)", nargs="+")
+    )
+    momentum: float = field(
+        default=0.9, metadata=_arg("optim", "SGD-style momentum (optimizers that take one)")
+    )
+    layer_decay: float | None = field(
+        default=None,
+        metadata=_arg("optim", "layer-wise LR decay (timm's, by the model's group_matcher)"),
     )
     batch_size: int = field(
         default=64, metadata=_arg("optim", "batch per rank", "-b", "--batch-size")
@@ -161,8 +185,36 @@ class TrainConfig:
     epochs: int = field(default=300, metadata=_arg("optim", "training epochs"))
     warmup_epochs: int = field(default=20, metadata=_arg("optim", "linear warmup epochs"))
     warmup_lr: float = field(default=1e-6, metadata=_arg("optim", "LR at the start of warmup"))
-    min_lr: float = field(default=1e-5, metadata=_arg("optim", "cosine floor"))
+    min_lr: float = field(default=1e-5, metadata=_arg("optim", "LR floor of the schedule"))
+    sched: str = field(
+        default="cosine",
+        metadata=_arg("optim", "LR schedule: " + ", ".join(SCHEDULES) + " (timm's, stepped per "
+                      "optimizer update)"),
+    )  # fmt: skip
+    decay_epochs: float | None = field(
+        default=None,
+        metadata=_arg("optim", "step: epochs between LR decays (90); wsd/rsqrt: decay length "
+                      "(fraction of the run if < 1; 0.2)"),
+    )  # fmt: skip
+    decay_milestones: tuple[int, ...] = field(
+        default=(90, 180, 270), metadata=_arg("optim", "multistep: epochs of LR decay", nargs="+")
+    )
+    decay_rate: float = field(default=0.1, metadata=_arg("optim", "step/multistep: LR factor"))
     smoothing: float = field(default=0.1, metadata=_arg("optim", "label smoothing"))
+    # timm.data.Mixup: on when --mixup or --cutmix > 0 (SoftTargetCrossEntropy, --smoothing kept).
+    mixup: float = field(default=0.0, metadata=_arg("optim", "mixup alpha (0 = off)"))
+    cutmix: float = field(default=0.0, metadata=_arg("optim", "cutmix alpha (0 = off)"))
+    mixup_prob: float = field(default=1.0, metadata=_arg("optim", "chance a batch is mixed"))
+    mixup_switch_prob: float = field(
+        default=0.5, metadata=_arg("optim", "chance of cutmix when both are on")
+    )
+    mixup_mode: str = field(
+        default="batch", metadata=_arg("optim", "mix per", choices=("batch", "pair", "elem"))
+    )
+    model_ema: bool = field(
+        default=False, metadata=_arg("optim", "keep an EMA of the weights (timm ModelEmaV3; DDP)")
+    )
+    model_ema_decay: float = field(default=0.9998, metadata=_arg("optim", "EMA decay"))
     clip_grad: float | None = field(
         default=None, metadata=_arg("optim", "clip grad norm (off if unset)")
     )
@@ -264,6 +316,10 @@ class TrainConfig:
     @property
     def use_amp(self) -> bool:
         return self.amp or self.apex_amp
+
+    @property
+    def mixup_active(self) -> bool:
+        return self.mixup > 0 or self.cutmix > 0
 
     @property
     def dp_size(self) -> int:

@@ -23,7 +23,13 @@ def _cli_fields() -> list[dataclasses.Field]:
 
 def _field_type(f: dataclasses.Field) -> type:
     text = str(f.type)
-    for name, kind in (("bool", bool), ("int", int), ("float", float), ("tuple[float", float)):
+    for name, kind in (
+        ("bool", bool),
+        ("int", int),
+        ("float", float),
+        ("tuple[float", float),
+        ("tuple[int", int),
+    ):
         if text.startswith(name):
             return kind
     return str
@@ -81,6 +87,8 @@ def _arity(action: argparse.Action, rest: list[str]) -> int:
         return 1
     if action.nargs == "?":
         return 1 if rest and not rest[0].startswith("-") else 0
+    if action.nargs == "+":
+        return next((i for i, t in enumerate(rest) if t.startswith("-")), len(rest))
     return int(action.nargs)  # type: ignore[arg-type]
 
 

@@ -257,12 +257,14 @@ def _optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
     """
     from timm.optim import create_optimizer_v2
 
-    from vitpod.trainer.optim import param_groups
+    from vitpod.trainer.optim import param_groups, takes_foreach, timm_kwargs
 
     groups = param_groups(model, cfg.weight_decay)
     log.info("optimizer %s: single-tensor implementation (sharded parameters)", cfg.opt)
     return create_optimizer_v2(groups, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                               foreach=False)  # fmt: skip
+                               foreach=False if takes_foreach(cfg.opt) else None,
+                               **timm_kwargs(cfg.opt_eps, cfg.opt_betas,
+                                                            cfg.momentum))  # fmt: skip
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -232,6 +232,37 @@ def _resample_pos_embed(model: nn.Module, own: dict, state: dict) -> dict:
     return {**state, "pos_embed": new}
 
 
+def load_initial_checkpoint(model: nn.Module, path: str, model_name: str) -> None:
+    """timm's --initial-checkpoint: the weights of this very model (no resampling, no new
+    head), read by the --finetune reader (any wrapper, sha256 checked)."""
+    state, manifest = read_weights(path)
+    saved_name = manifest.get("model")
+    if saved_name and saved_name != model_name:
+        raise ModelLoadError(f"--initial-checkpoint {path}: a {saved_name}, not --model "
+                             f"{model_name}; pass --model {saved_name}")  # fmt: skip
+    if manifest.get("qkv_layout") == "head_major":
+        from vitpod.trainer.tensor_parallel import attention_heads, to_timm_layout
+
+        state = to_timm_layout(state, attention_heads(model))
+    own = model.state_dict()
+    bad = sorted(set(own) ^ set(state)) or [k for k in own if own[k].shape != state[k].shape]
+    if bad:
+        raise ModelLoadError(
+            f"--initial-checkpoint {path}: not the weights of this {model_name} (e.g. {bad[:3]});"
+            " another image size or class count is --finetune's job"
+        )
+    model.load_state_dict(state)
+
+
+def set_grad_checkpointing(model: nn.Module, model_name: str) -> None:
+    """--grad-checkpointing: timm's per-block activation recomputation."""
+    enable = getattr(model, "set_grad_checkpointing", None)
+    if not callable(enable):
+        raise ModelLoadError(f"--grad-checkpointing: --model {model_name} has no "
+                             "set_grad_checkpointing; drop the flag")  # fmt: skip
+    enable(True)
+
+
 def model_manifest(name: str, img_size: int, num_classes: int) -> dict:
     return {"model": name, "img_size": img_size, "num_classes": num_classes, "format": "state_dict"}
 

@@ -1,4 +1,5 @@
-"""AdamW/LAMB with weight-decay groups, the fastest available implementation, warmup + cosine LR."""
+"""timm's optimizers (AdamW/LAMB in their fastest implementation) with weight-decay or layer-decay
+groups, and timm's LR schedules stepped per optimizer update."""
 
 from __future__ import annotations
 
@@ -7,18 +8,78 @@ import logging
 from typing import Any
 
 import torch
-from timm.optim import create_optimizer_v2, param_groups_weight_decay
+from timm.optim import (
+    create_optimizer_v2,
+    list_optimizers,
+    param_groups_layer_decay,
+    param_groups_weight_decay,
+)
 from timm.scheduler import create_scheduler_v2
 from torch import nn
+
+from vitpod.trainer.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """No decay on norms, biases (1-d) and the model's no_weight_decay() names (pos embeddings)."""
+def param_groups(
+    model: nn.Module, weight_decay: float, layer_decay: float | None = None
+) -> list[dict[str, Any]]:
+    """No decay on norms, biases (1-d) and the model's no_weight_decay() names (pos embeddings);
+    with layer_decay, timm's per-layer groups (each an lr_scale the schedule applies)."""
     names = getattr(model, "no_weight_decay", None)
     skip = set(names()) if callable(names) else set()
-    return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
+    if layer_decay is None:
+        return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
+    if not callable(getattr(model, "group_matcher", None)):
+        raise ConfigError(
+            f"--layer-decay {layer_decay}: {type(model).__name__} has no group_matcher (timm's "
+            "layer grouping); drop --layer-decay or use a timm ViT/VOLO"
+        )
+    return param_groups_layer_decay(
+        model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay
+    )
+
+
+def valid_optimizers() -> list[str]:
+    """Every name --opt takes: timm's (a `lookahead_` prefix wraps any of them in Lookahead)."""
+    return [str(name) for name in list_optimizers()]
+
+
+SECOND_ORDER = ("adahessian",)
+"""timm's optimizers whose step needs backward(create_graph=True): no engine here runs one."""
+
+
+def opt_problem(opt: str, valid: list[str]) -> str | None:
+    name = opt.lower().removeprefix("lookahead_")
+    if name in SECOND_ORDER:
+        return (f"--opt {opt}: a second-order optimizer (its step needs backward(create_graph="
+                "True)), which vitpod's engines do not run; pick another --opt")  # fmt: skip
+    if name in valid:
+        return None
+    return f"--opt {opt}: not an optimizer of timm; use one of {', '.join(valid)}"
+
+
+def takes_foreach(opt: str) -> bool:
+    """Whether timm's class for `opt` has a foreach switch (timm passes one to any class)."""
+    import inspect
+
+    from timm.optim import get_optimizer_class
+
+    cls = get_optimizer_class(opt.lower().removeprefix("lookahead_"), bind_defaults=False)
+    return "foreach" in inspect.signature(cls).parameters
+
+
+def timm_kwargs(
+    eps: float | None, betas: tuple[float, ...] | None, momentum: float
+) -> dict[str, Any]:
+    """--opt-eps, --opt-betas, --momentum as timm's train.py passes them (unset: the default)."""
+    out: dict[str, Any] = {"momentum": momentum}
+    if eps is not None:
+        out["eps"] = eps
+    if betas is not None:
+        out["betas"] = tuple(betas)
+    return out
 
 
 def _apex_available() -> bool:
@@ -30,7 +91,10 @@ def _apex_available() -> bool:
 
 
 def choose_implementation(opt: str, device: torch.device) -> str:
-    """apex FusedAdam/FusedLAMB (when apex imports, GPU) -> torch fused -> foreach."""
+    """adamw/lamb: apex FusedAdam/FusedLAMB (when apex imports, GPU) -> torch fused (adamw) ->
+    foreach (lamb); any other timm name: timm's own implementation."""
+    if opt not in ("adamw", "lamb"):
+        return "timm"
     if device.type == "cuda" and _apex_available():
         return f"apex fused{opt.removesuffix('w')}"
     if opt == "adamw":
@@ -39,21 +103,33 @@ def choose_implementation(opt: str, device: torch.device) -> str:
 
 
 def create_optimizer(
-    model: nn.Module, opt: str, lr: float, weight_decay: float, device: torch.device
-) -> tuple[torch.optim.Optimizer, str]:
-    """The optimizer and the name of the implementation chosen (logged once)."""
+    model: nn.Module, opt: str, lr: float, weight_decay: float, device: torch.device,
+    eps: float | None = None, betas: tuple[float, ...] | None = None, momentum: float = 0.9,
+    layer_decay: float | None = None,
+) -> tuple[torch.optim.Optimizer, str]:  # fmt: skip
+    """The optimizer (timm's create_optimizer_v2 for every name but the AdamW fast path) and the
+    name of the implementation chosen (logged once)."""
+    if opt.lower().startswith(("bnb", "fused")) and device.type != "cuda":
+        raise ConfigError(f"--opt {opt}: bitsandbytes/apex optimizers run on CUDA GPUs only; "
+                          "use its timm counterpart (e.g. adamw, lamb, sgd) here")  # fmt: skip
     impl = choose_implementation(opt, device)
-    groups = param_groups(model, weight_decay)
-    if impl.startswith("apex"):
-        optimizer = create_optimizer_v2(
-            groups, opt=impl.split()[1], lr=lr, weight_decay=weight_decay
-        )
-    elif impl == "torch fused":
-        optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=True)
-    else:
-        optimizer = create_optimizer_v2(
-            groups, opt=opt, lr=lr, weight_decay=weight_decay, foreach=True
-        )
+    groups = param_groups(model, weight_decay, layer_decay)
+    kwargs = timm_kwargs(eps, betas, momentum)
+    optimizer: torch.optim.Optimizer
+    try:
+        if impl == "torch fused":
+            del kwargs["momentum"]
+            optimizer = torch.optim.AdamW(
+                groups, lr=lr, weight_decay=weight_decay, fused=True, **kwargs
+            )
+        else:
+            name = impl.split()[1] if impl.startswith("apex") else opt
+            optimizer = create_optimizer_v2(
+                groups, opt=name, lr=lr, weight_decay=weight_decay,
+                foreach=True if impl == "foreach" else None, **kwargs,
+            )  # fmt: skip
+    except ImportError as err:  # timm's bnb*/fused* need bitsandbytes/apex
+        raise ConfigError(f"--opt {opt}: {err}; install it or pick another --opt") from err
     log.info("optimizer %s: %s implementation", opt, impl)
     return optimizer, impl
 
@@ -65,13 +141,22 @@ def create_schedule(
     warmup_lr: float,
     min_lr: float,
     steps_per_epoch: int,
+    sched: str = "cosine",
+    decay_epochs: float | None = None,
+    decay_milestones: tuple[int, ...] = (90, 180, 270),
+    decay_rate: float = 0.1,
 ):
-    """timm warmup + cosine, stepped per optimizer update (`step_update(global_step)`)."""
-    scheduler, _ = create_scheduler_v2(
-        optimizer, sched="cosine", num_epochs=epochs, warmup_epochs=warmup_epochs,
-        warmup_lr=warmup_lr, min_lr=min_lr, step_on_epochs=False,
-        updates_per_epoch=max(1, steps_per_epoch),
-    )  # fmt: skip
+    """timm's warmup + `sched`, stepped per optimizer update (`step_update(global_step)`): its
+    position is the step count, so a resumed run's LR is the uninterrupted run's."""
+    try:
+        scheduler, _ = create_scheduler_v2(
+            optimizer, sched=sched, num_epochs=epochs, warmup_epochs=warmup_epochs,
+            warmup_lr=warmup_lr, min_lr=min_lr, decay_epochs=decay_epochs,
+            decay_milestones=list(decay_milestones), decay_rate=decay_rate,
+            step_on_epochs=False, updates_per_epoch=max(1, steps_per_epoch),
+        )  # fmt: skip
+    except ValueError as err:  # wsd/rsqrt: a decay length that does not fit the run
+        raise ConfigError(f"--sched {sched}: {err}") from err
     return scheduler
 
 
@@ -95,3 +180,21 @@ def match_state_layout(optimizer: torch.optim.Optimizer) -> None:
                 and (value.stride() != param.stride())
             ):
                 state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
+def optimizer_for(model: nn.Module, cfg: TrainConfig, device: torch.device) -> Any:
+    """create_optimizer with the run's --opt, --lr, --weight-decay, --opt-eps, --opt-betas,
+    --momentum and --layer-decay."""
+    optimizer, _ = create_optimizer(
+        model, cfg.opt, cfg.lr or 0.0, cfg.weight_decay, device, cfg.opt_eps, cfg.opt_betas,
+        cfg.momentum, cfg.layer_decay,
+    )  # fmt: skip
+    return optimizer
+
+
+def schedule_for(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int):
+    """create_schedule with the run's --sched, warmup, floor and decay flags."""
+    return create_schedule(
+        optimizer, cfg.epochs, cfg.warmup_epochs, cfg.warmup_lr, cfg.min_lr, steps_per_epoch,
+        cfg.sched, cfg.decay_epochs, cfg.decay_milestones, cfg.decay_rate,
+    )  # fmt: skip

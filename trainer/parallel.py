@@ -10,7 +10,7 @@ from vitpod.trainer.ddp_engine import DDPEngine
 from vitpod.trainer.deepspeed_engine import DeepSpeedEngine, deepspeed_config
 from vitpod.trainer.engine import Engine
 from vitpod.trainer.mesh_engine import make_mesh_engine
-from vitpod.trainer.optim import param_groups
+from vitpod.trainer.optim import param_groups, timm_kwargs
 from vitpod.trainer.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,10 @@ def parallelize(
                 cfg.batch_size, cfg.accum_steps, cfg.world_size, cfg.lr, cfg.weight_decay,
                 cfg.zero_stage, dtype, cfg.clip_grad,
             )  # fmt: skip
+            extra = timm_kwargs(cfg.opt_eps, cfg.opt_betas, cfg.momentum)
+            ds_cfg["optimizer"]["params"].update(
+                {k: list(v) if k == "betas" else v for k, v in extra.items() if k != "momentum"}
+            )
         log.info("gradient engine: deepspeed ZeRO-%s", ds_cfg.get("zero_optimization", {}))
         return DeepSpeedEngine(
             model, param_groups(model, cfg.weight_decay), ds_cfg, cfg.token_label

@@ -60,37 +60,48 @@ def _aa(value: Any, _: dict[str, Any]) -> Any:
     return "" if value is None else value  # timm's None is no RandAugment: vitpod's ''
 
 
+def _path(value: Any, _: dict[str, Any]) -> Any:
+    return value or SKIP  # timm's '' is none
+
+
+def _pretrained(value: Any, data: dict[str, Any]) -> Any:
+    if value and not data.get("pretrained_path"):
+        raise ConfigError("pretrained: true without pretrained_path: nothing is downloaded inside "
+                          "a job; set pretrained_path to a local weights file")  # fmt: skip
+    return SKIP  # the file is pretrained_path's
+
+
+def _pretrained_path(value: Any, data: dict[str, Any]) -> Any:
+    return value if value and data.get("pretrained") else SKIP  # timm reads it with pretrained
+
+
 # timm keys vitpod has no option for, with timm's default (lr_base_scale: see _lr_scaling).
 NOT_IMPLEMENTED: dict[str, Any] = {
     "train_split": "train", "val_split": "validation", "train_num_samples": None,
     "val_num_samples": None, "dataset_download": False, "class_map": "",
     "input_img_mode": None, "input_key": None, "target_key": None,
-    "dataset_trust_remote_code": False, "pretrained": False, "pretrained_path": None,
-    "initial_checkpoint": "", "resume": "", "no_resume_opt": False, "gp": None,
+    "dataset_trust_remote_code": False, "resume": "", "no_resume_opt": False, "gp": None,
     "in_chans": None, "input_size": None, "mean": None, "std": None, "interpolation": "",
-    "validation_batch_size": None, "fuser": "", "grad_checkpointing": False,
+    "validation_batch_size": None, "fuser": "",
     "fast_norm": False, "model_kwargs": {}, "head_init_scale": None, "head_init_bias": None,
     "torchcompile_mode": None, "torchscript": False, "device": "cuda", "model_dtype": None,
     "no_ddp_bb": False, "synchronize_step": False, "device_modules": None,
-    "opt_eps": None, "opt_betas": None, "momentum": 0.9, "clip_mode": "norm",
-    "layer_decay": None, "layer_decay_min_scale": 0, "layer_decay_no_opt_scale": None,
-    "opt_kwargs": {}, "sched": "cosine", "sched_on_updates": False, "lr_base_scale": "",
+    "clip_mode": "norm", "layer_decay_min_scale": 0, "layer_decay_no_opt_scale": None,
+    "opt_kwargs": {}, "sched_on_updates": False, "lr_base_scale": "",
     "lr_noise": None, "lr_noise_pct": 0.67, "lr_noise_std": 1.0, "lr_cycle_mul": 1.0,
     "lr_cycle_decay": 0.5, "lr_cycle_limit": 1, "lr_k_decay": 1.0, "epoch_repeats": 0.0,
-    "start_epoch": None, "decay_milestones": [90, 180, 270], "decay_epochs": 90,
-    "warmup_prefix": False, "cooldown_epochs": 0, "patience_epochs": 10,
-    "decay_rate": 0.1, "no_aug": False, "train_crop_mode": None,
+    "start_epoch": None, "warmup_prefix": False, "cooldown_epochs": 0,
+    "patience_epochs": 10, "no_aug": False, "train_crop_mode": None,
     "ratio": [0.75, 1.3333333333333333], "vflip": 0.0, "color_jitter": 0.4,
     "color_jitter_prob": None, "grayscale_prob": None, "gaussian_blur_prob": None,
     "aug_repeats": 0, "aug_splits": 0, "jsd_loss": False, "bce_loss": False,
     "bce_sum": False, "bce_target_thresh": None, "bce_pos_weight": None,
-    "remode": "pixel", "recount": 1, "resplit": False, "mixup": 0.0, "cutmix": 0.0,
-    "cutmix_minmax": None, "mixup_prob": 1.0, "mixup_switch_prob": 0.5,
-    "mixup_mode": "batch", "mixup_off_epoch": 0, "train_interpolation": "random",
+    "remode": "pixel", "recount": 1, "resplit": False, "cutmix_minmax": None,
+    "mixup_off_epoch": 0, "train_interpolation": "random",
     "drop": 0.0, "drop_connect": None, "drop_block": None, "bn_momentum": None,
     "bn_eps": None, "sync_bn": False, "dist_bn": "reduce", "split_bn": False,
-    "model_ema": False, "model_ema_force_cpu": False, "model_ema_decay": 0.9998,
-    "model_ema_warmup": False, "worker_seeding": "all", "val_interval": 1,
+    "model_ema_force_cpu": False, "model_ema_warmup": False, "worker_seeding": "all",
+    "val_interval": 1,
     "recovery_interval": 0, "checkpoint_hist": 10, "save_images": False,
     "pin_mem": False, "no_prefetcher": False, "eval_metric": "top1", "tta": 0,
     "use_multi_epochs_loader": False, "wandb_tags": [], "wandb_resume_id": "",
@@ -123,6 +134,10 @@ TIMM: dict[str, tuple[str | None, Any, Convert]] = {
     "amp": ("amp", False, _given),
     "amp_dtype": ("amp_dtype", "float16", _amp_dtype),
     "opt": ("opt", "sgd", _opt),
+    "opt_eps": ("opt_eps", None, _given),
+    "opt_betas": ("opt_betas", None, _given),
+    "momentum": ("momentum", 0.9, _given),
+    "layer_decay": ("layer_decay", None, _given),
     "weight_decay": ("weight_decay", 2e-05, _given),
     "clip_grad": ("clip_grad", None, _given),
     "lr": ("lr", None, _given),
@@ -131,12 +146,27 @@ TIMM: dict[str, tuple[str | None, Any, Convert]] = {
     "warmup_lr": ("warmup_lr", 1e-05, _given),
     "min_lr": ("min_lr", 0, _given),
     "epochs": ("epochs", 300, _given),
+    "sched": ("sched", "cosine", _given),
+    "decay_epochs": ("decay_epochs", 90, _given),
+    "decay_milestones": ("decay_milestones", [90, 180, 270], _given),
+    "decay_rate": ("decay_rate", 0.1, _given),
     "warmup_epochs": ("warmup_epochs", 5, _given),
     "scale": ("scale", [0.08, 1.0], _given),
     "hflip": ("hflip", 0.5, _given),
     "aa": ("aa", None, _aa),
     "reprob": ("reprob", 0.0, _given),
     "smoothing": ("smoothing", 0.1, _given),
+    "mixup": ("mixup", 0.0, _given),
+    "cutmix": ("cutmix", 0.0, _given),
+    "mixup_prob": ("mixup_prob", 1.0, _given),
+    "mixup_switch_prob": ("mixup_switch_prob", 0.5, _given),
+    "mixup_mode": ("mixup_mode", "batch", _given),
+    "model_ema": ("model_ema", False, _given),
+    "model_ema_decay": ("model_ema_decay", 0.9998, _given),
+    "grad_checkpointing": ("grad_checkpointing", False, _given),
+    "initial_checkpoint": ("initial_checkpoint", "", _path),
+    "pretrained": ("finetune", False, _pretrained),
+    "pretrained_path": ("finetune", None, _pretrained_path),
     "drop_path": ("drop_path", None, _given),
     "seed": ("seed", 42, _given),
     "log_interval": ("log_interval", 50, _given),

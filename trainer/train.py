@@ -19,18 +19,26 @@ from vitpod.trainer.attention import choose_kernel
 from vitpod.trainer.components import (
     data_config,
     make_criterion,
+    make_mixup,
     num_classes,
     resolve_num_classes,
 )
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.elastic import Resize, position_fits
+from vitpod.trainer.ema import load_ema, make_ema, save_final_ema
 from vitpod.trainer.engine import Engine
 from vitpod.trainer.evaluate import evaluate
 from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.trainer.mesh import job_images_per_s, local_param_bytes, max_over_ranks
 from vitpod.trainer.metrics import MetricsLogger, StepTimer
-from vitpod.trainer.models import create_model, load_finetune, model_manifest
-from vitpod.trainer.optim import create_optimizer, create_schedule, current_lr
+from vitpod.trainer.models import (
+    create_model,
+    load_finetune,
+    load_initial_checkpoint,
+    model_manifest,
+    set_grad_checkpointing,
+)
+from vitpod.trainer.optim import current_lr, optimizer_for, schedule_for
 from vitpod.trainer.parallel import parallelize
 from vitpod.trainer.precision import make_precision, prepare_model
 from vitpod.trainer.preempt import Preemption
@@ -68,6 +76,7 @@ class Trainer:
             self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
         )
         self.model = self.engine.model  # a pipeline stage or sharded module replaces the model
+        self.mixup, self.ema = make_mixup(cfg), make_ema(cfg, self.model)
         mesh = getattr(self.engine, "mesh", None)
         # Ranks of one model replica (tp x pp) read the same samples and share dropout masks.
         self.data_rank: int
@@ -78,10 +87,7 @@ class Trainer:
         self.mesh_shape = mesh.shape.as_dict() if mesh else {"dp": env.world_size, "tp": 1, "pp": 1}
         self.train_loader, self.val_loader = self._build_data()
         self.steps_per_epoch = max(1, len(self.train_loader) // cfg.accum_steps)
-        self.scheduler = create_schedule(
-            self.engine.optimizer, cfg.epochs, cfg.warmup_epochs, cfg.warmup_lr, cfg.min_lr,
-            self.steps_per_epoch,
-        )  # fmt: skip
+        self.scheduler = schedule_for(self.engine.optimizer, cfg, self.steps_per_epoch)
         self.checkpointer = ckpt.Checkpointer(
             self.run_dir / runfiles.CHECKPOINTS, env.rank, env.world_size, cfg.keep_last,
             cfg.milestone_every, elastic=Resize(cfg.global_batch_size, self.engine.name),
@@ -109,17 +115,17 @@ class Trainer:
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
         model = create_model(cfg.model, cfg.img_size, num_classes(cfg), cfg.drop_path or 0.0)
+        if cfg.initial_checkpoint:
+            load_initial_checkpoint(model, cfg.initial_checkpoint, cfg.model)
         if cfg.finetune:
             reset = load_finetune(model, cfg.finetune, cfg.model)
             log.info("fine-tuning from %s (re-initialised: %s)", cfg.finetune, reset or "none")
+        if cfg.grad_checkpointing:
+            set_grad_checkpointing(model, cfg.model)
         return model
 
     def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        cfg = self.cfg
-        optimizer, _ = create_optimizer(
-            model, cfg.opt, cfg.lr or 0.0, cfg.weight_decay, self.device
-        )
-        return optimizer
+        return optimizer_for(model, self.cfg, self.device)
 
     def _build_data(self):
         from vitpod.trainer.data import create_loader
@@ -182,15 +188,16 @@ class Trainer:
             timer.lap("data")
             reseed_for_step(cfg.seed, self.data_rank, self.step, micro)
             last = micro + 1 == cfg.accum_steps
+            images = self.precision.prepare_input(images)
+            targets = _to_device(targets, self.device)
+            if self.mixup is not None:  # after the reseed: the step's own mix
+                images, targets = self.mixup(images, targets)
             if engine.pipelined:  # the step's micro-batches, all full (--pp implies --drop-last)
                 with self.precision.autocast():
-                    loss = engine.pipeline_micro(
-                        self.precision.prepare_input(images), _to_device(targets, self.device), last
-                    )
+                    loss = engine.pipeline_micro(images, targets, last)
             else:
                 with engine.micro_step(last), self.precision.autocast():
-                    output = engine.forward(self.precision.prepare_input(images))
-                    loss = self.criterion(output, _to_device(targets, self.device))
+                    loss = self.criterion(engine.forward(images), targets)
                 engine.backward(loss)
             timer.lap("compute")
             if self.samples is not None:  # a pipeline's losses are known after its last batch
@@ -204,6 +211,8 @@ class Trainer:
             # A checkpoint's host copy must finish before the parameters change.
             self.timing.fence(self.checkpointer.fence)
             engine.step()
+            if self.ema is not None:
+                self.ema.update(self.model, step=self.step + 1)
             timer.lap("optimizer")
             if self.samples is not None:
                 self._digests[self.step + 1] = self.samples.digest()
@@ -284,6 +293,8 @@ class Trainer:
         }  # fmt: skip
         if self.env.is_main:
             state.update(self.engine.state_dict(), scheduler=self.scheduler.state_dict())
+            if self.ema is not None:
+                state["ema"] = self.ema.module.state_dict()
         return state
 
     def _save(self, epoch_end: bool, wait: bool = False, overlap: bool = False) -> None:
@@ -308,6 +319,8 @@ class Trainer:
         self.engine.load_state_dict(shared)
         self.engine.load_sharded(directory)
         self.scheduler.load_state_dict(shared["scheduler"])
+        if self.ema is not None:
+            load_ema(self.ema, shared, self.model)
         self.step, self.epoch = own["step"], own["epoch"]
         # The loader's position counts global samples: it carries over to another world size
         # when it falls on an optimizer step of this job's global batch (elastic.py).
@@ -337,6 +350,8 @@ class Trainer:
             cfg = self.cfg
             manifest = model_manifest(cfg.model, cfg.img_size, num_classes(cfg))
             manifest.update(step=self.step, epoch=self.epoch, **self.last_eval)
+            if self.ema is not None:
+                manifest["ema"] = save_final_ema(self.run_dir, self.ema)
             if model_state is None:  # every engine gathers the whole model on rank 0
                 raise RuntimeError("rank 0 received no model state")
             ckpt.save_final(self.run_dir, model_state, manifest, preprocessing(data_config(cfg)))
