@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from vitpod.registry import models, runfiles
-from vitpod.trainer.config import AUTO, AUTO_BY_HAND, SCHEDULES, TrainConfig
+from vitpod.trainer.checkpoint_every import AUTO, AUTO_BY_HAND
+from vitpod.trainer.config import SCHEDULES, TrainConfig
 
 
 def known_model(name: str) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from typing import Any
 
 from vitpod.registry import models
 from vitpod.trainer import elastic
+from vitpod.trainer.checkpoint_every import AUTO_BY_HAND, checkpoint_every_value
 
 SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
 """timm's schedules that step per optimizer update (its plateau steps on an epoch's metric)."""
@@ -17,31 +17,6 @@ SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "
 
 class ConfigError(ValueError):
     """A bad flag or config key; the message names the flag and the fix."""
-
-
-AUTO = "auto"
-"""--checkpoint-every auto: the planner's interval from save cost, step time and failure rate."""
-AUTO_BY_HAND = (
-    "--checkpoint-every auto: only the planner resolves it (make render/pretrain with "
-    'ARGS="--checkpoint-every auto" writes --checkpoint-every N into the job, from the measured '
-    "save cost, step time and the partition's interruptions); started by hand, give "
-    "--checkpoint-every N (steps) or 0 (epoch ends)"
-)
-
-
-def checkpoint_every_value(text: str) -> int | str:
-    """--checkpoint-every: a step count (0 = epoch ends), or `auto` (resolved by the planner)."""
-    if text == AUTO:
-        return AUTO
-    try:
-        steps = int(text)
-    except ValueError:
-        steps = -1
-    if steps < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a number of steps (0 = epoch ends) or auto"
-        )
-    return steps
 
 
 def _arg(group: str, help: str, *flags: str, **kwargs: Any) -> dict[str, Any]:

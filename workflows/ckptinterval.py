@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vitpod.registry.decision import CheckpointInterval
-from vitpod.trainer.config import AUTO, TrainConfig
+from vitpod.trainer.checkpoint_every import AUTO
+from vitpod.trainer.config import TrainConfig
 from vitpod.workflows import runmeasure
 from vitpod.workflows.interruptions import History, HistoryError, partition_history
 from vitpod.workflows.profile import Profile
