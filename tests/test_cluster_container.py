@@ -55,7 +55,8 @@ def test_dockerfile_pins_the_base_by_digest_and_agrees_with_pyproject():
     pyproject = (REPO / "pyproject.toml").read_text()
     optional = pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0]
     extras_defined = set(re.findall(r"^([a-z]+) = \[", optional, re.M))
-    extras = re.search(r'pip install -c image-constraints\.txt "/tmp/vitpod-src\[([a-z,]+)\]"', text)
+    install = r'pip install -c image-constraints\.txt "/tmp/vitpod-src\[([a-z,]+)\]"'
+    extras = re.search(install, text)
     assert extras, "the image installs the project's own extras, not a second dependency list"
     assert set(extras[1].split(",")) <= extras_defined
     # torch comes from the image: never installed by name, and frozen for every pip call.
