@@ -209,7 +209,11 @@ def test_a_hand_started_trainer_refuses_auto_with_the_fix():
 
 
 def test_the_history_query_is_one_function_in_one_module():
-    """Another helper moves Slurm calls into one client: the sacct query stays in one place."""
+    """The history query is one function, and it runs sacct through the one sacct runner that
+    the goodput ledger uses too (workflows/goodput.sacct)."""
+    from vitpod.workflows import goodput
+
     source = Path(interruptions.__file__).read_text()
-    assert source.count('"sacct"') == 1
+    assert '"sacct"' not in source and source.count("sacct([") == 1
+    assert Path(goodput.__file__).read_text().count('["sacct"') == 1  # its one command line
     assert '"sacct"' not in Path(ckptinterval.__file__).read_text()

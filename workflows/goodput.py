@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from vitpod.analysis.goodput import Attempt, Ledger, assemble, container_seconds, read_rank0
 
-__all__ = ["AccountingError", "Ledger", "allocated_devices", "attempts", "ledger"]
+__all__ = ["AccountingError", "Ledger", "allocated_devices", "attempts", "ledger", "sacct"]
 
 INCOMPLETE = "INCOMPLETE"  # the first note of a ledger whose Slurm accounting could not be read
 
@@ -25,27 +26,38 @@ def _epoch(stamp: str) -> float | None:
         return None
 
 
+def sacct(
+    args: list[str],
+    timeout: float = 30.0,
+    run: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
+) -> str:
+    """`sacct ARGS`'s output; AccountingError saying why when sacct cannot be run or fails
+    (`run` replaces the subprocess call in tests)."""
+    cmd = ["sacct", *args]
+    try:
+        out = run(cmd) if run else subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, check=False
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AccountingError(f"sacct did not answer within {timeout:.0f} s") from None
+    except OSError as exc:
+        raise AccountingError(f"sacct could not run ({exc.strerror or exc})") from None
+    if out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise AccountingError(f"sacct failed (exit {out.returncode}: {why})")
+    return out.stdout
+
+
 def attempts(job_ids: list[str]) -> list[Attempt]:
     """Every start of the jobs, requeues included (sacct's --duplicates), oldest first;
     AccountingError when sacct cannot be run or fails."""
     if not job_ids:
         return []
-    try:
-        out = subprocess.run(
-            ["sacct", "-D", "-X", "-P", "-n", "-j", ",".join(job_ids),
-             "-o", "JobID,Submit,Start,End,AllocTRES"],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise AccountingError("sacct did not answer within 30 s") from None
-    except OSError as exc:
-        raise AccountingError(f"sacct could not run ({exc})") from None
-    if out.returncode != 0:
-        why = (out.stderr.strip().splitlines() or ["no message"])[-1]
-        raise AccountingError(f"sacct failed (exit {out.returncode}: {why})")
+    out = sacct(["-D", "-X", "-P", "-n", "-j", ",".join(job_ids),
+                 "-o", "JobID,Submit,Start,End,AllocTRES"])  # fmt: skip
     found: list[Attempt] = []
     seen: dict[str, int] = {}
-    for line in out.stdout.splitlines():
+    for line in out.splitlines():
         job, submit, start, end, tres = (line.split("|") + [""] * 5)[:5]
         when = _epoch(submit)
         if when is None:

@@ -8,6 +8,8 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vitpod.workflows.goodput import AccountingError, sacct
+
 HISTORY_DAYS = 30
 INTERRUPTED = ("PREEMPTED", "NODE_FAIL", "REQUEUED")
 """sacct states of a start that ended before its job did (with -D, a requeued start is listed
@@ -16,8 +18,8 @@ as REQUEUED, or PREEMPTED when preemption requeued it)."""
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 
-class HistoryError(RuntimeError):
-    """sacct could not be run or failed; the message says why."""
+HistoryError = AccountingError
+"""sacct could not be run or failed; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -43,26 +45,16 @@ class History:
         )
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
-
-
-def partition_history(partition: str, days: int = HISTORY_DAYS, run: Runner = _run) -> History:
+def partition_history(
+    partition: str, days: int = HISTORY_DAYS, run: Runner | None = None
+) -> History:
     """The partition's starts, job-hours (ElapsedRaw) and interruptions in the last `days`;
     HistoryError when sacct cannot be run or fails."""
-    cmd = ["sacct", "-X", "-D", "--partition", partition, "-S", f"now-{days}days",
-           "--parsable2", "-n", "-o", "JobID,State,ElapsedRaw"]  # fmt: skip
-    try:
-        out = run(cmd)
-    except subprocess.TimeoutExpired:
-        raise HistoryError("sacct did not answer in time") from None
-    except OSError as exc:
-        raise HistoryError(f"sacct could not run ({exc.strerror or exc})") from None
-    if out.returncode != 0:
-        why = (out.stderr.strip().splitlines() or ["no message"])[-1]
-        raise HistoryError(f"sacct failed (exit {out.returncode}: {why})")
+    columns = "JobID,State,ElapsedRaw"
+    out = sacct(["-X", "-D", "--partition", partition, "-S", f"now-{days}days",
+                 "--parsable2", "-n", "-o", columns], timeout=20, run=run)  # fmt: skip
     starts, seconds, interruptions = 0, 0, 0
-    for line in out.stdout.splitlines():
+    for line in out.splitlines():
         fields = line.split("|")
         if len(fields) < 3 or not fields[0]:
             continue
