@@ -4,7 +4,6 @@ a grace at or above the time limit is refused when the profile loads)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,26 +48,13 @@ def last_checkpoint_save(run_dir: Path, model: str, stage: str) -> tuple[float, 
     for run in [run_dir, *(r for r in siblings if r != run_dir)]:
         seconds = [
             float(rec["seconds"])
-            for path in sorted((run / runfiles.METRICS).glob("rank*.jsonl"))
-            for rec in _records(path)
+            for rec in runfiles.read_metrics(run)
             if rec.get("kind") == "timing" and rec.get("event") == "checkpoint"
             and isinstance(rec.get("seconds"), (int, float))
         ]  # fmt: skip
         if seconds:
             return max(seconds), str(run)
     return None
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def _planned_save_s(plan: Any) -> float | None:

@@ -9,7 +9,6 @@ directories themselves (summary.json: completed; pipeline.json's recorded states
 from __future__ import annotations
 
 import datetime as dt
-import json
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -88,10 +87,6 @@ class Entry:
         }  # fmt: skip
 
 
-def _read(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
-
-
 def _created(path: Path, iso: str | None) -> float:
     """From the directory's name (<UTC stamp>-model-...), else the record's, else its mtime."""
     try:
@@ -108,7 +103,7 @@ def _created(path: Path, iso: str | None) -> float:
 def _manifest_facts(run_dir: Path) -> tuple[str, str, str, str | None]:
     """(model, cluster, scheduler, created) from a run directory's manifest.json."""
     try:
-        manifest = _read(run_dir / runfiles.MANIFEST)
+        manifest = runfiles.read_manifest(run_dir)
     except (OSError, ValueError):
         return "", "", "slurm", None
     profile = manifest.get("profile", {})
@@ -120,7 +115,7 @@ def load(path: Path) -> Entry | None:
     """The entry of a run, pipeline or study directory; None when it is none of them."""
     path = path.absolute()
     if (path / runfiles.PIPELINE).is_file():
-        record = _read(path / runfiles.PIPELINE)
+        record = runfiles.read_record(path / runfiles.PIPELINE)
         parts = [
             Part(f"labels-{stage}", Path(lab["run_dir"]), [str(j) for j in lab.get("job_ids", [])])
             for stage, lab in record.get("labels", {}).items()
@@ -133,7 +128,7 @@ def load(path: Path) -> Entry | None:
                      _created(path, first[3] if first else None), parts, jobs,
                      record.get("executor", "slurm"))  # fmt: skip
     if (path / runfiles.STUDY).is_file():
-        study = _read(path / runfiles.STUDY)
+        study = runfiles.read_record(path / runfiles.STUDY)
         array, report = study.get("job_id"), study.get("report_job_id")
         parts = [
             Part(
