@@ -39,6 +39,8 @@ COMMANDS = {
     "resume": "vitpod.workflows.resume:main",
     "list": "vitpod.workflows.jobctl_cli:list_main",
     "cancel": "vitpod.workflows.jobctl_cli:cancel_main",
+    "clean": "vitpod.workflows.jobctl_cli:clean_main",
+    "completion": "vitpod.workflows.completion:main",
 }
 # One line per command for `vitpod --help` (kept here: the dispatch imports nothing to show it).
 DESCRIPTIONS = {
@@ -58,6 +60,8 @@ DESCRIPTIONS = {
     "resume": "continue a stopped run, also on another node count",
     "list": "runs, pipelines and studies under the run root, with state and progress",
     "cancel": "cancel every job of a run, pipeline or study; the directory stays",
+    "clean": "delete old or ended runs (--older-than, --state); prints the plan, --yes deletes",
+    "completion": "print a bash completion script for vitpod (source it, or save it)",
 }
 
 
