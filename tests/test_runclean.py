@@ -110,7 +110,7 @@ def test_age_filter_and_bad_input(tmp_path, monkeypatch, capsys):
 )
 def test_completion_script_completes_commands_and_their_options(tmp_path, words, offered):
     script = tmp_path / "vitpod.bash"
-    script.write_text(completion.script())
+    script.write_text(completion.script(cli.COMMANDS, cli._load))
     line = " ".join(words)
     probe = (f"source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; _vitpod; "
              'printf "%s\\n" "${COMPREPLY[@]}"')  # fmt: skip

@@ -40,7 +40,7 @@ COMMANDS = {
     "list": "vitpod.workflows.jobctl_cli:list_main",
     "cancel": "vitpod.workflows.jobctl_cli:cancel_main",
     "clean": "vitpod.workflows.jobctl_cli:clean_main",
-    "completion": "vitpod.workflows.completion:main",
+    "completion": "vitpod.workflows.cli:completion_main",
 }
 # One line per command for `vitpod --help` (kept here: the dispatch imports nothing to show it).
 DESCRIPTIONS = {
@@ -212,6 +212,12 @@ def usage() -> str:
         "", "commands:", *lines, "",
         "vitpod <command> --help lists a command's options; vitpod --version prints the version",
     ])  # fmt: skip
+
+
+def completion_main(argv: list[str]) -> int:
+    from vitpod.workflows import completion  # it reads this table; it does not import it
+
+    return completion.main(argv, COMMANDS, _load)
 
 
 def main(argv: list[str] | None = None) -> int:

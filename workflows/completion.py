@@ -12,6 +12,8 @@ import contextlib
 import io
 import re
 import shlex
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from vitpod.workflows.errors import ConfigError
 
@@ -38,39 +40,37 @@ complete -o filenames -F _vitpod vitpod
 """
 
 
-def options(command: str) -> list[str]:
-    """The long options `vitpod COMMAND --help` prints (none when it cannot print them)."""
-    from vitpod.workflows import cli
-
+def options(main: Callable[[list[str]], Any]) -> list[str]:
+    """The long options a command's `main(["--help"])` prints (none when it cannot print them)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         try:
-            cli._load(command)(["--help"])
+            main(["--help"])
         except SystemExit:
             pass
-        except Exception:  # a command whose area is not installed here: names only
+        except ImportError:  # a command whose area is not installed here: its name only
             return []
     # an option's own line starts with it (its help text may name other commands' options)
     heads = [ln.strip().split("  ")[0] for ln in out.getvalue().splitlines()]
     return sorted({o for head in heads if head.startswith("-") for o in _LONG.findall(head)})
 
 
-def script() -> str:
-    from vitpod.workflows import cli
-
+def script(commands: Iterable[str], load: Callable[[str], Any]) -> str:
+    """The script for `commands` (workflows/cli.py's table; `load`: a name's main)."""
+    names = list(commands)
     cases = "\n".join(
-        f"    {shlex.quote(name)}) opts={shlex.quote(' '.join(options(name)))} ;;"
-        for name in cli.COMMANDS
+        f"    {shlex.quote(name)}) opts={shlex.quote(' '.join(options(load(name))))} ;;"
+        for name in names
     )
-    return SCRIPT.format(commands=shlex.quote(" ".join(cli.COMMANDS)), cases=cases)
+    return SCRIPT.format(commands=shlex.quote(" ".join(names)), cases=cases)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], commands: Iterable[str], load: Callable[[str], Any]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
     if argv and argv != ["bash"]:
         raise ConfigError(f"vitpod completion {' '.join(argv)}: only bash is generated; run "
                           "`vitpod completion` (or `vitpod completion bash`)")  # fmt: skip
-    print(script(), end="")
+    print(script(commands, load), end="")
     return 0
