@@ -116,3 +116,20 @@ def test_completion_script_completes_commands_and_their_options(tmp_path, words,
              'printf "%s\\n" "${COMPREPLY[@]}"')  # fmt: skip
     done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
     assert set(done.stdout.split()) == offered
+
+
+def test_list_shows_a_damaged_metrics_file_on_its_row_and_lists_the_rest(
+    tmp_path, monkeypatch, capsys
+):
+    root = tmp_path / "runs"
+    use_stubs(monkeypatch, stub_slurm(tmp_path, {"601": "RUNNING", "602": "RUNNING"}), root)
+    damaged = make_run(root, "601", step=20, total=100)
+    fine = make_run(root, "602", step=30, total=100)
+    with open(runfiles.metrics_file(damaged, 0), "a") as f:
+        f.write("not json\n")
+    capsys.readouterr()
+    assert cli.main(["list", "--json"]) == 0
+    listed = {Path(e["path"]): e for e in json.loads(capsys.readouterr().out)}
+    assert listed[fine]["progress"] == "30/100"
+    assert listed[damaged]["state"] == "RUNNING"
+    assert "metrics/rank0.jsonl:3: not a JSON line" in listed[damaged]["note"]

@@ -81,7 +81,7 @@ class Entry:
         return {
             "kind": self.kind, "path": str(self.path), "state": self.state, "model": self.model,
             "cluster": self.cluster, "job_ids": self.jobs, "progress": self.progress(),
-            "age": self.age(), "created": self.created,
+            "age": self.age(), "created": self.created, "note": self.note,
             "parts": [{"name": p.name, "state": p.state, "job_ids": p.job_ids, "step": p.step,
                        "total": p.total} for p in self.parts],
         }  # fmt: skip
@@ -233,7 +233,10 @@ def settle(entries: list[Entry]) -> str:
             part.state = _part_state(part, known if entry.executor == "slurm" else {})
             if part.run_dir is not None and entry.kind != "study":
                 tail = MetricsTail(part.run_dir)
-                tail.update()
+                try:
+                    tail.update()
+                except runfiles.RunFileError as exc:  # one damaged file: that row says so
+                    entry.note = str(exc)
                 part.step, part.total = tail.step, tail.total
         entry.state = _combined([p.state for p in entry.parts])
     return "" if known is not None else "squeue did not answer: states from the directories"
