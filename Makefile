@@ -47,8 +47,11 @@ OFFLINE ?=
 CANCEL ?=
 STATE ?=
 DRY_RUN ?=
+OLDER_THAN ?=
+INCLUDE_FINALS ?=
+YES ?=
 SLURM_VARS := ACCOUNT QOS RESERVATION CONSTRAINT EXCLUDE SBATCH_EXTRA FT_ACCOUNT FT_QOS FT_RESERVATION FT_CONSTRAINT FT_EXCLUDE FT_SBATCH_EXTRA
-VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN VENV
+VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN OLDER_THAN INCLUDE_FINALS YES VENV
 export CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
@@ -79,11 +82,12 @@ FT_SET = $(strip $(foreach v,FT_NODES FT_TIME $(filter FT_%,$(SLURM_VARS)),$(if 
 FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; make $@ runs one stage: use the name without FT_ (NODES=, TIME=, ACCOUNT=, ...)))$(if $(TEACHER)$(TEACHER_CKPT),$(error TEACHER/TEACHER_CKPT make token labels in make pipeline and make token-labels; make $@ would ignore them: drop TEACHER, or pass the labels with ARGS="--token-label-data DIR"))
 
 .PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
-        container slurm-up slurm-down bench calibrate token-labels shards profile doctor list cancel
+        container slurm-up slurm-down bench calibrate token-labels shards profile doctor list cancel \
+        clean-runs
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status list cancel scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels: 1 = print the scripts, write and submit nothing)"
+	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status list cancel clean-runs scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too)"
 
 setup:
 	bash scripts/setup.sh
@@ -133,6 +137,14 @@ list:
 # Every job of RUN (a run, pipeline or study directory), pending and running; the directory stays.
 cancel:
 	$(WF) cancel --run "$$RUN"
+
+# Delete old or ended runs, pipelines and studies under the run root (workflows/runclean.py):
+# OLDER_THAN=7d and/or STATE=FAILED,CANCELLED; prints the plan with sizes, YES=1 deletes. Live
+# jobs' runs, final models (unless INCLUDE_FINALS=1) and what a kept run reads from are kept.
+# (Not `clean`: that name conventionally removes build outputs.)
+clean-runs:
+	$(WF) clean --older-than "$$OLDER_THAN" --state "$$STATE" $(LIST_CLUSTER) \
+	  $(if $(filter-out 0,$(INCLUDE_FINALS)),--include-finals) $(if $(filter-out 0,$(YES)),--yes)
 
 # Token labels for STAGE's data and grid (img_size/16), from TEACHER (a run dir or weights file;
 # or a timm name with TEACHER_CKPT): a Slurm job array, one shard per rank.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,7 +78,7 @@ def container_seconds(run_dir: Path) -> float | None:
     path = Path(run_dir) / runfiles.CONTAINER_START
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    data = runfiles.read_json(path)
     records = data if isinstance(data, list) else [data]
     return sum(_start_seconds(r) for r in records if isinstance(r, dict))
 
@@ -101,16 +100,7 @@ def from_trainer(run_dir: Path) -> Ledger:
 
 
 def read_rank0(run_dir: Path) -> list[dict[str, Any]]:
-    path = runfiles.metrics_file(run_dir, 0)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    return runfiles.read_metrics(run_dir, rank=0)
 
 
 def segments(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

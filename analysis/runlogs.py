@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,26 +41,6 @@ class RunLog:
         return [s for s in self.steps if not s.warmup]
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Parse JSONL; a torn last line (killed writer) is ignored, any other bad line raises."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines) and not text.endswith("\n"):
-                break
-            raise ValueError(f"{path}:{number}: not a JSON object ({err.msg})") from None
-        if not isinstance(record, dict) or "kind" not in record:
-            raise ValueError(f'{path}:{number}: expected a JSON object with a "kind" field')
-        records.append(record)
-    return records
-
-
 def _step(record: dict[str, Any], where: str) -> Step:
     try:
         time = {part: float(record["time"][part]) for part in (*TIME_PARTS, "step")}
@@ -82,23 +61,22 @@ def _step(record: dict[str, Any], where: str) -> Step:
 def read_run(run_dir: Path) -> RunLog:
     """All rank files of a run; a run without a summary line or summary.json is failed."""
     run = RunLog(run_dir=Path(run_dir))
-    files = sorted(run.run_dir.glob(f"{runfiles.METRICS}/rank*.jsonl"))
+    files = runfiles.metrics_files(run.run_dir)
     if not run.run_dir.is_dir():
         run.error = f"no run directory {run.run_dir}"
         return run
     if not files:
         run.error = f"no {runfiles.METRICS}/rank*.jsonl in {run.run_dir}"
     for path in files:
-        for record in read_jsonl(path):
+        for record in runfiles.read_jsonl(path):
             if record["kind"] == "step":
                 run.steps.append(_step(record, str(path)))
             elif record["kind"] == "summary":
                 run.summary = record
             elif record["kind"] == "eval":
                 run.evals.append(record)
-    summary_file = run.run_dir / runfiles.SUMMARY
-    if run.summary is None and summary_file.is_file():
-        run.summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    if run.summary is None:
+        run.summary = runfiles.read_summary(run.run_dir)
     if run.summary is None and run.error is None:
         run.error = "no summary (the run failed or has not finished)"
     elif run.summary is not None and not run.timed_steps and run.error is None:

@@ -1,8 +1,20 @@
-"""The names of a run directory's files, for every package that writes or reads one."""
+"""The names of a run directory's files, and the one reader of each, for every package that
+writes or reads one.
+
+The policy of every reader here: a file that exists but does not parse raises RunFileError (a
+ValueError) naming the file, and for JSONL the line. A metrics file is read line by line, and
+a line counts only once its newline is written: the last line without one is skipped (the job
+may be writing it now; a killed job leaves it torn, and the trainer cuts it off before it
+appends again), while a bad line that ends in a newline is an error naming the file and line.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "manifest.json"
 """What was planned and submitted: profile, recipe, resolved arguments, topology, job ids."""
@@ -64,6 +76,122 @@ def weights_candidates(path: str | Path) -> tuple[Path, ...]:
 
 def metrics_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / METRICS / f"rank{rank}.jsonl"
+
+
+def metrics_files(run_dir: str | Path) -> list[Path]:
+    """Every rank's metrics file, in rank order (rank2 before rank10)."""
+
+    def rank(path: Path) -> tuple[int, str]:
+        number = path.stem.removeprefix("rank")
+        return (int(number) if number.isdigit() else 1 << 30, path.name)
+
+    return sorted((Path(run_dir) / METRICS).glob("rank*.jsonl"), key=rank)
+
+
+class RunFileError(ValueError):
+    """A run file that exists but cannot be read: the message names the file (and line)."""
+
+
+@dataclass
+class JsonlTail:
+    """A metrics JSONL file read from where the last read stopped: only complete lines (see
+    the module's policy); each record a JSON object with a "kind" (the trainer's contract)."""
+
+    path: Path
+    offset: int = 0
+    lines: int = 0  # complete lines read so far
+
+    def read(self) -> list[dict[str, Any]]:
+        """The records appended since the last read; OSError when the file cannot be read."""
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        end = data.rfind(b"\n") + 1
+        records = []
+        for raw in data[:end].splitlines():
+            self.lines += 1
+            if raw.strip():
+                records.append(self._record(raw))
+        self.offset += end
+        return records
+
+    def _record(self, raw: bytes) -> dict[str, Any]:
+        where = f"{self.path}:{self.lines}"
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            reason = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8"
+            raise RunFileError(f"{where}: not a JSON line ({reason}); the file was changed or "
+                               "damaged after the trainer wrote it") from None  # fmt: skip
+        if not isinstance(record, dict) or "kind" not in record:
+            raise RunFileError(f'{where}: expected a JSON object with a "kind" field')
+        return record
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete record of a metrics JSONL file (the module's policy)."""
+    return JsonlTail(Path(path)).read()
+
+
+def read_metrics(run_dir: str | Path, rank: int | None = None) -> list[dict[str, Any]]:
+    """The records of one rank's metrics file (none when it has none yet), or of every rank's
+    in rank order."""
+    if rank is not None:
+        path = metrics_file(run_dir, rank)
+        return read_jsonl(path) if path.is_file() else []
+    return [record for path in metrics_files(run_dir) for record in read_jsonl(path)]
+
+
+def drop_torn_tail(path: str | Path) -> None:
+    """Cut a last line without its newline (a killed writer's) off a JSONL file, so that the
+    next appended record starts a line of its own. Only the file's one writer may call it."""
+    try:
+        handle = open(path, "rb+")
+    except FileNotFoundError:
+        return
+    with handle:
+        size = handle.seek(0, os.SEEK_END)
+        keep = size
+        while keep > 0:
+            step = min(keep, 1 << 16)
+            handle.seek(keep - step)
+            chunk = handle.read(step)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                keep = keep - step + newline + 1
+                break
+            keep -= step
+        if keep != size:
+            handle.truncate(keep)
+
+
+def read_json(path: str | Path) -> Any:
+    """A JSON run file (manifest, plan, summary, pipeline, study records); OSError when it
+    cannot be read, RunFileError when it does not parse."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RunFileError(f"{path}: not JSON ({err.msg}, line {err.lineno})") from None
+
+
+def read_record(path: str | Path) -> dict[str, Any]:
+    """read_json of a file that holds one JSON object."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise RunFileError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
+    """The trainer's summary.json; None when the run has not written one."""
+    path = Path(run_dir) / SUMMARY
+    return read_record(path) if path.is_file() else None
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """The run's manifest.json (FileNotFoundError when there is none)."""
+    return read_record(Path(run_dir) / MANIFEST)
 
 
 STUDY_REPORT = "report"

@@ -232,6 +232,7 @@ def test_unknown_command_and_lazy_dispatch(capsys):
     assert set(cli.COMMANDS) == {
         "render", "preflight", "submit", "pipeline", "demo", "status", "scaling", "calibrate",
         "token-labels", "memory", "layouts", "profile", "doctor", "resume", "list", "cancel",
+        "clean", "completion",
     }  # fmt: skip
     assert cli._load("render") is cli.render_main
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from pathlib import Path
 
@@ -172,7 +171,7 @@ def _finetune_problems(cfg: TrainConfig) -> list[str]:
     for manifest in (path / runfiles.FINAL / runfiles.MANIFEST, path.parent / runfiles.MANIFEST,
                      path / runfiles.MANIFEST):  # fmt: skip
         if manifest.is_file():
-            saved = json.loads(manifest.read_text()).get("model")
+            saved = runfiles.read_record(manifest).get("model")
             if saved and saved != cfg.model:
                 return [f"--finetune {cfg.finetune}: checkpoint is a {saved}, not --model "
                         f"{cfg.model}; pass --model {saved} or another checkpoint"]  # fmt: skip

@@ -98,7 +98,7 @@ def _teacher_name(ns: argparse.Namespace, file: Path) -> str:
     if ns.teacher_checkpoint:
         return ns.teacher  # a timm model name
     manifest = file.parent / runfiles.MANIFEST
-    name = json.loads(manifest.read_text()).get("model") if manifest.is_file() else None
+    name = runfiles.read_record(manifest).get("model") if manifest.is_file() else None
     name = name or ns.teacher_model
     if not name:
         raise LabelError(

@@ -126,6 +126,7 @@ class MetricsLogger:
         self.log_interval = max(1, log_interval)
         path = runfiles.metrics_file(run_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
+        runfiles.drop_torn_tail(path)  # a killed start's half line (runfiles' policy)
         self.file = open(path, "a", buffering=1)  # line-buffered: a killed job keeps its lines
         self.tb = self._tensorboard(Path(run_dir) / runfiles.TENSORBOARD) if rank == 0 else None
         self.bar = self._bar(total_steps) if rank == 0 and sys.stderr.isatty() else None

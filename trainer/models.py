@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import re
 from pathlib import Path
@@ -75,7 +74,7 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
         return dcp.read_model_state(sharded), {"qkv_layout": "head_major"}
     file = resolve_finetune_file(path)
     manifest_file = file.parent / runfiles.MANIFEST
-    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    manifest = runfiles.read_record(manifest_file) if manifest_file.is_file() else {}
     expected = _recorded_sha256(manifest, file.name)
     if expected:
         found = sha256_of(file)

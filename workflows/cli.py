@@ -39,6 +39,8 @@ COMMANDS = {
     "resume": "vitpod.workflows.resume:main",
     "list": "vitpod.workflows.jobctl_cli:list_main",
     "cancel": "vitpod.workflows.jobctl_cli:cancel_main",
+    "clean": "vitpod.workflows.jobctl_cli:clean_main",
+    "completion": "vitpod.workflows.cli:completion_main",
 }
 # One line per command for `vitpod --help` (kept here: the dispatch imports nothing to show it).
 DESCRIPTIONS = {
@@ -58,6 +60,8 @@ DESCRIPTIONS = {
     "resume": "continue a stopped run, also on another node count",
     "list": "runs, pipelines and studies under the run root, with state and progress",
     "cancel": "cancel every job of a run, pipeline or study; the directory stays",
+    "clean": "delete old or ended runs (--older-than, --state); prints the plan, --yes deletes",
+    "completion": "print a bash completion script for vitpod (source it, or save it)",
 }
 
 
@@ -210,6 +214,12 @@ def usage() -> str:
         "", "commands:", *lines, "",
         "vitpod <command> --help lists a command's options; vitpod --version prints the version",
     ])  # fmt: skip
+
+
+def completion_main(argv: list[str]) -> int:
+    from vitpod.workflows import completion  # it reads this table; it does not import it
+
+    return completion.main(argv, COMMANDS, _load)
 
 
 def main(argv: list[str] | None = None) -> int:

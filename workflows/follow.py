@@ -14,7 +14,6 @@ appended to the metrics JSONL since the previous poll.
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 import time
@@ -95,15 +94,15 @@ class Target:
     def _run_rows(self) -> None:
         record_path, manifest_path = self.path / runfiles.PIPELINE, self.path / runfiles.MANIFEST
         if record_path.is_file():
-            self.uses_slurm = json.loads(record_path.read_text()).get("executor") != "local"
+            self.uses_slurm = runfiles.read_record(record_path).get("executor") != "local"
         elif manifest_path.is_file():
-            profile = json.loads(manifest_path.read_text()).get("profile", {})
+            profile = runfiles.read_manifest(self.path).get("profile", {})
             self.uses_slurm = profile.get("values", {}).get("scheduler", "slurm") == "slurm"
         for name, run_dir, ids, _recorded in status.stages_of(self.path):
             self.rows.append(Row(name, run_dir, ids, tail=MetricsTail(run_dir)))
 
     def _study_rows(self) -> None:
-        study = json.loads((self.path / runfiles.STUDY).read_text())
+        study = runfiles.read_record(self.path / runfiles.STUDY)
         array = study.get("job_id")
         for point in study["points"]:
             run_dir = self.path / point["run_dir"]
@@ -236,7 +235,7 @@ def _pipeline_report(path: Path) -> Path | None:
         return None
     report = path / runfiles.REPORT
     if not report.is_file():
-        record = json.loads(record_path.read_text())
+        record = runfiles.read_record(record_path)
         completed = dict.fromkeys(record["stages"], "COMPLETED")
         write_json(report, status.pipeline_report(path, record, completed))
     return report

@@ -11,7 +11,6 @@ from typing import Any
 
 from vitpod.analysis import memory
 from vitpod.registry import runfiles
-from vitpod.workflows.runmeasure import read_records
 
 ASSUMED_WRITE_BYTES_PER_S = 1.0 * memory.GIB
 """Write rate per node assumed for the planner's checkpoint-save estimate (no measured save)."""
@@ -55,8 +54,7 @@ def last_checkpoint_save(run_dir: Path, model: str, stage: str) -> tuple[float, 
     for run in [run_dir, *(r for r in siblings if r != run_dir)]:
         seconds = [
             float(rec["seconds"])
-            for path in sorted((run / runfiles.METRICS).glob("rank*.jsonl"))
-            for rec in read_records(path)
+            for rec in runfiles.read_metrics(run)
             if rec.get("kind") == "timing" and rec.get("event") == "checkpoint"
             and isinstance(rec.get("seconds"), (int, float))
         ]  # fmt: skip

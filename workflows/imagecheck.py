@@ -30,10 +30,12 @@ PROVENANCE_ENV = "VITPOD_IMAGE_PROVENANCE"
 def planned_image(run_dir: Path) -> dict[str, Any] | None:
     """plan.json's image block, or None when the run has no plan or ran no container."""
     try:
-        plan = json.loads((run_dir / runfiles.PLAN).read_text())
+        # the raw record, not registry.decision's model: the container's python3 runs this,
+        # which may lack pydantic
+        plan = runfiles.read_record(run_dir / runfiles.PLAN)
     except FileNotFoundError:
         return None
-    image = plan.get("image") if isinstance(plan, dict) else None
+    image = plan.get("image")
     return image if isinstance(image, dict) else None
 
 

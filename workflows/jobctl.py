@@ -9,7 +9,6 @@ directories themselves (summary.json: completed; pipeline.json's recorded states
 from __future__ import annotations
 
 import datetime as dt
-import json
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -82,14 +81,10 @@ class Entry:
         return {
             "kind": self.kind, "path": str(self.path), "state": self.state, "model": self.model,
             "cluster": self.cluster, "job_ids": self.jobs, "progress": self.progress(),
-            "age": self.age(), "created": self.created,
+            "age": self.age(), "created": self.created, "note": self.note,
             "parts": [{"name": p.name, "state": p.state, "job_ids": p.job_ids, "step": p.step,
                        "total": p.total} for p in self.parts],
         }  # fmt: skip
-
-
-def _read(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
 
 
 def _created(path: Path, iso: str | None) -> float:
@@ -108,7 +103,7 @@ def _created(path: Path, iso: str | None) -> float:
 def _manifest_facts(run_dir: Path) -> tuple[str, str, str, str | None]:
     """(model, cluster, scheduler, created) from a run directory's manifest.json."""
     try:
-        manifest = _read(run_dir / runfiles.MANIFEST)
+        manifest = runfiles.read_manifest(run_dir)
     except (OSError, ValueError):
         return "", "", "slurm", None
     profile = manifest.get("profile", {})
@@ -120,7 +115,7 @@ def load(path: Path) -> Entry | None:
     """The entry of a run, pipeline or study directory; None when it is none of them."""
     path = path.absolute()
     if (path / runfiles.PIPELINE).is_file():
-        record = _read(path / runfiles.PIPELINE)
+        record = runfiles.read_record(path / runfiles.PIPELINE)
         parts = [
             Part(f"labels-{stage}", Path(lab["run_dir"]), [str(j) for j in lab.get("job_ids", [])])
             for stage, lab in record.get("labels", {}).items()
@@ -133,7 +128,7 @@ def load(path: Path) -> Entry | None:
                      _created(path, first[3] if first else None), parts, jobs,
                      record.get("executor", "slurm"))  # fmt: skip
     if (path / runfiles.STUDY).is_file():
-        study = _read(path / runfiles.STUDY)
+        study = runfiles.read_record(path / runfiles.STUDY)
         array, report = study.get("job_id"), study.get("report_job_id")
         parts = [
             Part(
@@ -238,7 +233,10 @@ def settle(entries: list[Entry]) -> str:
             part.state = _part_state(part, known if entry.executor == "slurm" else {})
             if part.run_dir is not None and entry.kind != "study":
                 tail = MetricsTail(part.run_dir)
-                tail.update()
+                try:
+                    tail.update()
+                except runfiles.RunFileError as exc:  # one damaged file: that row says so
+                    entry.note = str(exc)
                 part.step, part.total = tail.step, tail.total
         entry.state = _combined([p.state for p in entry.parts])
     return "" if known is not None else "squeue did not answer: states from the directories"

@@ -72,3 +72,43 @@ def cancel_main(argv: list[str]) -> int:
               f"(its jobs: {known})")  # fmt: skip
     print("the directory stays; continue a stopped run with `vitpod resume --run RUN_DIR`")
     return 0
+
+
+def clean_main(argv: list[str]) -> int:
+    """Delete old or ended runs, pipelines and studies under the run root (workflows/runclean.py).
+    Prints what it would delete with sizes; deletes only with --yes. Keeps live jobs' runs,
+    final models (unless --include-finals) and what a kept run reads from."""
+    from vitpod.workflows import runclean
+
+    p = argparse.ArgumentParser(prog="vitpod clean", description=clean_main.__doc__)
+    p.add_argument("--older-than", default="", help="only entries older than this (7d, 12h, 30m)")
+    p.add_argument(
+        "--state", default="", help="only these ended states, comma-separated (FAILED,CANCELLED)"
+    )
+    p.add_argument(
+        "--include-finals", action="store_true", help="delete runs that hold a final model too"
+    )
+    p.add_argument("--yes", action="store_true", help="delete (without it: only print the plan)")
+    p.add_argument(
+        "--cluster", default="", help="its storage.runs is the run root (unless --run-root)"
+    )
+    p.add_argument("--run-root", default="", help=f"where the runs are (default ${RUN_ROOT_ENV})")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ns = p.parse_args(argv)
+    root = list_root(ns.run_root, ns.cluster)
+    verdicts, note = runclean.plan(root, ns.older_than, ns.state, ns.include_finals)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    if ns.json:
+        print(runclean.dumps(verdicts))
+    elif verdicts:
+        print(runclean.format_verdicts(verdicts))
+    doomed = [v for v in verdicts if v.delete]
+    size = runclean.human(sum(v.size for v in doomed))
+    if not ns.yes:
+        print(f"would delete {len(doomed)} of {len(verdicts)} matching under {root} ({size}); "
+              "add --yes (make clean-runs YES=1) to delete", file=sys.stderr)  # fmt: skip
+        return 0
+    freed = runclean.delete(root, verdicts)
+    print(f"deleted {len(doomed)} under {root}, freed {runclean.human(freed)}", file=sys.stderr)
+    return 0

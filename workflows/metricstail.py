@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from pathlib import Path
@@ -20,7 +19,7 @@ class MetricsTail:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.offsets: dict[Path, int] = {}
+        self.files: dict[Path, runfiles.JsonlTail] = {}
         self.step: int | None = None
         self.total: int | None = None
         self.loss: float | None = None
@@ -37,27 +36,16 @@ class MetricsTail:
         self.step_s: deque[float] = deque(maxlen=ETA_WINDOW)
 
     def update(self) -> None:
-        for path in sorted((self.run_dir / runfiles.METRICS).glob("rank*.jsonl")):
-            for record in self._new_records(path):
-                self._take(record)
-
-    def _new_records(self, path: Path) -> list[dict[str, Any]]:
-        offset = self.offsets.get(path, 0)
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(offset)
-                data = handle.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1  # a line being written now is read on the next poll
-        self.offsets[path] = offset + end
-        records = []
-        for line in data[:end].splitlines():
+        """Take the lines appended since the last update (a line being written now is read on
+        the next one); RunFileError on a damaged line."""
+        for path in runfiles.metrics_files(self.run_dir):
+            tail = self.files.setdefault(path, runfiles.JsonlTail(path))
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                records = tail.read()
+            except OSError:
                 continue
-        return records
+            for record in records:
+                self._take(record)
 
     def _take(self, rec: dict[str, Any]) -> None:
         kind = rec.get("kind")

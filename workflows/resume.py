@@ -13,7 +13,6 @@ it has left the queue (workflows/runjobs.py).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import shutil
 from pathlib import Path
@@ -63,7 +62,7 @@ def resume_request(run: Path, nodes: str) -> Request:
 
 def _manifest(run: Path) -> dict[str, Any]:
     try:
-        return json.loads((run / runfiles.MANIFEST).read_text())
+        return runfiles.read_manifest(run)
     except (OSError, ValueError) as exc:
         msg = f"{run}: not a run directory with a readable manifest.json ({exc})"
         raise ConfigError(msg) from None

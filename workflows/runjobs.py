@@ -10,7 +10,6 @@ suspended, or, when asked to, cancels them and waits until they have left the qu
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ def run_job_ids(run: Path) -> list[str]:
     ids: list[str] = []
     for path in [*paths, run / runfiles.MANIFEST]:
         try:
-            found = json.loads(path.read_text()).get("job_ids") or []
+            found = runfiles.read_record(path).get("job_ids") or []
         except (OSError, ValueError, AttributeError):
             continue  # an unreadable manifest names no job; resume reports the current one
         ids += [str(j) for j in found if str(j) not in ids]

@@ -22,19 +22,6 @@ class Measured:
         return f"median {what} of {self.samples} in {self.run}"
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """A metrics JSONL file's records (a line being written is skipped)."""
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def matching_runs(run_dir: Path, model: str, img_size: int, batch_size: int) -> list[Path]:
     """run_dir itself (a resumed run), then the newest first (run names start with their UTC
     time) of the runs beside it whose config.json has the same model, img_size and per-rank
@@ -83,8 +70,10 @@ def step_time(runs: list[Path]) -> Measured | None:
 
 
 def _rank0(run: Path) -> list[dict[str, Any]]:
-    path = runfiles.metrics_file(run, 0)
-    return read_records(path) if path.is_file() else []
+    try:
+        return runfiles.read_metrics(run, 0)
+    except runfiles.RunFileError:
+        return []  # a damaged earlier run measures nothing; the next one may
 
 
 def _num(value: Any) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,21 +68,11 @@ def engine_of(run_dir: Path) -> str | None:
     return f"{decision.engine.name}(dp={layout.dp},tp={layout.tp},pp={layout.pp})"
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written right now
-    return records
-
-
 def progress(run_dir: Path) -> tuple[int | None, float | None, float | None]:
     """(last step, images/s, top-1) from the trainer's metrics JSONL (contract 3)."""
     last_step, rank_ips, summary = None, {}, None
-    for path in sorted((run_dir / runfiles.METRICS).glob("rank*.jsonl")):
-        for rec in _read_jsonl(path):
+    for path in runfiles.metrics_files(run_dir):
+        for rec in runfiles.read_jsonl(path):
             if rec.get("kind") == "step":
                 last_step = max(last_step or 0, int(rec["step"]))
                 rank_ips[path.name] = float(rec.get("images_per_s", 0.0))
@@ -140,12 +129,12 @@ def stage_status(
 def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
     """(stage, run_dir, job ids, recorded state) for a pipeline directory or a single run dir."""
     if (run / runfiles.PIPELINE).is_file():
-        record = json.loads((run / runfiles.PIPELINE).read_text())
+        record = runfiles.read_record(run / runfiles.PIPELINE)
         return [
             (name, Path(s["run_dir"]), [str(j) for j in s.get("job_ids", [])], s.get("state", ""))
             for name, s in record["stages"].items()
         ]
-    manifest = json.loads((run / runfiles.MANIFEST).read_text())
+    manifest = runfiles.read_manifest(run)
     ids = manifest.get("job_ids") or ([manifest["job_id"]] if manifest.get("job_id") else [])
     stage = manifest.get("stage") or manifest.get("recipe", {}).get("stage") or run.name
     return [(str(stage), run, [str(j) for j in ids], "")]
@@ -158,7 +147,7 @@ def run_status(
     stages = stages_of(run)
     all_ids = [j for _, _, ids, _ in stages for j in ids]
     record_path = run / runfiles.PIPELINE
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    record = runfiles.read_record(record_path) if record_path.is_file() else {}
     uses_slurm = (executor or record.get("executor", "slurm")) == "slurm"
     polled = jobstate.poll_once(all_ids) if all_ids and uses_slurm else {}
     return [
@@ -194,8 +183,7 @@ def stage_report(stage: Mapping[str, Any], state: str, accounting: bool = True) 
     `stage`: the stage's entry in pipeline.json; `accounting`: its job ids are Slurm's."""
     ids = [str(j) for j in stage.get("job_ids", [])] if accounting else []
     run_dir = Path(stage["run_dir"])
-    summary_path = run_dir / runfiles.SUMMARY
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = runfiles.read_summary(run_dir) or {}
     return {
         "state": state,
         "job_ids": list(stage.get("job_ids", [])),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -149,14 +148,11 @@ def stuck(run_dir: Path, factor: float = HANG_FACTOR, now: float | None = None) 
     steps a --log-interval batch holds back), from its metrics files."""
     newest: dict[str, float] = {}
     stamps: list[float] = []
-    for path in sorted((run_dir / runfiles.METRICS).glob("rank*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
-            if '"kind": "step"' not in line:
+    for path in runfiles.metrics_files(run_dir):
+        for record in runfiles.read_jsonl(path):
+            if record["kind"] != "step" or "wall_time" not in record:
                 continue
-            try:
-                stamp = float(json.loads(line)["wall_time"])
-            except (ValueError, KeyError):
-                continue
+            stamp = float(record["wall_time"])
             newest[path.stem] = stamp
             if path.stem == "rank0":
                 stamps.append(stamp)
@@ -191,6 +187,6 @@ def stuck_since(
 
 def log_interval(run_dir: Path) -> int:
     try:
-        return int(json.loads((run_dir / runfiles.CONFIG).read_text()).get("log_interval", 50))
+        return int(runfiles.read_record(run_dir / runfiles.CONFIG).get("log_interval", 50))
     except (OSError, ValueError, TypeError):
         return 50

@@ -1,0 +1,76 @@
+"""`vitpod completion`: a static bash completion script made from the CLI's own command table.
+
+Each command parses its own argv (workflows/cli.py's lazy table), so there is no one parser for
+shtab or argcomplete to walk; instead each command's --help is read once, here, for its long
+options. Install: `vitpod completion > ~/.local/share/bash-completion/completions/vitpod`
+(or `source <(vitpod completion)`). Regenerate after an upgrade.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from vitpod.workflows.errors import ConfigError
+
+_LONG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+SCRIPT = """# bash completion for vitpod, made by `vitpod completion` (regenerate after an upgrade)
+_vitpod() {{
+  local cur=${{COMP_WORDS[COMP_CWORD]}}
+  if [ "$COMP_CWORD" -eq 1 ]; then
+    COMPREPLY=($(compgen -W {commands} -- "$cur"))
+    return
+  fi
+  local opts
+  case ${{COMP_WORDS[1]}} in
+{cases}
+  esac
+  if [[ $cur == -* ]]; then
+    COMPREPLY=($(compgen -W "$opts" -- "$cur"))
+  else
+    COMPREPLY=($(compgen -f -- "$cur"))  # run directories, files
+  fi
+}}
+complete -o filenames -F _vitpod vitpod
+"""
+
+
+def options(main: Callable[[list[str]], Any]) -> list[str]:
+    """The long options a command's `main(["--help"])` prints (none when it cannot print them)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(["--help"])
+        except SystemExit:
+            pass
+        except ImportError:  # a command whose area is not installed here: its name only
+            return []
+    # an option's own line starts with it (its help text may name other commands' options)
+    heads = [ln.strip().split("  ")[0] for ln in out.getvalue().splitlines()]
+    return sorted({o for head in heads if head.startswith("-") for o in _LONG.findall(head)})
+
+
+def script(commands: Iterable[str], load: Callable[[str], Any]) -> str:
+    """The script for `commands` (workflows/cli.py's table; `load`: a name's main)."""
+    names = list(commands)
+    cases = "\n".join(
+        f"    {shlex.quote(name)}) opts={shlex.quote(' '.join(options(load(name))))} ;;"
+        for name in names
+    )
+    return SCRIPT.format(commands=shlex.quote(" ".join(names)), cases=cases)
+
+
+def main(argv: list[str], commands: Iterable[str], load: Callable[[str], Any]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv and argv != ["bash"]:
+        raise ConfigError(f"vitpod completion {' '.join(argv)}: only bash is generated; run "
+                          "`vitpod completion` (or `vitpod completion bash`)")  # fmt: skip
+    print(script(commands, load), end="")
+    return 0
