@@ -18,7 +18,7 @@ from vitpod.registry.decision import read_decision, write_decision
 from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.flags import parse_args
-from vitpod.workflows import ckptinterval, interruptions
+from vitpod.workflows import ckptinterval, interruptions, slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.interruptions import History, HistoryError, partition_history
 from vitpod.workflows.plan import Request, plan_job
@@ -36,7 +36,7 @@ SACCT = (
 
 
 def _sacct(stdout: str = SACCT, rc: int = 0, calls: list | None = None):
-    def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    def run(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
         if calls is not None:
             calls.append(cmd)
         err = "sacct: error: no database" if rc else ""
@@ -87,9 +87,12 @@ def test_young_daly_interval_and_its_steps():
     assert ckptinterval.interval_steps(268.33, None) == 0  # unknown step time: epoch ends
 
 
-def test_sacct_history_counts_preempted_node_failed_and_requeued_starts_per_job_hour():
+def test_sacct_history_counts_preempted_node_failed_and_requeued_starts_per_job_hour(
+    monkeypatch,
+):
     calls: list = []
-    found = partition_history("gpu", run=_sacct(calls=calls))
+    monkeypatch.setattr(slurm, "runner", _sacct(calls=calls))
+    found = partition_history("gpu")
     cmd = calls[0]
     assert cmd[:2] == ["sacct", "-X"] and "-D" in cmd, cmd  # requeued starts listed
     assert cmd[cmd.index("--partition") + 1] == "gpu" and "now-30days" in cmd, cmd
@@ -97,8 +100,9 @@ def test_sacct_history_counts_preempted_node_failed_and_requeued_starts_per_job_
     assert found.job_hours == pytest.approx(22200 / 3600)
     assert found.mtbi_hours == pytest.approx(22200 / 3600 / 3)
     assert "3 interruption(s) in 6.17 job-hours of 7 start(s) on partition gpu" in found.source()
-    with pytest.raises(HistoryError, match=r"sacct failed \(exit 1: sacct: error: no database\)"):
-        partition_history("gpu", run=_sacct(rc=1))
+    monkeypatch.setattr(slurm, "runner", _sacct(rc=1))
+    with pytest.raises(HistoryError, match=r"failed \(exit 1: sacct: error: no database\)"):
+        partition_history("gpu")
 
 
 def test_auto_from_the_last_matching_runs_save_and_step_time_and_the_partitions_history(
@@ -155,12 +159,12 @@ def test_without_runs_or_history_the_profile_values_and_epoch_ends(tmp_path, mon
 
 def test_sacct_failing_or_offline_falls_back_to_the_profiles_mtbi(tmp_path, monkeypatch):
     def broken(part: str) -> History:
-        raise HistoryError("sacct could not run (No such file or directory)")
+        raise HistoryError(["sacct"], None, "", "could not run (No such file or directory)")
 
     monkeypatch.setattr(ckptinterval, "partition_history", broken)
     record = _plan(tmp_path).decision.checkpoint
     assert record.mtbi_hours == 24.0 and record.interruptions is None
-    assert record.mtbi_source == ("profile localslurm's preemption.mtbi_hours (default); sacct "
+    assert record.mtbi_source == ("profile localslurm's preemption.mtbi_hours (default); `sacct` "
                                   "could not run (No such file or directory)")  # fmt: skip
 
     def never(part: str) -> History:
@@ -209,11 +213,8 @@ def test_a_hand_started_trainer_refuses_auto_with_the_fix():
 
 
 def test_the_history_query_is_one_function_in_one_module():
-    """The history query is one function, and it runs sacct through the one sacct runner that
-    the goodput ledger uses too (workflows/goodput.sacct)."""
-    from vitpod.workflows import goodput
-
+    """The history query is one function, and it runs sacct through the one Slurm client
+    (workflows/slurm) that the goodput ledger uses too."""
     source = Path(interruptions.__file__).read_text()
-    assert '"sacct"' not in source and source.count("sacct([") == 1
-    assert Path(goodput.__file__).read_text().count('["sacct"') == 1  # its one command line
+    assert source.count('slurm.run(["sacct"') == 1 and "subprocess" not in source
     assert '"sacct"' not in Path(ckptinterval.__file__).read_text()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vitpod.trainer import ds_universal
-from vitpod.workflows import containerpreflight, goodput
+from vitpod.workflows import containerpreflight, goodput, slurm
 from vitpod.workflows.chain import Chain
 from vitpod.workflows.profile import load_profile
 
@@ -97,12 +97,12 @@ def test_a_failed_sacct_marks_the_ledger_incomplete(tmp_path, monkeypatch):
         "AccountingStorageHost=127.0.0.1\nAccountingStoragePort=1\n"
     )
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    with pytest.raises(goodput.AccountingError, match=r"sacct failed \(exit 1: .*"):
+    with pytest.raises(slurm.SlurmError, match=r"^`sacct -n -P -X -D -j 123 .*` failed \(exit 1: "):
         goodput.attempts(["123"])
     ledger = goodput.ledger(tmp_path, ["123"])
     assert not goodput.is_complete(ledger)
-    assert ledger.notes[0].startswith("INCOMPLETE: sacct failed (exit 1")
-    assert "[INCOMPLETE: sacct failed" in ledger.line()
+    assert ledger.notes[0].startswith("INCOMPLETE: `sacct -n -P -X -D -j 123")
+    assert "failed (exit 1" in ledger.notes[0] and "[INCOMPLETE: `sacct" in ledger.line()
     assert ledger.as_dict()["notes"][0].startswith("INCOMPLETE")
 
 
@@ -110,7 +110,8 @@ def test_a_missing_sacct_marks_the_ledger_incomplete_and_no_jobs_is_complete(tmp
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     ledger = goodput.ledger(tmp_path, ["123"])
     assert not goodput.is_complete(ledger)
-    assert ledger.notes[0].startswith("INCOMPLETE: sacct could not run")
+    assert ledger.notes[0].startswith("INCOMPLETE: `sacct ")
+    assert "could not run (sacct is not on PATH" in ledger.notes[0]
     # no job ids (no scheduler): nothing was asked, so nothing is missing
     assert goodput.is_complete(goodput.ledger(tmp_path, []))
 

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate, rootcause, status, status_cli
+from vitpod.workflows import jobstate, rootcause, slurm, status, status_cli
 
 REAL = """\
 Traceback (most recent call last):
@@ -134,10 +134,10 @@ def test_status_main_rejects_non_run_dir(tmp_path, capsys):
 
 
 def test_parse_squeue_and_sacct():
-    sq = status.jobstate.parse_squeue(
-        "12|RUNNING|None|0|0:0\n13|PENDING|Dependency|0|0:0\n14|PENDING|BeginTime|2|0:0\n"
-    )
+    text = "12|RUNNING|None|0|0:0\n13|PENDING|Dependency|0|0:0\n14|PENDING|BeginTime|2|0:0\n"
+    sq = jobstate.squeue_infos(slurm.parsable(text, jobstate.SQUEUE_FIELDS, strip=True))
     assert sq["12"].state == "RUNNING" and sq["13"].reason == "Dependency"
     assert sq["14"].restarts == 2 and not sq["14"].terminal
-    sa = jobstate.parse_sacct("15|CANCELLED by 0|0:15|None\n15.batch|CANCELLED|0:15|\n")
+    text = "15|CANCELLED by 0|0:15|None\n15.batch|CANCELLED|0:15|\n"
+    sa = jobstate.sacct_infos(slurm.parsable(text, jobstate.SACCT_FIELDS))
     assert list(sa) == ["15"] and sa["15"].state == "CANCELLED" and sa["15"].terminal

@@ -13,10 +13,11 @@ import yaml
 
 from tests.fixtures_slurm import REPO
 from vitpod.workflows import topo
-from vitpod.workflows.discover import gres_gpu, node_info, records
+from vitpod.workflows.discover import gres_gpu, node_info
 from vitpod.workflows.profile import PROFILE_DIR, load_profile
 from vitpod.workflows.profile_check import disagreements
 from vitpod.workflows.profile_writer import Discovered, compute_hcas, node_type
+from vitpod.workflows.slurm import oneliner
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # `scontrol show node --oneliner` as this machine's local Slurm printed it (blanks inside OS=).
@@ -114,7 +115,7 @@ def test_roce_ports_are_the_fabric_when_no_port_is_infiniband():
 
 
 def test_scontrol_records_keep_values_with_blanks():
-    node = node_info(records(SCONTROL_NODE)[0])
+    node = node_info(oneliner(SCONTROL_NODE)[0])
     assert (node.name, node.cpus, node.sockets, node.real_memory_mb) == ("node1", 8, 8, 4000)
     assert node.gpus == 2 and node.partitions == ("pretrain", "finetune") and node.usable
     assert gres_gpu("gpu:a100:8(S:0-1),shard:0") == ("a100", 8) and gres_gpu("(null)") == ("", 0)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import preempted_once_python
-from vitpod.workflows import jobstate
+from vitpod.workflows import jobstate, slurm
 from vitpod.workflows.jobstate import task_ids, wait_array
 from vitpod.workflows.profile import PROFILE_DIR
 from vitpod.workflows.scaling import build_parser, materialize, prepare
@@ -18,14 +18,15 @@ def test_array_task_ids_are_expanded():
     assert jobstate.expand_job_id("138_[0,2-3]") == ["138_0", "138_2", "138_3"]
     assert jobstate.expand_job_id("138_4") == ["138_4"] and jobstate.expand_job_id("7") == ["7"]
     squeue = "138_[1-2%1]|PENDING|JobArrayTaskLimit|0|0\n138_0|RUNNING|None|0|0\n"
-    infos = jobstate.parse_squeue(squeue)
+    infos = jobstate.squeue_infos(slurm.parsable(squeue, jobstate.SQUEUE_FIELDS, strip=True))
     assert {j: i.state for j, i in infos.items()} == {
         "138_1": "PENDING",
         "138_2": "PENDING",
         "138_0": "RUNNING",
     }
     sacct = "138_0|COMPLETED|0:0|None\n138_1|FAILED|3:0|None\n138_1.batch|FAILED|3:0|\n"
-    assert {j: i.state for j, i in jobstate.parse_sacct(sacct).items()} == {
+    rows = slurm.parsable(sacct, jobstate.SACCT_FIELDS)
+    assert {j: i.state for j, i in jobstate.sacct_infos(rows).items()} == {
         "138_0": "COMPLETED",
         "138_1": "FAILED",
     }

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from vitpod.workflows import submission
+from vitpod.workflows import slurm, submission
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import Request, plan_job
 
@@ -22,7 +22,7 @@ def _script(tmp_path, partition: str = "pretrain"):
 
 def test_sbatch_timeout_keeps_run_dir_and_says_how_to_check(local_slurm, tmp_path, monkeypatch):
     plan, script = _script(tmp_path)
-    monkeypatch.setattr(submission, "SBATCH_TIMEOUT_S", 0.001)
+    monkeypatch.setitem(slurm.TIMEOUT_S, "sbatch", 0.001)
     try:
         with pytest.raises(submission.SbatchUnanswered) as caught:
             submission.sbatch_run(script)
@@ -36,7 +36,9 @@ def test_sbatch_timeout_keeps_run_dir_and_says_how_to_check(local_slurm, tmp_pat
 
 def test_sbatch_rejection_removes_run_dir(local_slurm, tmp_path):
     _, script = _script(tmp_path, partition="nosuch")
-    with pytest.raises(ConfigError, match="sbatch rejected") as caught:
+    with pytest.raises(
+        ConfigError, match=r"^`sbatch --parsable .*` failed \(exit 1: .*partition"
+    ) as caught:
         submission.sbatch_run(script)
     assert not isinstance(caught.value, submission.SbatchUnanswered)
     assert not script.parent.exists()

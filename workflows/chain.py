@@ -16,7 +16,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer import labelset
-from vitpod.workflows import chain_watch, jobctl, jobstate, labels, preflight, sbatchopts, status
+from vitpod.workflows import chain_watch, jobctl, labels, preflight, sbatchopts, slurm, status
 from vitpod.workflows.chain_stage import StageRecord
 from vitpod.workflows.chain_watch import ChainError
 from vitpod.workflows.errors import ConfigError
@@ -274,10 +274,12 @@ class Chain:
 
     def _cancel_labels(self) -> str | None:
         """Cancel the labeling arrays; None when done (or none), else what scancel said."""
-        problem = jobstate.scancel(self.label_job_ids)
-        if problem:
-            print(f"warning: labeling jobs left queued: {problem}", file=sys.stderr)
-        return problem
+        try:
+            slurm.scancel(self.label_job_ids)
+        except slurm.SlurmError as exc:
+            print(f"warning: labeling jobs left queued: {exc}", file=sys.stderr)
+            return str(exc)
+        return None
 
     @property
     def uses_slurm(self) -> bool:
@@ -312,10 +314,11 @@ class Chain:
         if not jobs:
             return "no jobs to cancel"
         if self.uses_slurm:
-            problem = jobstate.scancel([str(job.job_id) for job in jobs])
-            if problem:
-                print(f"warning: {problem}", file=sys.stderr)
-                return f"jobs not cancelled ({problem})"
+            try:
+                slurm.scancel([str(job.job_id) for job in jobs])
+            except slurm.SlurmError as exc:
+                print(f"warning: {exc}", file=sys.stderr)
+                return f"jobs not cancelled ({exc})"
         else:
             for job in jobs:
                 job.cancel(check=False)  # the local executor: SIGINT to each task's process

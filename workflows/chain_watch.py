@@ -69,10 +69,19 @@ def status_of(chain: Chain) -> list[status.StageStatus]:
     else:
         advance_local(chain)
         infos = {n: [] for n in chain.stages}
-    return [
-        status.stage_status(name, rec.run_dir, rec.job_ids, infos[name], rec.state)
+    statuses = [
+        status.stage_status(
+            name,
+            rec.run_dir,
+            rec.job_ids,
+            infos[name],
+            rec.state,
+            accounting=chain.uses_slurm,
+            with_ledger=False,
+        )  # fmt: skip
         for name, rec in chain.stages.items()
     ]
+    return status.add_ledgers(statuses, chain.uses_slurm)
 
 
 def wait(chain: Chain, timeout: float | None, poll_s: float) -> dict[str, Any]:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitpod.workflows import slurm
 from vitpod.workflows.doctor_step import NODE_SCRIPTS
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.probe import PREFIX
@@ -68,37 +67,6 @@ def gres_gpu(gres: str) -> tuple[str, int]:
     return "", 0
 
 
-def slurm(argv: list[str], timeout: float = 60) -> str:
-    """A Slurm command's stdout; ConfigError naming the command when it fails."""
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise ConfigError(f"{argv[0]} is not on PATH: run this on a Slurm login node") from None
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"`{shlex.join(argv)}` did not answer in {timeout:.0f} s") from None
-    if out.returncode != 0:
-        raise ConfigError(f"`{shlex.join(argv)}` failed: {out.stderr.strip()[-500:]}")
-    return out.stdout
-
-
-def records(text: str) -> list[dict[str, str]]:
-    """`scontrol show ... --oneliner` -> one dict per line. Values may hold blanks (OS=Linux 6.1
-    #1 SMP): a word without '=' belongs to the value before it."""
-    out = []
-    for line in text.splitlines():
-        fields: dict[str, str] = {}
-        last = ""
-        for word in line.split():
-            key, sep, value = word.partition("=")
-            if sep and key.replace("_", "").replace(":", "").isalnum():
-                fields[key], last = value, key
-            elif last:
-                fields[last] += " " + word
-        if fields:
-            out.append(fields)
-    return out
-
-
 def node_info(fields: dict[str, str]) -> NodeInfo:
     return NodeInfo(
         name=fields["NodeName"],
@@ -114,16 +82,17 @@ def node_info(fields: dict[str, str]) -> NodeInfo:
 
 
 def all_nodes() -> list[NodeInfo]:
-    return [node_info(r) for r in records(slurm(["scontrol", "show", "node", "--oneliner"]))]
+    return [node_info(r) for r in slurm.scontrol_show("node")]
 
 
 def site() -> dict[str, PartitionInfo]:
     """Every partition with its nodes: one sinfo (default partition), one scontrol each kind."""
-    default = {line.strip().rstrip("*") for line in slurm(["sinfo", "-h", "-o", "%P"]).split()
-               if line.strip().endswith("*")}  # fmt: skip
+    default = {
+        p.rstrip("*") for row in slurm.sinfo({"p": "%P"}) if (p := row["p"].strip()).endswith("*")
+    }
     nodes = all_nodes()
     parts = {}
-    for rec in records(slurm(["scontrol", "show", "partition", "--oneliner"])):
+    for rec in slurm.scontrol_show("partition"):
         name = rec["PartitionName"]
         parts[name] = PartitionInfo(
             name=name,
@@ -149,14 +118,14 @@ def probe_command(python: str, scripts: Path, paths: list[str]) -> list[str]:
 
 def run_probe(
     partition: str, node: NodeInfo, paths: list[str], python: str = sys.executable,
-    scripts: Path = NODE_SCRIPTS, timeout: float = 300,
+    scripts: Path = NODE_SCRIPTS,
 ) -> dict[str, Any]:  # fmt: skip
     """One short job on `node`: the probe's facts, or ConfigError with what srun said. It asks
     for the node's GPUs: where Slurm constrains devices, a job sees only the GPUs it asked for."""
     gres = [f"--gres=gpu:{node.gpus}"] if node.gpus else []
     argv = ["srun", "-N1", "-n1", "-p", partition, "-w", node.name, f"--time={PROBE_TIME}",
             "--job-name=vitpod-probe", *gres, *probe_command(python, scripts, paths)]  # fmt: skip
-    out = slurm(argv, timeout=timeout)
+    out = slurm.run(argv)
     for line in out.splitlines():
         if line.startswith(PREFIX):
             return json.loads(line[len(PREFIX) :])  # type: ignore[no-any-return]

@@ -15,7 +15,6 @@ appended to the metrics JSONL since the previous poll.
 from __future__ import annotations
 
 import shlex
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.workflows import goodput, jobstate, status, triage
+from vitpod.workflows import goodput, jobstate, slurm, status, triage
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.rootcause import first_error_line, restarts_from_logs, root_cause
@@ -118,7 +117,7 @@ class Target:
         if self.uses_slurm:
             try:
                 infos = self.poller.poll()
-            except (jobstate.SlurmCommandError, OSError, subprocess.TimeoutExpired) as exc:
+            except slurm.SlurmError as exc:
                 # A controller restarting for a moment: keep the last states, try again.
                 self.note = f"squeue did not answer ({exc}); showing the last known states"
         recorded = {name: state for name, _, _, state in self._recorded()}
@@ -244,9 +243,11 @@ def _pipeline_report(path: Path) -> Path | None:
 def outcome(target: Target) -> tuple[int, list[str]]:
     """Exit status and the closing lines: root causes of failures, or the report's path."""
     failed = target.failed()
-    ids = (lambda row: row.job_ids) if target.uses_slurm else (lambda row: [])
-    lines = [f"{r.name}: {goodput.ledger(r.run_dir, ids(r)).line()}"
-             for r in target.rows if r.run_dir is not None and r.tail and r.tail.step]  # fmt: skip
+    trained = [r for r in target.rows if r.run_dir is not None and r.tail and r.tail.step]
+    runs = [(r.run_dir, r.job_ids if target.uses_slurm else [])
+            for r in trained if r.run_dir is not None]  # fmt: skip
+    lines = [f"{r.name}: {ledger.line()}"
+             for r, ledger in zip(trained, goodput.ledgers(runs), strict=True)]  # fmt: skip
     if target.study:
         html = target.path / REPORT_HTML
         points = [r for r in failed if r.run_dir is not None]

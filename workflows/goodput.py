@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 from vitpod.analysis.goodput import Attempt, Ledger, assemble, container_seconds, read_rank0
+from vitpod.workflows import slurm
 
-__all__ = ["AccountingError", "Ledger", "allocated_devices", "attempts", "ledger", "sacct"]
+__all__ = ["Ledger", "allocated_devices", "attempts", "ledger", "ledgers"]
 
 INCOMPLETE = "INCOMPLETE"  # the first note of a ledger whose Slurm accounting could not be read
-
-
-class AccountingError(RuntimeError):
-    """sacct did not answer: the attempts (queue waits, requeues) are unknown, not absent."""
+_FIELDS = ("JobID", "Submit", "Start", "End", "AllocTRES")
 
 
 def _epoch(stamp: str) -> float | None:
@@ -26,45 +23,21 @@ def _epoch(stamp: str) -> float | None:
         return None
 
 
-def sacct(
-    args: list[str],
-    timeout: float = 30.0,
-    run: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
-) -> str:
-    """`sacct ARGS`'s output; AccountingError saying why when sacct cannot be run or fails
-    (`run` replaces the subprocess call in tests)."""
-    cmd = ["sacct", *args]
-    try:
-        out = run(cmd) if run else subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, check=False
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise AccountingError(f"sacct did not answer within {timeout:.0f} s") from None
-    except OSError as exc:
-        raise AccountingError(f"sacct could not run ({exc.strerror or exc})") from None
-    if out.returncode != 0:
-        why = (out.stderr.strip().splitlines() or ["no message"])[-1]
-        raise AccountingError(f"sacct failed (exit {out.returncode}: {why})")
-    return out.stdout
-
-
 def attempts(job_ids: list[str]) -> list[Attempt]:
-    """Every start of the jobs, requeues included (sacct's --duplicates), oldest first;
-    AccountingError when sacct cannot be run or fails."""
+    """Every start of the jobs, requeues included (sacct's --duplicates), oldest first, from
+    ONE sacct; SlurmError when sacct cannot be run or fails."""
     if not job_ids:
         return []
-    out = sacct(["-D", "-X", "-P", "-n", "-j", ",".join(job_ids),
-                 "-o", "JobID,Submit,Start,End,AllocTRES"])  # fmt: skip
     found: list[Attempt] = []
     seen: dict[str, int] = {}
-    for line in out.splitlines():
-        job, submit, start, end, tres = (line.split("|") + [""] * 5)[:5]
-        when = _epoch(submit)
+    for row in slurm.sacct(job_ids, _FIELDS, "-D"):
+        job, when = row["JobID"], _epoch(row["Submit"])
         if when is None:
             continue
         restart = seen[job] = seen.get(job, -1) + 1
-        devices, kind = allocated_devices(tres)
-        found.append(Attempt(job, restart, when, _epoch(start), _epoch(end), devices, kind))
+        devices, kind = allocated_devices(row["AllocTRES"])
+        found.append(Attempt(job, restart, when, _epoch(row["Start"]), _epoch(row["End"]),
+                             devices, kind))  # fmt: skip
     return sorted(found, key=lambda a: a.submit)
 
 
@@ -81,15 +54,33 @@ def allocated_devices(tres: str) -> tuple[int, str]:
 def ledger(run_dir: Path, job_ids: list[str]) -> Ledger:
     """The run's ledger; when sacct fails, the trainer's records alone, marked INCOMPLETE (its
     first note says why) rather than passed off as a run without accounting."""
+    return ledgers([(run_dir, job_ids)])[0]
+
+
+def ledgers(runs: Sequence[tuple[Path, list[str]]]) -> list[Ledger]:
+    """Each run's ledger from ONE sacct for the jobs of all of them (a study's 500 points: one
+    call, not 500)."""
+    ids = list(dict.fromkeys(j for _, job_ids in runs for j in job_ids))
     try:
-        found, problem = attempts(job_ids), None
-    except AccountingError as exc:
+        found, problem = attempts(ids), None
+    except slurm.SlurmError as exc:
         found, problem = [], exc
-    result = assemble(read_rank0(run_dir), found, container_seconds(run_dir))
-    if problem is not None:
-        note = f"{INCOMPLETE}: {problem}; queue wait and requeued attempts unknown, ask again later"
-        result.notes = [note, *(n for n in result.notes if not n.startswith("no Slurm accounting"))]
-    return result
+    out = []
+    for run_dir, job_ids in runs:
+        mine = [a for a in found if _of(a.job_id, job_ids)]
+        result = assemble(read_rank0(run_dir), mine, container_seconds(run_dir))
+        if problem is not None and job_ids:
+            unknown = "queue wait and requeued attempts unknown, ask again later"
+            note = f"{INCOMPLETE}: {problem}; {unknown}"
+            rest = [n for n in result.notes if not n.startswith("no Slurm accounting")]
+            result.notes = [note, *rest]
+        out.append(result)
+    return out
+
+
+def _of(job: str, job_ids: list[str]) -> bool:
+    """sacct's JobID `job` is one of `job_ids`, or a task of one of its arrays (123_4 of 123)."""
+    return job in job_ids or job.partition("_")[0] in job_ids
 
 
 def is_complete(ledger: Ledger) -> bool:
@@ -99,6 +90,6 @@ def is_complete(ledger: Ledger) -> bool:
 def pipeline_ledger(stages: list[tuple[Path, list[str]]]) -> Ledger:
     """The sum over a pipeline's stages (each stage's wall time is its own jobs')."""
     total = Ledger()
-    for run_dir, ids in stages:
-        total.add(ledger(run_dir, ids))
+    for stage in ledgers(stages):
+        total.add(stage)
     return total

@@ -4,21 +4,16 @@ checkpoint interval). The one sacct query of it is `partition_history`."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from vitpod.workflows.goodput import AccountingError, sacct
+from vitpod.workflows import slurm
 
 HISTORY_DAYS = 30
 INTERRUPTED = ("PREEMPTED", "NODE_FAIL", "REQUEUED")
 """sacct states of a start that ended before its job did (with -D, a requeued start is listed
 as REQUEUED, or PREEMPTED when preemption requeued it)."""
 
-Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
-
-
-HistoryError = AccountingError
+HistoryError = slurm.SlurmError
 """sacct could not be run or failed; the message says why."""
 
 
@@ -45,21 +40,17 @@ class History:
         )
 
 
-def partition_history(
-    partition: str, days: int = HISTORY_DAYS, run: Runner | None = None
-) -> History:
+def partition_history(partition: str, days: int = HISTORY_DAYS) -> History:
     """The partition's starts, job-hours (ElapsedRaw) and interruptions in the last `days`;
     HistoryError when sacct cannot be run or fails."""
-    columns = "JobID,State,ElapsedRaw"
-    out = sacct(["-X", "-D", "--partition", partition, "-S", f"now-{days}days",
-                 "--parsable2", "-n", "-o", columns], timeout=20, run=run)  # fmt: skip
+    columns = ("JobID", "State", "ElapsedRaw")
+    out = slurm.run(["sacct", "-X", "-D", "--partition", partition, "-S", f"now-{days}days",
+                     "--parsable2", "-n", "-o", ",".join(columns)])  # fmt: skip
     starts, seconds, interruptions = 0, 0, 0
-    for line in out.splitlines():
-        fields = line.split("|")
-        if len(fields) < 3 or not fields[0]:
+    for row in slurm.parsable(out, columns):
+        if not row["JobID"]:
             continue
         starts += 1
-        state = fields[1].split(" ")[0]  # "CANCELLED by 0"
-        interruptions += state in INTERRUPTED
-        seconds += int(fields[2]) if fields[2].isdigit() else 0
+        interruptions += row["State"].split(" ")[0] in INTERRUPTED  # "CANCELLED by 0"
+        seconds += int(row["ElapsedRaw"]) if row["ElapsedRaw"].isdigit() else 0
     return History(partition, days, starts, seconds / 3600, interruptions)

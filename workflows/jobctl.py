@@ -8,15 +8,15 @@ directories themselves (summary.json: completed; pipeline.json's recorded states
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate, status
+from vitpod.workflows import jobstate, slurm, status
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail
 from vitpod.workflows.runjobs import run_job_ids
@@ -185,11 +185,12 @@ def poll(job_ids: list[str]) -> dict[str, list[jobstate.JobInfo]] | None:
         return {}
     try:
         infos = jobstate.squeue(ids)
-    except (jobstate.SlurmCommandError, OSError, subprocess.TimeoutExpired):
+    except slurm.SlurmError:
         return None
     missing = [j for j in ids if not _owned(j, infos)]
     if missing:
-        infos.update(jobstate.sacct(missing) or {})
+        with contextlib.suppress(slurm.SlurmError):  # no accounting: the directories say
+            infos.update(jobstate.sacct(missing))
     return {j: _owned(j, infos) for j in ids}
 
 
@@ -273,7 +274,7 @@ def cancel_jobs(job_ids: list[str]) -> dict[str, str]:
         return {}
     try:
         infos = jobstate.squeue(ids)
-    except (jobstate.SlurmCommandError, OSError, subprocess.TimeoutExpired) as exc:
+    except slurm.SlurmError as exc:
         raise ConfigError(f"cannot tell which of job(s) {','.join(ids)} still run ({exc}); "
                           "nothing cancelled; retry when squeue answers") from None  # fmt: skip
     live = {}
@@ -285,9 +286,7 @@ def cancel_jobs(job_ids: list[str]) -> dict[str, str]:
     live = {
         j: s for j, s in live.items() if j.partition("_")[0] == j or j.partition("_")[0] not in live
     }
-    problem = jobstate.scancel(list(live))
-    if problem is not None:
-        raise ConfigError(problem)
+    slurm.scancel(list(live))  # SlurmError (a ConfigError) names the command when it fails
     return live
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+
+from vitpod.workflows import slurm
 
 #: States after which a job never runs again (a requeued job goes back to PENDING instead).
 #: PREEMPTED is left out: with requeue it is a passing state; without, the job later leaves the
@@ -30,10 +31,9 @@ GONE = "GONE"
 
 # JobArrayID and sacct's JobID name an array task `123_4` (a plain job: `123`); a pending
 # array's tasks not yet split off share one line, `123_[0-2%1]` or `123_[0,2]`.
-_SQUEUE_FIELDS = "JobArrayID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:"
-_SACCT_FIELDS = "JobID,State,ExitCode,Reason"
+SQUEUE_FIELDS = ("JobArrayID", "State", "Reason", "RestartCnt", "Exit_Code")
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason")
 _TASK_RANGE = re.compile(r"^(\d+)_\[([\d,-]+)(%\d+)?\]$")
-_CMD_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,6 @@ class JobInfo:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL or self.state == GONE
-
-
-class SlurmCommandError(RuntimeError):
-    """squeue itself failed (no controller reachable): the state of every job is unknown."""
-
-
-def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S, check=False)
 
 
 def _base_state(state: str) -> str:
@@ -77,68 +69,40 @@ def expand_job_id(job_id: str) -> list[str]:
     return ids
 
 
-def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """Parse `squeue -h -O JobArrayID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:` output."""
-    jobs = {}
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split("|")]
-        if len(parts) < 4 or not parts[0]:
-            continue
-        ids, state, reason, restarts = parts[:4]
-        exit_code = parts[4] if len(parts) > 4 else ""
-        for job_id in expand_job_id(ids):
-            jobs[job_id] = JobInfo(
-                job_id=job_id,
-                state=_base_state(state),
-                reason="" if reason == "None" else reason,
-                restarts=int(restarts) if restarts.isdigit() else 0,
-                exit_code=exit_code,
-                source="squeue",
-            )
-    return jobs
+def _info(job_id: str, row: dict[str, str], source: str) -> JobInfo:
+    reason = row.get("Reason", "")
+    restarts = row.get("RestartCnt", "")
+    return JobInfo(
+        job_id=job_id,
+        state=_base_state(row["State"]),
+        reason="" if reason == "None" else reason,
+        restarts=int(restarts) if restarts.isdigit() else 0,
+        exit_code=row.get("Exit_Code", row.get("ExitCode", "")),
+        source=source,
+    )
 
 
-def parse_sacct(text: str) -> dict[str, JobInfo]:
-    """Parse `sacct -n -P -X -o JobID,State,ExitCode,Reason` output (allocation lines only)."""
-    jobs = {}
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 3 or not parts[0] or "." in parts[0]:
-            continue
-        reason = parts[3] if len(parts) > 3 else ""
-        for job_id in expand_job_id(parts[0]):
-            jobs[job_id] = JobInfo(
-                job_id=job_id,
-                state=_base_state(parts[1]),
-                reason="" if reason == "None" else reason,
-                exit_code=parts[2],
-                source="sacct",
-            )
-    return jobs
+def squeue_infos(rows: list[dict[str, str]]) -> dict[str, JobInfo]:
+    """squeue rows (SQUEUE_FIELDS) -> each job's or array task's state."""
+    return {j: _info(j, row, "squeue") for row in rows if row["JobArrayID"]
+            for j in expand_job_id(row["JobArrayID"])}  # fmt: skip
+
+
+def sacct_infos(rows: list[dict[str, str]]) -> dict[str, JobInfo]:
+    """sacct rows (SACCT_FIELDS) -> each allocation's state (steps such as 123.batch left out)."""
+    return {j: _info(j, row, "sacct") for row in rows if row["JobID"] and "." not in row["JobID"]
+            for j in expand_job_id(row["JobID"])}  # fmt: skip
 
 
 def squeue(job_ids: list[str]) -> dict[str, JobInfo]:
-    """One squeue call for all jobs, including finished ones still in the controller's memory."""
-    cmd = ["squeue", "-h", "--states=all", "-j", ",".join(job_ids), "-O", _SQUEUE_FIELDS]
-    proc = _run(cmd)
-    if proc.returncode != 0:
-        # squeue fails with "Invalid job id" when none of the ids is still known: not an error.
-        if "invalid job id" in proc.stderr.lower():
-            return {}
-        raise SlurmCommandError(f"squeue failed ({proc.returncode}): {proc.stderr.strip()}")
-    return parse_squeue(proc.stdout)
+    """One squeue call for all jobs, including finished ones still in the controller's memory;
+    SlurmError when squeue fails."""
+    return squeue_infos(slurm.squeue(job_ids, SQUEUE_FIELDS))
 
 
-def sacct(job_ids: list[str]) -> dict[str, JobInfo] | None:
-    """One sacct call for all jobs, or None when accounting does not answer."""
-    cmd = ["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", _SACCT_FIELDS]
-    try:
-        proc = _run(cmd)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return parse_sacct(proc.stdout)
+def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
+    """One sacct call for all jobs; SlurmError when accounting does not answer."""
+    return sacct_infos(slurm.sacct(job_ids, SACCT_FIELDS))
 
 
 @dataclass
@@ -162,11 +126,12 @@ class JobStatePoller:
         known = squeue(ids)
         missing = [j for j in ids if j not in known]
         if missing and self._sacct_allowed():
-            found = sacct(missing)
-            self.accounting = found is not None
-            if found is None:
-                self._sacct_failed_at = time.monotonic()
+            try:
+                found = sacct(missing)
+            except slurm.SlurmError:
+                self.accounting, self._sacct_failed_at = False, time.monotonic()
             else:
+                self.accounting = True
                 known.update({j: found[j] for j in missing if j in found})
         return {j: known.get(j, JobInfo(job_id=j, state=GONE, source="none")) for j in ids}
 
@@ -259,26 +224,13 @@ def task_ids(job_id: str, tasks: int) -> list[str]:
     return [f"{job_id}_{index}" for index in range(tasks)]
 
 
-def scancel(job_ids: Iterable[str]) -> str | None:
-    """Cancel the jobs; None when scancel succeeded, else what went wrong (its stderr)."""
-    ids = list(job_ids)
-    if not ids:
-        return None
-    try:
-        done = subprocess.run(
-            ["scancel", *ids], check=False, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"scancel {' '.join(ids)} failed: {exc}"
-    if done.returncode != 0:
-        return f"scancel {' '.join(ids)} failed: {done.stderr.strip() or done.returncode}"
-    return None
-
-
 def cancel_outcome(job_ids: Iterable[str]) -> str:
     """scancel the jobs and say what happened, for a message: 'cancelled it' or the failure."""
-    problem = scancel(job_ids)
-    return "cancelled it" if problem is None else f"could not cancel it ({problem})"
+    try:
+        slurm.scancel(list(job_ids))
+    except slurm.SlurmError as exc:
+        return f"could not cancel it ({exc})"
+    return "cancelled it"
 
 
 def wait_array(

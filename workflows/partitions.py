@@ -4,15 +4,12 @@ sacctmgr), for the preflight's cluster checks; Slurm not answering is an error, 
 from __future__ import annotations
 
 import getpass
-import shlex
-import shutil
-import subprocess
 from dataclasses import dataclass
 
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.quantities import slurm_minutes
 
-QUERY_TIMEOUT_S = 30
 USABLE_STATES = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 """Node states a job can be given (sinfo %T); DOWN, DRAIN(ED/ING), FAIL... count as absent."""
 OFFLINE_HINT = "or pass --offline (make OFFLINE=1) to render/preflight without cluster checks"
@@ -58,44 +55,28 @@ class PartitionInfo:
         return min((n.gpus for n in self.usable), default=0)
 
 
-def query(argv: list[str], missing_ok: str = "") -> str | None:
-    """stdout of a Slurm command. SlurmSilent when it is missing, times out or fails, except a
-    failure whose message contains `missing_ok` (e.g. 'not found'), which returns None."""
-    what = shlex.join(argv)
-    if shutil.which(argv[0]) is None:
-        raise SlurmSilent(f"Slurm did not answer: {argv[0]} is not on PATH; {OFFLINE_HINT}")
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise SlurmSilent(
-            f"Slurm did not answer: `{what}` timed out after {QUERY_TIMEOUT_S} s; check the "
-            f"controller (`scontrol ping`) and retry, {OFFLINE_HINT}"
-        ) from None
-    except OSError as exc:
-        raise SlurmSilent(f"Slurm did not answer: `{what}`: {exc}; {OFFLINE_HINT}") from None
-    if out.returncode == 0:
-        return out.stdout
-    message = (out.stderr.strip() or out.stdout.strip()).splitlines()
-    if missing_ok and missing_ok in " ".join(message):
-        return None
-    raise SlurmSilent(
-        f"Slurm did not answer: `{what}` exited {out.returncode} "
-        f"({message[-1] if message else 'no message'}); check the controller (`scontrol ping`) "
-        f"and retry, {OFFLINE_HINT}"
-    )
+def _silent(exc: slurm.SlurmError) -> SlurmSilent:
+    return SlurmSilent(f"Slurm did not answer: {exc}; check the controller (`scontrol ping`) "
+                       f"and retry, {OFFLINE_HINT}")  # fmt: skip
 
 
 def cluster_partitions() -> set[str]:
     """Partition names from sinfo."""
-    return set((query(["sinfo", "-h", "-o", "%R"]) or "").split())
+    try:
+        return {row["partition"] for row in slurm.sinfo({"partition": "%R"})}
+    except slurm.SlurmError as exc:
+        raise _silent(exc) from None
 
 
 def partition_info(name: str) -> PartitionInfo | None:
     """scontrol's and sinfo's view of a partition (None: no such partition)."""
-    out = query(["scontrol", "show", "partition", name, "--oneliner"], missing_ok="not found")
-    if not out or "PartitionName=" not in out:
+    try:
+        found = slurm.scontrol_show("partition", name)
+    except slurm.SlurmError as exc:
+        raise _silent(exc) from None
+    fields = next((f for f in found if f.get("PartitionName") == name), None)
+    if fields is None:
         return None
-    fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
     return PartitionInfo(
         name=name,
         total_nodes=int(fields.get("TotalNodes", "0")),
@@ -107,30 +88,28 @@ def partition_info(name: str) -> PartitionInfo | None:
 
 def partition_nodes(name: str) -> tuple[NodeInfo, ...]:
     """Every node of the partition: state, RealMemory (MB), CPUTot and gres GPUs."""
-    out = query(["sinfo", "-h", "-N", "-p", name, "-o", "%N|%T|%m|%c|%G"]) or ""
-    nodes = {}
-    for line in out.splitlines():
-        node, state, mem, cpus, gres = (line.split("|") + [""] * 5)[:5]
-        if node:
-            nodes[node] = NodeInfo(node, state, _int(mem), _int(cpus), _gres_gpus(gres))
+    letters = {"node": "%N", "state": "%T", "mem": "%m", "cpus": "%c", "gres": "%G"}
+    try:
+        rows = slurm.sinfo(letters, "-N", "-p", name)
+    except slurm.SlurmError as exc:
+        raise _silent(exc) from None
+    nodes = {
+        r["node"]: NodeInfo(
+            r["node"], r["state"], _int(r["mem"]), _int(r["cpus"]), _gres_gpus(r["gres"])
+        )
+        for r in rows
+        if r["node"]
+    }
     return tuple(nodes.values())
 
 
 def associations(user: str | None = None) -> set[tuple[str, str]] | None:
     """(account, qos) pairs the user may submit with; None when there is no accounting."""
-    if shutil.which("sacctmgr") is None:
-        return None
-    user = user or getpass.getuser()
-    argv = ["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account,qos"]
     try:
-        out = query(argv) or ""
-    except SlurmSilent:
-        return None  # no slurmdbd: Slurm itself cannot hold accounts against the job
-    pairs = set()
-    for line in out.splitlines():
-        account, _, qos = line.partition("|")
-        pairs |= {(account.strip(), q.strip()) for q in qos.split(",")}
-    return pairs
+        rows = slurm.sacctmgr_assoc(user or getpass.getuser(), ("account", "qos"))
+    except slurm.SlurmError:
+        return None  # no sacctmgr or no slurmdbd: Slurm itself cannot hold accounts against the job
+    return {(r["account"].strip(), q.strip()) for r in rows for q in r["qos"].split(",")}
 
 
 def _unlimited(value: str | None) -> bool:

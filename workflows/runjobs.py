@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate
+from vitpod.workflows import jobstate, slurm
 from vitpod.workflows.errors import ConfigError
 
 CANCEL_WAIT_S = 300.0
@@ -47,7 +47,7 @@ def live_jobs(job_ids: list[str]) -> dict[str, jobstate.JobInfo]:
         return {}
     try:
         known = jobstate.squeue(job_ids)
-    except (jobstate.SlurmCommandError, OSError) as exc:
+    except slurm.SlurmError as exc:
         raise ConfigError(
             f"cannot tell whether job(s) {','.join(job_ids)} of this run still run ({exc}); "
             "retry when squeue answers"
@@ -68,9 +68,10 @@ def refuse_or_cancel(run: Path, cancel: bool, *, flag: str, wait_s: float = CANC
             f"{run}: {states} and writes this run directory; one job per run: wait for it, "
             f"`scancel {' '.join(ids)}`, or add {flag} to cancel it first"
         )
-    problem = jobstate.scancel(ids)
-    if problem is not None:
-        raise ConfigError(f"{run}: {states}; {problem}; nothing was submitted")
+    try:
+        slurm.scancel(ids)
+    except slurm.SlurmError as exc:
+        raise ConfigError(f"{run}: {states}; {exc}; nothing was submitted") from None
     print(f"cancelled {' '.join(ids)} ({states}); waiting for it to leave the queue", flush=True)
     deadline = time.monotonic() + wait_s
     while live := live_jobs(ids):

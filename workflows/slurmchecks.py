@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable
 from typing import Protocol
 
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.partitions import (
     OFFLINE_HINT,
-    QUERY_TIMEOUT_S,
     NodeInfo,
     PartitionInfo,
     associations,
@@ -151,10 +150,9 @@ def check_test_only(spec: JobSpec, script: str) -> list[str]:
     """Slurm's own verdict on the rendered script, nothing queued: `sbatch --test-only` reads it
     from stdin (an account, QOS, reservation, constraint, node list or option Slurm refuses)."""
     try:
-        out = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True,
-                             text=True, timeout=QUERY_TIMEOUT_S)  # fmt: skip
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ConfigError(f"`sbatch --test-only` did not answer ({exc}); {OFFLINE_HINT}") from None
+        out = slurm.call(["sbatch", "--test-only"], input=script)
+    except slurm.SlurmError as exc:
+        raise ConfigError(f"{exc}; {OFFLINE_HINT}") from None
     said = " ".join((out.stderr + out.stdout).split())
     if out.returncode != 0:
         given = ", ".join(f"{v}={getattr(spec, k) if k != 'extra' else ' '.join(spec.sbatch_extra)}"
@@ -186,12 +184,10 @@ def check_mpi(spec: JobSpec) -> list[str]:
     mpi = spec.profile.mpi
     if not mpi:
         return ["mpi: not set, srun gets no --mpi (torch.distributed env:// rendezvous)"]
-    argv = ["srun", "--mpi=list"]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        what = f"`srun --mpi=list` did not answer ({exc})"
-        raise ConfigError(f"mpi={mpi}: {what}; {OFFLINE_HINT}") from None
+        out = slurm.call(["srun", "--mpi=list"])
+    except slurm.SlurmError as exc:
+        raise ConfigError(f"mpi={mpi}: {exc}; {OFFLINE_HINT}") from None
     types = mpi_types(out.stdout + "\n" + out.stderr)
     if mpi not in types:
         raise ConfigError(

@@ -96,9 +96,11 @@ def stage_status(
     recorded_state: str = "",
     hang_factor: float = triage.HANG_FACTOR,
     accounting: bool = True,
+    with_ledger: bool = True,
 ) -> StageStatus:
     """Combine the scheduler's view of a stage's jobs with what its run directory holds
-    (`accounting`: the job ids are Slurm's, so sacct has their starts)."""
+    (`accounting`: the job ids are Slurm's, so sacct has their starts; `with_ledger=False`:
+    the caller fills in the ledgers of all its stages at once, `add_ledgers`)."""
     if info:
         state = info[-1].state
         restarts = max(i.restarts for i in info)
@@ -115,7 +117,8 @@ def stage_status(
     found = triage.diagnose(run_dir / runfiles.LOGS, state, exit_code) if failed else None
     if state == "RUNNING":
         found = triage.stuck(run_dir, hang_factor)
-    ledger = goodput.ledger(run_dir, job_ids if accounting else []) if last_step else None
+    ids = job_ids if accounting else []
+    ledger = goodput.ledger(run_dir, ids) if last_step and with_ledger else None
     sizes = tuple(world_sizes(run_dir))
     tail = MetricsTail(run_dir)
     tail.update()
@@ -124,6 +127,15 @@ def stage_status(
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
                        found, ledger, sizes, tail.total, tail.loss, eta,
                        newest_checkpoint_age(run_dir, now), engine_of(run_dir))  # fmt: skip
+
+
+def add_ledgers(statuses: list[StageStatus], accounting: bool = True) -> list[StageStatus]:
+    """The goodput ledger of every stage that has trained, from ONE sacct for all of them."""
+    stepped = [s for s in statuses if s.last_step]
+    runs = [(Path(s.run_dir), s.job_ids if accounting else []) for s in stepped]
+    for stage, ledger in zip(stepped, goodput.ledgers(runs), strict=True):
+        stage.ledger = ledger
+    return statuses
 
 
 def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
@@ -150,7 +162,7 @@ def run_status(
     record = runfiles.read_record(record_path) if record_path.is_file() else {}
     uses_slurm = (executor or record.get("executor", "slurm")) == "slurm"
     polled = jobstate.poll_once(all_ids) if all_ids and uses_slurm else {}
-    return [
+    statuses = [
         stage_status(
             name,
             rd,
@@ -159,9 +171,11 @@ def run_status(
             recorded,
             hang_factor,
             uses_slurm,
+            with_ledger=False,
         )  # fmt: skip
         for name, rd, ids, recorded in stages
     ]
+    return add_ledgers(statuses, uses_slurm)
 
 
 def format_status(statuses: list[StageStatus]) -> str:
@@ -178,10 +192,9 @@ def format_status(statuses: list[StageStatus]) -> str:
     return "\n".join(out)
 
 
-def stage_report(stage: Mapping[str, Any], state: str, accounting: bool = True) -> dict[str, Any]:
+def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -> dict[str, Any]:
     """One stage of report.json: its result (summary.json), goodput and where its files are.
-    `stage`: the stage's entry in pipeline.json; `accounting`: its job ids are Slurm's."""
-    ids = [str(j) for j in stage.get("job_ids", [])] if accounting else []
+    `stage`: the stage's entry in pipeline.json."""
     run_dir = Path(stage["run_dir"])
     summary = runfiles.read_summary(run_dir) or {}
     return {
@@ -193,7 +206,7 @@ def stage_report(stage: Mapping[str, Any], state: str, accounting: bool = True) 
         "checkpoints": str(run_dir / runfiles.CHECKPOINTS),
         "final_model": str(runfiles.final_model(run_dir)),
         "logs": str(run_dir / runfiles.LOGS),
-        "goodput": goodput.ledger(run_dir, ids).as_dict(),
+        "goodput": ledger.as_dict(),
     }
 
 
@@ -205,9 +218,13 @@ def pipeline_report(
     recorded state of a stage."""
     states = states or {}
     slurm = record.get("executor", "slurm") == "slurm"
+    runs = [(Path(s["run_dir"]), [str(j) for j in s.get("job_ids", [])] if slurm else [])
+            for s in record["stages"].values()]  # fmt: skip
     stages = {
-        name: stage_report(stage, states.get(name, stage.get("state", "")), slurm)
-        for name, stage in record["stages"].items()
+        name: stage_report(stage, states.get(name, stage.get("state", "")), ledger)
+        for (name, stage), ledger in zip(
+            record["stages"].items(), goodput.ledgers(runs), strict=True
+        )  # fmt: skip
     }
     made = {
         stage: {"label_dir": job["label_dir"], "run_dir": job["run_dir"],

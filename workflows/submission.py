@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import write_decision
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import JobPlan
 from vitpod.workflows.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
-
-SBATCH_TIMEOUT_S = 60
 
 
 class SbatchUnanswered(ConfigError):
@@ -24,23 +22,13 @@ def sbatch(script: Path, extra: Sequence[str] = ()) -> str:
     """`sbatch --parsable [EXTRA] SCRIPT` from the script's directory; returns the job id.
     `extra`: options that override the script's #SBATCH lines (the doctor's --exclude)."""
     try:
-        out = subprocess.run(
-            ["sbatch", "--parsable", *extra, str(script)],
-            capture_output=True,
-            text=True,
-            cwd=script.parent,
-            timeout=SBATCH_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
+        return slurm.sbatch(script, extra)
+    except slurm.SlurmUnanswered as exc:
         name = _job_name(script)
         raise SbatchUnanswered(
-            f"sbatch did not answer within {SBATCH_TIMEOUT_S} s: the job may be queued anyway; "
-            f"check with `squeue --me --name {name}` (or `sacct --name {name}`) before "
-            f"submitting again; {script.parent} is kept"
+            f"{exc}: the job may be queued anyway; check with `squeue --me --name {name}` (or "
+            f"`sacct --name {name}`) before submitting again; {script.parent} is kept"
         ) from None
-    if out.returncode != 0:
-        raise ConfigError(f"sbatch rejected {script}: {out.stderr.strip() or out.stdout.strip()}")
-    return out.stdout.strip().split(";")[0]
 
 
 def _job_name(script: Path) -> str:
