@@ -12,7 +12,9 @@ from timm.models.volo import OutlookAttention
 
 from vitpod.registry import models
 from vitpod.trainer.__main__ import main
+from vitpod.trainer.checks import problems
 from vitpod.trainer.exitcodes import USAGE
+from vitpod.trainer.flags import parse_args
 from vitpod.trainer.outlook import (
     FusedOutlookAttention,
     TritonUnavailable,
@@ -107,6 +109,22 @@ def test_timm_kernel_leaves_the_model_alone_and_an_unknown_name_raises():
     assert not any(isinstance(m, FusedOutlookAttention) for m in model.modules())
     with pytest.raises(ValueError, match="--outlook-kernel flash: choose one of timm, fused"):
         apply_outlook_kernel(model, "flash", torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "fix"),
+    [
+        (["--model", "vit_tiny_patch16_224"], "has no outlook attention; drop it"),
+        (["--model", "volo_tiny", "--tp", "2"], "with --tp 2: tensor parallelism runs its own"),
+    ],
+)
+@pytest.mark.parametrize("kernel", ["fused", "triton"])
+def test_a_kernel_the_run_would_not_use_is_refused(flags, fix, kernel):
+    cfg = parse_args(["--dataset", "synthetic", *flags, "--outlook-kernel", kernel], world_size=2)
+    found = [p for p in problems(cfg) if p.startswith(f"--outlook-kernel {kernel}")]
+    assert len(found) == 1 and fix in found[0], found
+    cfg = parse_args(["--dataset", "synthetic", *flags], world_size=2)
+    assert not [p for p in problems(cfg) if p.startswith("--outlook-kernel")]
 
 
 def test_triton_is_refused_on_a_cpu_unless_interpreted(monkeypatch):

@@ -174,7 +174,7 @@ def outlook_fold_op(
         attn, *sa, values, *values.stride(), out, *out.stride(), heads, H, W, h, w, D,
         K=kernel, S=stride, P=padding, BLOCK_T=block_t,
         BLOCK_L=triton.next_power_of_2(kernel * kernel), BLOCK_D=triton.next_power_of_2(D),
-        num_warps=4,
+        num_warps=8,  # a [16, 16, head width] tile: 32 elements a thread at width 32
     )  # fmt: skip
     return out
 
