@@ -137,6 +137,7 @@ def test_triton_is_refused_on_a_cpu_unless_interpreted(monkeypatch):
     assert [type(m) for m in model.modules()] == before
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the trainer takes the GPU there")
 def test_the_trainer_refuses_triton_on_a_cpu_before_any_step(
     digits_dir, tmp_path, capsys, monkeypatch
 ):
