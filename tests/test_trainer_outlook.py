@@ -150,3 +150,28 @@ def test_the_trainer_refuses_triton_on_a_cpu_before_any_step(
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--outlook-kernel triton" in errors[0]
     assert not any('"kind": "step"' in f.read_text() for f in run.glob("metrics/*.jsonl"))
+
+
+@NO_TRITON
+@pytest.mark.parametrize(
+    ("name", "pointers", "warps"),
+    [("fold", ("*fp32", "*bf16", "*bf16"), 4), ("grad_attn", ("*bf16", "*bf16", "*fp32"), 8)],
+)
+def test_the_kernels_compile_for_an_h100_without_one(name, pointers, warps):
+    """Triton's whole CUDA pipeline (front end to ptxas) for sm_90 at volo_d1's bf16 shapes: what
+    the interpreter lets through but the compiler would refuse fails here, not on a lent GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from vitpod.trainer.outlook_triton import KERNELS
+
+    kernel = KERNELS[name][0]
+    constexprs = {"K": 3, "S": 2, "P": 1, "BLOCK_T": 8, "BLOCK_L": 16, "BLOCK_D": 32}
+    given = iter(pointers)
+    signature = {
+        arg: "constexpr" if arg in constexprs else next(given) if arg.endswith("_ptr") else "i32"
+        for arg in kernel.arg_names
+    }
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    binary = compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    assert binary.asm["cubin"] and f".entry _{name}_kernel" in binary.asm["ptx"]
