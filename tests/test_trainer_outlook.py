@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
+import math
 
 import pytest
 import torch
@@ -137,19 +139,24 @@ def test_triton_is_refused_on_a_cpu_unless_interpreted(monkeypatch):
     assert [type(m) for m in model.modules()] == before
 
 
+@NO_TRITON
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the trainer takes the GPU there")
-def test_the_trainer_refuses_triton_on_a_cpu_before_any_step(
-    digits_dir, tmp_path, capsys, monkeypatch
-):
+def test_the_trainer_runs_triton_on_a_cpu_only_interpreted(tmp_path, capsys, monkeypatch):
+    args = ["--dataset", "synthetic", "--model", "volo_tiny", "--img-size", "32", "-b", "2",
+            "--workers", "0", "--max-steps", "1", "--epochs", "1", "--warmup-epochs", "0",
+            "--no-eval", "--outlook-kernel", "triton"]  # fmt: skip
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    run = tmp_path / "run"
-    args = [str(digits_dir), "--model", "volo_tiny", "--img-size", "32", "-b", "8",
-            "--workers", "0", "--loader", "torch", "--max-steps", "1", "--aa", "",
-            "--outlook-kernel", "triton", "--output", str(run)]  # fmt: skip
-    assert main(args) == USAGE
+    refused = tmp_path / "refused"
+    assert main([*args, "--output", str(refused)]) == USAGE
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--outlook-kernel triton" in errors[0]
-    assert not any('"kind": "step"' in f.read_text() for f in run.glob("metrics/*.jsonl"))
+    assert len(errors) == 1 and "--outlook-kernel triton: needs a CUDA GPU" in errors[0]
+    assert not any('"kind": "step"' in f.read_text() for f in refused.glob("metrics/*.jsonl"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    run = tmp_path / "run"
+    assert main([*args, "--output", str(run)]) == 0
+    rows = [json.loads(x) for x in (run / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("kind") == "step"]
+    assert len(steps) == 1 and math.isfinite(steps[0]["loss"])
 
 
 @NO_TRITON
