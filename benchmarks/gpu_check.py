@@ -150,7 +150,7 @@ def levers_section(
                 continue
             levers = [next(lv for lv in levers if lv["name"] == row) for row in only]
         img, batch = (32, 2) if rehearse else (224, batch)
-        if late and f"{name}/setup" in rec.data.get("levers", {}):
+        if f"{name}/setup" in rec.data.get("levers", {}):  # counted once a run
             flops = rec.data["levers"][f"{name}/setup"]["flops"]
         elif device.type == "cuda":
             model = base.timm_step(name, img, batch)[1]
