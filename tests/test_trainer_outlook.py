@@ -160,6 +160,7 @@ def test_the_trainer_runs_triton_on_a_cpu_only_interpreted(tmp_path, capsys, mon
 
 
 @NO_TRITON
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA cases compile them for real")
 @pytest.mark.parametrize(
     ("name", "pointers", "warps"),
     [("fold", ("*fp32", "*bf16", "*bf16"), 4), ("grad_attn", ("*bf16", "*bf16", "*fp32"), 8)],
