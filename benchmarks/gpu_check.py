@@ -37,6 +37,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 import gpu as base  # noqa: E402  (benchmarks/gpu.py: peaks, FLOP count, timing, timm's loop)
+from gpu_check_outlook import outlook_section  # noqa: E402
 
 # The step benchmark's batches, so figures compare with gpu_h100.json; --rehearse runs the tiny
 # stand-ins on the CPU (fp32: bf16 autocast is emulated on CPUs without avx512_bf16).
@@ -199,74 +200,6 @@ def levers_section(
             rec.put("levers", key, row)
             del step
             torch._dynamo.reset()
-
-
-# Section -> row -> (kernel, compiled, bf16 autocast where CUDA): the outlook equality checks
-OUTLOOK_CHECKS = {
-    "outlook": {"volo_d1_first_block": ("fused", True, True)},
-    "kernel": {
-        "volo_d1_first_block_triton": ("triton", False, True),
-        "volo_d1_first_block_triton_fp32": ("triton", False, False),
-        "volo_d1_first_block_triton_compiled": ("triton", True, True),
-    },
-}
-
-
-def outlook_section(rec: Record, device: torch.device, rehearse: bool, section: str) -> None:
-    """VOLO-D1's first outlook attention: timm's eager module against another kernel's, in bf16
-    autocast or fp32: largest output and gradient error relative to the largest timm value."""
-    import copy
-
-    import timm
-
-    from vitpod.trainer.outlook import apply_outlook_kernel
-
-    torch.manual_seed(0)
-    net = timm.create_model("volo_d1_224", num_classes=10)
-    ref = next(m for m in net.modules() if type(m).__name__ == "OutlookAttention").to(device)
-    batch, side = (2, 8) if rehearse else (64, 28)  # D1's outlook stage: 28 x 28 tokens at 224 px
-    x = torch.randn(batch, side, side, ref.v.in_features, device=device)
-
-    def run(module: torch.nn.Module, bf16: bool) -> list[torch.Tensor]:
-        xi = x.clone().requires_grad_()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = module(xi)
-        out.float().square().mean().backward()
-        params = [p.grad.float() for p in module.parameters()]
-        grads = [out.detach().float(), xi.grad.float(), *params]
-        module.zero_grad(set_to_none=True)
-        return grads
-
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
-
-    wants: dict[bool, list[torch.Tensor]] = {}  # timm's, per dtype
-    for key, (kernel, compiled, autocast) in OUTLOOK_CHECKS[section].items():
-        bf16 = autocast and device.type == "cuda"
-        if rec.left() < (60 if compiled else 10):
-            rec.put("outlook", key, {"skipped": "time budget"})
-            continue
-        try:
-            other = copy.deepcopy(ref)
-            apply_outlook_kernel(other, kernel, device)
-            if bf16 not in wants:
-                wants[bf16] = run(ref, bf16)
-            want = wants[bf16]
-            got = run(torch.compile(other) if compiled else other, bf16)
-        except Exception as err:  # one check failing must not cost the timings
-            rec.put("outlook", key, {"error": f"{type(err).__name__}: {err}"[:600]})
-            continue
-        row = {
-            "shape": list(x.shape), "kernel": kernel, "compiled": compiled,
-            "dtype": "bf16 autocast" if bf16 else "fp32",
-            "output_rel_err": rel(got[0], want[0]), "input_grad_rel_err": rel(got[1], want[1]),
-            "param_grad_rel_err": max(rel(a, b) for a, b in zip(got[2:], want[2:], strict=True)),
-            # bf16 keeps 8 bits of mantissa: 2**-8 per rounding, a few roundings; fp32: only
-            # the order of the sums differs
-            "tolerance": 2e-2 if bf16 else 1e-4,
-        }  # fmt: skip
-        row["within_tolerance"] = all(row[k] <= row["tolerance"] for k in row if k.endswith("_err"))
-        rec.put("outlook", key, row)
 
 
 def trainer_run(out_dir: Path, args: list[str], log: Path) -> dict[str, Any]:
