@@ -1,7 +1,7 @@
 """The GPU-only paths, each run once with its figure: MFU levers, the trainer's own MFU and compile
 cache, nvJPEG decode, fp16 loss scaling. Run by `benchmarks/gpu_check.sh` on a lent GPU.
 
-`python benchmarks/gpu_check.py --out DIR [--sections levers,trainer,decode] [--budget-s 420]`
+`python benchmarks/gpu_check.py --out DIR [--sections kernel,levers,...] [--budget-s 420]`
 writes DIR/gpu_check.json after every measurement, so a run cut short keeps what it measured;
 a measurement that would start after the budget is recorded as skipped. `--rehearse` runs the
 same code on the CPU with tiny models and batches (what can run there), to catch mistakes
@@ -10,7 +10,10 @@ before device time is spent.
 Levers (one training step on device-resident batches, as `gpu.py`'s steps section): timm's
 train.py loop (timm AdamW, foreach) against the trainer's pieces with one change at a time:
 fused AdamW, channels-last, torch.compile, CUDA graphs (compile mode "reduce-overhead"),
-float8 Linear layers (torchao), VOLO's unfold-free outlook attention (trainer/outlook.py).
+float8 Linear layers (torchao), VOLO's unfold-free outlook attention (trainer/outlook.py) and
+its Triton kernels (trainer/outlook_triton.py). `--sections kernel` runs only the Triton
+kernel's part (under 3 minutes on an H100): its equality with timm's block, then volo_d1 steps
+eager and compiled with it and with timm's (rows already measured in the run are not repeated).
 MFU = FLOPs of the step counted by torch.utils.flop_counter / step time / peak (the datasheet's
 dense bf16 peak and the matmul rate measured in the same run).
 """
@@ -34,6 +37,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 import gpu as base  # noqa: E402  (benchmarks/gpu.py: peaks, FLOP count, timing, timm's loop)
+from gpu_check_outlook import outlook_section  # noqa: E402
 
 # The step benchmark's batches, so figures compare with gpu_h100.json; --rehearse runs the tiny
 # stand-ins on the CPU (fp32: bf16 autocast is emulated on CPUs without avx512_bf16).
@@ -52,8 +56,10 @@ LEVERS: dict[str, list[dict[str, Any]]] = {
         {"name": "timm_loop"},
         {"name": "fused_adamw+channels_last"},
         {"name": "fused_outlook", "kernel": "fused"},
+        {"name": "triton_outlook", "kernel": "triton"},
         {"name": "compile"},
         {"name": "compile+fused_outlook", "kernel": "fused"},
+        {"name": "compile+triton_outlook", "kernel": "triton"},
         {
             "name": "compile+fused_outlook+cuda_graphs",
             "kernel": "fused",
@@ -62,6 +68,10 @@ LEVERS: dict[str, list[dict[str, Any]]] = {
         },
     ],
 }
+# --sections kernel: volo_d1's rows for the Triton kernel, most telling first (timm's compiled
+# row last: a budget cut costs the figure the levers section also gives)
+KERNEL_ROWS = ("fused_adamw+channels_last", "triton_outlook", "compile+triton_outlook", "compile")
+SECTIONS = ("outlook", "kernel", "levers", "decode", "trainer")  # the default: all, this order
 
 
 class Record:
@@ -96,7 +106,7 @@ def lever_step(name: str, img: int, batch: int, lever: dict[str, Any], device: t
     amp = device.type == "cuda"
     precision = make_precision(device, amp, False, "bf16", lever.get("channels_last", True))
     model = create_model(name, img, 1000, 0.1)
-    apply_outlook_kernel(model, lever.get("kernel", "timm"))
+    apply_outlook_kernel(model, lever.get("kernel", "timm"), device)
     model = prepare_model(model, precision, False)
     if lever.get("fp8"):
         apply_fp8(model, device)
@@ -110,12 +120,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def time_step(step: Callable[[], None], device: torch.device, steps: int) -> dict[str, float]:
+def time_step(
+    step: Callable[[], None], device: torch.device, steps: int, warmup: int = 3
+) -> dict[str, float]:
     start = time.perf_counter()
     step()  # first step: compile, autotune, CUDA graph capture
     sync(device)
     first = time.perf_counter() - start
-    for _ in range(3):
+    for _ in range(warmup):
         step()
     sync(device)
     start = time.perf_counter()
@@ -125,13 +137,21 @@ def time_step(step: Callable[[], None], device: torch.device, steps: int) -> dic
     return {"first_step_s": first, "step_s": (time.perf_counter() - start) / steps}
 
 
-def levers_section(rec: Record, device: torch.device, rehearse: bool, late: bool) -> None:
+def levers_section(
+    rec: Record, device: torch.device, rehearse: bool, late: bool, only: tuple[str, ...] = ()
+) -> None:
     """The levers in order; `late` ones (CUDA graphs) run after the decode and trainer sections,
-    so a run that reaches its budget loses the least telling figures."""
+    so a run that reaches its budget loses the least telling figures. `only`: volo_d1's levers
+    of these names, in this order (the kernel section)."""
     peak, matmul = rec.data["datasheet_bf16_flops"], rec.data["measured_bf16_matmul_flops"]
     for name, batch in MODELS.items():
+        levers = LEVERS[name]
+        if only:
+            if name != "volo_d1":
+                continue
+            levers = [next(lv for lv in levers if lv["name"] == row) for row in only]
         img, batch = (32, 2) if rehearse else (224, batch)
-        if late and f"{name}/setup" in rec.data.get("levers", {}):
+        if f"{name}/setup" in rec.data.get("levers", {}):  # counted once a run
             flops = rec.data["levers"][f"{name}/setup"]["flops"]
         elif device.type == "cuda":
             model = base.timm_step(name, img, batch)[1]
@@ -144,8 +164,10 @@ def levers_section(rec: Record, device: torch.device, rehearse: bool, late: bool
             flops = 0
         if f"{name}/setup" not in rec.data.get("levers", {}):
             rec.put("levers", f"{name}/setup", {"img_size": img, "batch": batch, "flops": flops})
-        for lever in (lv for lv in LEVERS[name] if lv.get("late", False) == late):
+        for lever in (lv for lv in levers if lv.get("late", False) == late):
             key = f"{name}/{lever['name']}"
+            if key in rec.data["levers"]:  # the levers and kernel sections share rows
+                continue
             if rec.left() < (90 if lever["name"].startswith("compile") else 20):
                 rec.put("levers", key, {"skipped": "time budget"})
                 continue
@@ -164,7 +186,7 @@ def levers_section(rec: Record, device: torch.device, rehearse: bool, late: bool
                 if step is None:
                     rec.put("levers", key, {"skipped": "timm loop is CUDA-only in gpu.py"})
                     continue
-                t = time_step(step, device, 2 if rehearse else 20)
+                t = time_step(step, device, *((1, 0) if rehearse else (20, 3)))
             except Exception as err:  # one lever failing must not cost the others
                 rec.put("levers", key, {"error": f"{type(err).__name__}: {err}"[:600]})
                 continue
@@ -178,44 +200,6 @@ def levers_section(rec: Record, device: torch.device, rehearse: bool, late: bool
             rec.put("levers", key, row)
             del step
             torch._dynamo.reset()
-
-
-def outlook_section(rec: Record, device: torch.device, rehearse: bool) -> None:
-    """VOLO-D1's first outlook attention: timm's eager module against the fused one compiled,
-    in bf16 autocast: largest output and gradient error relative to the largest timm value."""
-    import copy
-
-    import timm
-
-    from vitpod.trainer.outlook import use_fused_outlook
-
-    torch.manual_seed(0)
-    net = timm.create_model("volo_d1_224", num_classes=10)
-    ref = next(m for m in net.modules() if type(m).__name__ == "OutlookAttention").to(device)
-    fused = copy.deepcopy(ref)
-    use_fused_outlook(fused)
-    batch, side = (2, 8) if rehearse else (64, 28)  # D1's outlook stage: 28 x 28 tokens at 224 px
-    x = torch.randn(batch, side, side, ref.v.in_features, device=device)
-    results = {}
-    for key, module in (("timm_eager", ref), ("fused_compiled", torch.compile(fused))):
-        xi = x.clone().requires_grad_()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            out = module(xi)
-        out.float().square().mean().backward()
-        results[key] = (out.float(), xi.grad.float(), [p.grad.float() for p in module.parameters()])
-
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
-
-    (o_ref, g_ref, p_ref), (o_f, g_f, p_f) = results["timm_eager"], results["fused_compiled"]
-    row = {
-        "shape": list(x.shape), "dtype": "bf16 autocast" if device.type == "cuda" else "fp32",
-        "output_rel_err": rel(o_f, o_ref), "input_grad_rel_err": rel(g_f, g_ref),
-        "param_grad_rel_err": max(rel(a, b) for a, b in zip(p_f, p_ref, strict=True)),
-        "tolerance": 2e-2,  # bf16 keeps 8 bits of mantissa: 2**-8 per rounding, a few roundings
-    }  # fmt: skip
-    row["within_tolerance"] = all(row[k] <= row["tolerance"] for k in row if k.endswith("_err"))
-    rec.put("outlook", "volo_d1_first_block", row)
 
 
 def trainer_run(out_dir: Path, args: list[str], log: Path) -> dict[str, Any]:
@@ -298,11 +282,15 @@ def decode_section(rec: Record, scratch: Path, rehearse: bool) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--sections", default="outlook,levers,decode,trainer")
+    p.add_argument("--sections", default=",".join(SECTIONS))
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--scratch", type=Path, default=Path("/tmp/vitpod-gpu-check"))
     p.add_argument("--rehearse", action="store_true", help="CPU, tiny sizes")
     ns = p.parse_args()
+    sections = ns.sections.split(",")
+    unknown = sorted(set(sections) - {*SECTIONS, "late"})
+    if unknown:
+        p.error(f"--sections {','.join(unknown)}: choose from {','.join(SECTIONS)},late")
     ns.out.mkdir(parents=True, exist_ok=True)
     ns.scratch.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available() and not ns.rehearse
@@ -316,9 +304,11 @@ def main() -> int:
         "cpus": os.cpu_count(),
     }  # fmt: skip
     rec = Record(ns.out, ns.budget_s, head)
-    sections = ns.sections.split(",")
-    if "outlook" in sections:
-        outlook_section(rec, device, ns.rehearse)
+    if ns.rehearse:  # the Triton kernels on the CPU: interpreted (trainer/outlook.py)
+        os.environ["TRITON_INTERPRET"] = "1"
+    for section in ("outlook", "kernel"):
+        if section in sections:
+            outlook_section(rec, device, ns.rehearse, section)
     if "levers" in sections:
         levers_section(rec, device, ns.rehearse, late=False)
     if "decode" in sections:
@@ -327,6 +317,8 @@ def main() -> int:
         trainer_section(rec, ns.out, ns.scratch, ns.rehearse)
     if "levers" in sections or "late" in sections:
         levers_section(rec, device, ns.rehearse, late=True)
+    if "kernel" in sections:
+        levers_section(rec, device, ns.rehearse, late=False, only=KERNEL_ROWS)
     return 0
 
 

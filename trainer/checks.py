@@ -64,8 +64,16 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         )
     if cfg.deepspeed and cfg.topology == "ps":
         out.append("--deepspeed and --topology ps both choose the gradient path; drop one")
-    if cfg.outlook_kernel == "fused" and not cfg.model.startswith("volo"):
-        out.append(f"--outlook-kernel fused: --model {cfg.model} has no outlook attention; drop it")
+    if cfg.outlook_kernel != "timm" and not cfg.model.startswith("volo"):
+        out.append(
+            f"--outlook-kernel {cfg.outlook_kernel}: --model {cfg.model} has no outlook attention;"
+            " drop it"
+        )
+    if cfg.outlook_kernel != "timm" and cfg.tp > 1:  # tensor_parallel swaps in its own forward
+        out.append(
+            f"--outlook-kernel {cfg.outlook_kernel} with --tp {cfg.tp}: tensor parallelism runs"
+            " its own per-head outlook attention; drop --outlook-kernel or --tp"
+        )
     if not 0 <= cfg.zero_stage <= 3:
         out.append(f"--zero-stage {cfg.zero_stage}: must be 0, 1, 2 or 3")
     out += _mesh_problems(cfg)

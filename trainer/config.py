@@ -13,6 +13,7 @@ from vitpod.trainer.checkpoint_every import AUTO_BY_HAND, checkpoint_every_value
 
 SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
 """timm's schedules that step per optimizer update (its plateau steps on an epoch's metric)."""
+OUTLOOK_KERNELS = ("timm", "fused", "triton")  # --outlook-kernel (trainer/outlook.py)
 
 
 class ConfigError(ValueError):
@@ -103,8 +104,8 @@ class TrainConfig:
     )  # fmt: skip
     outlook_kernel: str = field(
         default="timm",
-        metadata=_arg("model", "VOLO outlook attention: timm's unfold/fold or the fused form",
-                      choices=("timm", "fused")),
+        metadata=_arg("model", "VOLO outlook attention: timm's unfold/fold, the unfold-free "
+                      "form or Triton kernels (CUDA)", choices=OUTLOOK_KERNELS),
     )  # fmt: skip
     attn: str = field(
         default="auto",

@@ -1,15 +1,18 @@
-"""--outlook-kernel fused: VOLO's outlook attention without unfold/fold, for torch.compile."""
+"""--outlook-kernel fused|triton: VOLO's outlook attention without timm's unfold/fold."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from timm.models.volo import OutlookAttention
 from torch import nn
 
-KERNELS = ("timm", "fused")
+from vitpod.trainer.config import OUTLOOK_KERNELS as KERNELS
+from vitpod.trainer.config import ConfigError
 
 
 def _offsets(kernel: int) -> list[tuple[int, int]]:
@@ -53,18 +56,55 @@ class FusedOutlookAttention(OutlookAttention):
         return self.proj_drop(self.proj(folded[:, p : p + H, p : p + W]))
 
 
-def use_fused_outlook(model: nn.Module) -> int:
-    """Swap every timm OutlookAttention of `model` to the fused forward; returns how many."""
+class TritonUnavailable(ConfigError):
+    """--outlook-kernel triton where its kernels cannot run; one line naming the fix."""
+
+
+def _swap(model: nn.Module, cls: type[OutlookAttention]) -> int:
     swapped = 0
     for module in model.modules():
         if type(module) is OutlookAttention:
-            module.__class__ = FusedOutlookAttention
+            module.__class__ = cls
             swapped += 1
     return swapped
 
 
-def apply_outlook_kernel(model: nn.Module, kernel: str) -> int:
+def use_fused_outlook(model: nn.Module) -> int:
+    """Swap every timm OutlookAttention of `model` to the fused forward; returns how many."""
+    return _swap(model, FusedOutlookAttention)
+
+
+def triton_problem(device: torch.device) -> str:
+    """Why --outlook-kernel triton cannot run on `device` ('' when it can). CPU tensors run
+    only under Triton's interpreter (TRITON_INTERPRET=1: tests, gpu_check --rehearse)."""
+    fix = "use --outlook-kernel fused or timm"
+    if importlib.util.find_spec("triton") is None:
+        return (
+            "--outlook-kernel triton: the triton package is not installed in this environment "
+            f"(torch's Linux wheels bring it; pip install triton); or {fix}"
+        )
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return ""
+    if device.type != "cuda":
+        return f"--outlook-kernel triton: needs a CUDA GPU and this rank runs on {device}; {fix}"
+    return ""
+
+
+def use_triton_outlook(model: nn.Module, device: torch.device) -> int:
+    """Swap every timm OutlookAttention to the Triton kernels; TritonUnavailable first where
+    they cannot run on `device`. Returns how many were swapped."""
+    problem = triton_problem(device)
+    if problem:
+        raise TritonUnavailable(problem)
+    from vitpod.trainer.outlook_triton import TritonOutlookAttention  # imports triton
+
+    return _swap(model, TritonOutlookAttention)
+
+
+def apply_outlook_kernel(model: nn.Module, kernel: str, device: torch.device) -> int:
     """The --outlook-kernel choice: 'timm' leaves the model as built."""
     if kernel not in KERNELS:
         raise ValueError(f"--outlook-kernel {kernel}: choose one of {', '.join(KERNELS)}")
+    if kernel == "triton":
+        return use_triton_outlook(model, device)
     return use_fused_outlook(model) if kernel == "fused" else 0

@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 
 def apply_speedups(model: nn.Module, cfg: TrainConfig, device: torch.device, run_dir: Path) -> bool:
     """Swap kernels in place; returns whether to compile (its cache is then set up)."""
-    if apply_outlook_kernel(model, cfg.outlook_kernel):
-        log.info("--outlook-kernel fused: outlook attention without unfold/fold")
+    if apply_outlook_kernel(model, cfg.outlook_kernel, device):  # triton: refused off CUDA
+        log.info("--outlook-kernel %s: outlook attention without unfold/fold", cfg.outlook_kernel)
     if cfg.fp8:
         apply_fp8(model, device)  # raises on hardware without float8, before any step
     compile_model = compile_enabled(cfg.compile, device)
