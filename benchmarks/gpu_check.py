@@ -311,14 +311,14 @@ def main() -> int:
             outlook_section(rec, device, ns.rehearse, section)
     if "levers" in sections:
         levers_section(rec, device, ns.rehearse, late=False)
+    if "kernel" in sections:  # before the trainer and decode: the kernel's rows come first
+        levers_section(rec, device, ns.rehearse, late=False, only=KERNEL_ROWS)
     if "decode" in sections:
         decode_section(rec, ns.scratch, ns.rehearse)
     if "trainer" in sections:
         trainer_section(rec, ns.out, ns.scratch, ns.rehearse)
     if "levers" in sections or "late" in sections:
         levers_section(rec, device, ns.rehearse, late=True)
-    if "kernel" in sections:
-        levers_section(rec, device, ns.rehearse, late=False, only=KERNEL_ROWS)
     return 0
 
 
