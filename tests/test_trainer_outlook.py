@@ -80,7 +80,9 @@ def test_triton_kernel_traces_under_torch_compile(device, monkeypatch):
     torch.manual_seed(0)
     module = OutlookAttention(16, 2, stride=2).to(device)
     swap(module, "triton", device, monkeypatch)
-    x = torch.randn(2, 5, 6, 16, device=device, requires_grad=True)
+    # Even sizes: torch 2.11's inductor gets AvgPool2d(ceil_mode=True)'s backward wrong on CUDA
+    # at odd ones (timm's own OutlookAttention too; docs/benchmarks.md)
+    x = torch.randn(2, 6, 8, 16, device=device, requires_grad=True)
     x_compiled = x.detach().clone().requires_grad_()
     backend = "inductor" if device == "cuda" else "aot_eager"  # inductor on CPU: slow to build
     compiled = torch.compile(module, backend=backend, fullgraph=True)

@@ -42,7 +42,7 @@ def write(
             raise ValueError(f"its keys or shapes are not the trained {model_name}'s")
 
         def write_config(tmp: Path) -> None:
-            save_config_for_hf(meta, str(tmp), cfg, model_args)
+            save_config_for_hf(meta, tmp, cfg, model_args)  # type: ignore[arg-type]  # timm < 1.0.31 wants a Path
 
         config = _atomic(directory / runfiles.TIMM_CONFIG, write_config)
     except (TypeError, ValueError, RuntimeError) as err:
