@@ -89,4 +89,8 @@ def test_cancelled_job_fails_wait_without_accounting(local_slurm, monkeypatch):
     finally:
         subprocess.run(["scancel", job, dependent], check=False)
         _restart_slurm()
+    # slurmctld sends the records it kept while slurmdbd was down once they reconnect (seconds)
+    deadline = time.monotonic() + 90
+    while job not in jobstate.sacct([job]) and time.monotonic() < deadline:
+        time.sleep(1)
     assert job in jobstate.sacct([job])
