@@ -119,3 +119,26 @@ def test_watching_5_or_500_jobs_costs_the_same_slurm_calls_per_poll():
     for name, ways in large.items():
         assert ways["batched"] == small[name]["batched"] <= 2, name
         assert ways["per_job"] >= 500, name  # the fake really counts calls per job
+
+
+def test_on_cluster_names_the_cluster_on_every_command_that_takes_it(monkeypatch):
+    """Multi-cluster operation: inside on_cluster, queries, sbatch and scancel carry -M; sacctmgr
+    and srun do not take it; outside, nothing is added (SLURM_CONF's cluster answers)."""
+    seen: list[list[str]] = []
+
+    def fake(argv, **_):
+        seen.append(argv)
+        out = "CLUSTER: pod2\n7|COMPLETED\n" if argv[0] == "sacct" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(slurm, "runner", fake)
+    with slurm.on_cluster("pod2"):
+        rows = slurm.sacct(["7"], ("JobID", "State"))
+        slurm.scancel(["7"])
+        slurm.run(["sacctmgr", "-nP", "list", "cluster"])
+        assert slurm.current_cluster() == "pod2"
+    slurm.scancel(["8"])
+    assert rows == [{"JobID": "7", "State": "COMPLETED"}]  # -M's header line is not a row
+    assert [a[:2] for a in seen] == [["sacct", "--clusters=pod2"], ["scancel", "--clusters=pod2"],
+                                     ["sacctmgr", "-nP"], ["scancel", "8"]]  # fmt: skip
+    assert slurm.current_cluster() == ""
