@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate, slurm, status
+from vitpod.workflows import jobstate, multicluster, slurm, status
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail
 from vitpod.workflows.runjobs import run_job_ids
@@ -300,7 +300,15 @@ def cancel(path: Path) -> tuple[Entry, dict[str, str]]:
     if entry.executor != "slurm":
         raise ConfigError(f"{path}: ran without Slurm (profile scheduler {entry.executor!r}); "
                           "nothing to scancel: stop its process (Ctrl-C)")  # fmt: skip
-    return entry, cancel_jobs(entry.jobs)
+    runs = [(p.run_dir, p.job_ids) for p in entry.parts]
+    clusters = {multicluster.cluster_of(run_dir) for run_dir, _ in runs} or {""}
+    if len(clusters) == 1:
+        with slurm.on_cluster(clusters.pop() or slurm.current_cluster()):
+            return entry, cancel_jobs(entry.jobs)
+    cancelled: dict[str, str] = {}  # a pipeline across clusters: one scancel -M per cluster
+    for done in multicluster.per_cluster(runs, cancel_jobs):
+        cancelled.update(done)
+    return entry, cancelled
 
 
 @dataclass

@@ -117,9 +117,15 @@ class JobStatePoller:
     job_ids: list[str]
     sacct_retry_s: float = 60.0
     accounting: bool | None = None
+    cluster: str = ""
+    """The Slurm cluster asked (-M); '': the one the caller's block is on (the default)."""
     _sacct_failed_at: float = field(default=-1e9, repr=False)
 
     def poll(self) -> dict[str, JobInfo]:
+        with slurm.on_cluster(self.cluster or slurm.current_cluster()):
+            return self._poll()
+
+    def _poll(self) -> dict[str, JobInfo]:
         ids = [str(j) for j in self.job_ids]
         if not ids:
             return {}
