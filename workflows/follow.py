@@ -150,11 +150,14 @@ class Target:
                 row.tail.update()
                 row.ckpt_age_s = newest_checkpoint_age(row.tail.run_dir, now)
             known = [infos[k] for j in row.job_ids if (k := f"{j}@{row.cluster}") in infos]
-            self._set_state(row, known, recorded.get(row.name, ""))
+            # Slurm's states win; pipeline.json's only for a stage not (yet) submitted.
+            mine = recorded.get(row.name, "") if not (self.uses_slurm and row.job_ids) else ""
+            self._set_state(row, known, mine)
 
     def _recorded(self) -> list[tuple[str, Path, list[str], str]]:
-        """States kept in pipeline.json (the local executor's only source of truth)."""
-        if self.study or self.uses_slurm:
+        """States kept in pipeline.json (the local executor's only source of truth; on Slurm,
+        that of a stage not submitted yet)."""
+        if self.study:
             return []
         return status.stages_of(self.path)
 
@@ -178,7 +181,9 @@ class Target:
         if row.state == jobstate.GONE and done_here:
             row.state = "COMPLETED"
         gone = row.state == jobstate.GONE and row.gone_polls >= 2
-        never = row.state == "PENDING" and _NEVER_STARTS in row.reason
+        never = (row.state == "PENDING" and _NEVER_STARTS in row.reason) or (
+            row.state == jobstate.NOT_STARTED
+        )
         row.ended = row.state in jobstate.TERMINAL or gone or never
         row.ok = row.state == "COMPLETED"
         if row.state == "RUNNING" and row.tail is not None:

@@ -111,9 +111,7 @@ def _copy_verified(source: Path, target: Path, sha256: str, copy: Copy) -> tuple
     )
 
 
-def transfer(
-    pretrain_run: Path, destination: Path, copy: Copy = shutil.copyfile
-) -> dict[str, Any]:
+def transfer(pretrain_run: Path, destination: Path, copy: Copy = shutil.copyfile) -> dict[str, Any]:
     """Copy the pretrain's final model into `destination`/final, verified by the sha256 in its
     final/manifest.json; returns the record both runs' manifests keep. TransferError (and
     nothing at `destination`/final/model.pt) when it cannot be done."""
@@ -151,10 +149,11 @@ def image_problem(pretrain_image: dict[str, Any] | None, finetune: Profile) -> s
         return None
     if before and before == now:
         return None
+    ran = (pretrain_image or {}).get("image") or "no container"
+    holds = why or (finetune.container.image if finetune.container else "")
     return (
-        f"image: the pretrain ran {before or 'no known digest'}"
-        f" ({(pretrain_image or {}).get('image') or 'no container'}), profile {finetune.name} "
-        f"holds {now or 'no known digest'} ({why or finetune.container and finetune.container.image})"
-        "; both stages must run the same image: import or pull the pretrain's image on the "
-        "fine-tune cluster (`make container` there, or container.image: <registry>/<repo>@<digest>)"
+        f"image: the pretrain ran {before or 'no known digest'} ({ran}), profile "
+        f"{finetune.name} holds {now or 'no known digest'} ({holds}); both stages must run the "
+        "same image: import or pull the pretrain's image on the fine-tune cluster (`make "
+        "container` there, or container.image: <registry>/<repo>@<digest>)"
     )

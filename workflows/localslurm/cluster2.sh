@@ -113,6 +113,7 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 GresTypes=gpu
 PlugStackConfig=$STATE/etc/plugstack.conf
+TaskProlog=$STATE/etc/task-prolog.sh
 NodeName=node[3-4] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[17003-17004] CPUs=8 RealMemory=4000 Gres=gpu:2 State=UNKNOWN
 PartitionName=batch Nodes=node[3-4] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 PartitionName=finetune Nodes=node[3-4] MaxTime=INFINITE State=UP OverSubscribe=NO
@@ -126,6 +127,15 @@ write_if_changed "$STATE/etc/plugstack.conf" <<EOF
 $PLUGSTACK_LINE
 EOF
 CONF=$STATE/etc/slurm.conf
+# A job submitted from cluster 1 (sbatch -M) inherits the submitter's SLURM_CONF, which names
+# cluster 1: its srun would ask the wrong controller. On a site each cluster's nodes have their
+# own /etc/slurm; here every task of cluster 2 is told its own (TaskProlog's `export` lines set
+# the task's environment, slurm.conf(5)).
+write_if_changed "$STATE/etc/task-prolog.sh" <<EOF
+#!/bin/sh
+echo "export SLURM_CONF=$CONF"
+EOF
+chmod 0755 "$STATE/etc/task-prolog.sh"
 
 # Registering is sacctmgr's, through cluster 1's configuration (same slurmdbd).
 SLURM_CONF=$STATE1/etc/slurm.conf sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER" \
