@@ -134,8 +134,10 @@ def test_both_stages_must_run_the_same_image_digest(tmp_path):
 def test_a_chain_across_clusters_plans_each_stage_on_its_own_profile_and_storage(tmp_path):
     """Offline render: the fine-tune's run lives under cluster 2's run root, reads the model the
     transfer puts there, and its manifest names cluster 2 (what status asks with -M)."""
-    chain = Chain("localslurm", "volo_tiny", offline=True, run_root=str(tmp_path / "one"),
-                  finetune_cluster="localslurm2", finetune_run_root=str(tmp_path / "two"))  # fmt: skip
+    chain = Chain(
+        "localslurm", "volo_tiny", offline=True, run_root=str(tmp_path / "one"),
+        finetune_cluster="localslurm2", finetune_run_root=str(tmp_path / "two"),
+    )  # fmt: skip
     chain.render()
     pre, fin = chain.stages["pretrain"].run_dir, chain.stages["finetune"].run_dir
     assert chain.crossing and pre.parent.parent == tmp_path / "one"
