@@ -89,8 +89,12 @@ def test_make_pipeline_preempted_on_cluster_1_fine_tunes_on_cluster_2(
     starts = two_clusters.sacct(two_clusters.first, [job], "JobName,State,Start,End")
     ((pre_name, pre_state, _, pre_end),) = starts
     assert pre_name.endswith("pretrain") and pre_state == "COMPLETED"
-    requeued = subprocess.run(["sacct", "-M", two_clusters.first, "-n", "-P", "-X", "-D", "-j",
-                               job, "-o", "State"], capture_output=True, text=True, check=True)
+    requeued = subprocess.run(
+        ["sacct", "-M", two_clusters.first, "-n", "-P", "-X", "-D", "-j", job, "-o", "State"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "REQUEUED" in requeued.stdout or "PREEMPTED" in requeued.stdout, requeued.stdout
     ((fin_name, fin_state, fin_submit),) = two_clusters.sacct(
         two_clusters.second, [fin_job], "JobName,State,Submit"
@@ -105,8 +109,13 @@ def test_make_pipeline_preempted_on_cluster_1_fine_tunes_on_cluster_2(
     config = json.loads((fin / runfiles.CONFIG).read_text())
     assert config["finetune"] == str(Path(moved["to"]).parent.parent)
     # status names the cluster of each stage
-    shown = subprocess.run([sys.executable, "-m", "vitpod.workflows", "status", "--run",
-                            str(pre.parent)], capture_output=True, text=True, env=env, check=True)
+    shown = subprocess.run(
+        [sys.executable, "-m", "vitpod.workflows", "status", "--run", str(pre.parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     assert re.search(rf"finetune\s+COMPLETED\s+jobs={fin_job} cluster=vitpod2", shown.stdout)
 
 
@@ -118,7 +127,8 @@ def test_a_damaged_final_model_is_caught_and_starts_no_fine_tune(
     run = Chain(first, "volo_tiny", 1, ARGS + " --max-steps 2", finetune_cluster=second,
                 time="00:10:00").submit()  # fmt: skip
     pre, fin = run.stages["pretrain"], run.stages["finetune"]
-    jobstate.wait_jobs(jobstate.JobStatePoller(pre.job_ids), timeout=240, poll_s=1)  # the chain has not looked yet
+    # The pretrain's end, watched here: the chain has not looked yet, so nothing handed over.
+    jobstate.wait_jobs(jobstate.JobStatePoller(pre.job_ids), timeout=240, poll_s=1)
     model = pre.run_dir / runfiles.FINAL / runfiles.FINAL_MODEL
     data = bytearray(model.read_bytes())
     data[len(data) // 2] ^= 0xFF
