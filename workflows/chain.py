@@ -96,8 +96,9 @@ class Chain:
         self.cluster, self.model = cluster, model
         self.finetune_cluster = finetune_cluster or cluster
         self.finetune_run_root = finetune_run_root
-        self.crossing, self.handover = False, {}
-        """crossing: the fine-tune goes to another cluster/storage after the pretrain's end."""
+        self.crossing = False
+        """The fine-tune goes to another cluster/storage after the pretrain's end."""
+        self.handover: dict[str, Any] = {}
         self.resources = StageResources(
             "" if nodes is None else str(nodes), time,
             "" if finetune_nodes is None else str(finetune_nodes), finetune_time,
@@ -178,8 +179,8 @@ class Chain:
                 model=model, stage=stage,
                 **self.resources.request(stage, profile if stage == "pretrain" else ft_profile,
                                          "pretrain" in self.wanted),
-                args=self.stage_args[stage], entry=self.entry,
-                run_dir=(directory if stage == "pretrain" else ft_dir) / stage,  # type: ignore[arg-type]
+                args=self.stage_args[stage], entry=self.entry,  # type: ignore[arg-type]
+                run_dir=(directory if stage == "pretrain" else ft_dir) / stage,
                 finetune_from=source if stage == "finetune" else "",
                 finetune_pending=chained, offline=self.offline,
             )  # fmt: skip
