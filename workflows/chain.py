@@ -162,9 +162,9 @@ class Chain:
         model = recipe_name(profile.model_for(self.model))
         root = runs_root(profile, self.run_root)
         directory = new_run_path(root, model, "pipeline")
-        ft_dir = chain_cross.finetune_directory(
-            directory, root, runs_root(ft_profile, self.finetune_run_root)
-        )
+        same = self.finetune_cluster == self.cluster and not self.finetune_run_root
+        ft_root = root if same else runs_root(ft_profile, self.finetune_run_root)
+        ft_dir = chain_cross.finetune_directory(directory, root, ft_root)
         self.crossing = self.wanted == STAGES and (
             chain_cross.crosses(profile, ft_profile) or ft_dir != directory
         )

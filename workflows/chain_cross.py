@@ -88,7 +88,7 @@ def advance(chain: Any) -> None:
     """One look at the pretrain; at its real end, carry the model and submit the fine-tune.
     HandoverError when the pretrain ended otherwise or the handover failed."""
     pre, fin = chain.stages["pretrain"], chain.stages["finetune"]
-    if fin.job_ids or fin.state == REFUSED:
+    if fin.job_ids or fin.state == REFUSED or not pre.job_ids:
         return
     with slurm.on_cluster(pre.recorded_cluster):
         info = jobstate.poll_once(pre.job_ids)[pre.job_ids[0]]

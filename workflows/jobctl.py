@@ -223,15 +223,16 @@ def _part_state(part: Part, known: dict[str, list[jobstate.JobInfo]] | None) -> 
 
 
 def settle(entries: list[Entry]) -> str:
-    """Fill in each entry's state and progress (one batched poll); a note when Slurm did not
-    answer."""
-    ids = [j for e in entries if e.executor == "slurm" for p in e.parts for j in p.job_ids]
-    known = poll(ids)
+    """Fill in each entry's state and progress (one batched poll per Slurm cluster); a note when
+    Slurm did not answer."""
+    parts = [p for e in entries if e.executor == "slurm" for p in e.parts]
+    answers = multicluster.per_cluster([(p.run_dir, p.job_ids) for p in parts], poll)
+    known = {id(p): k for p, k in zip(parts, answers, strict=True)}
     for entry in entries:
         if entry.state == "UNREADABLE":
             continue
         for part in entry.parts:
-            part.state = _part_state(part, known if entry.executor == "slurm" else {})
+            part.state = _part_state(part, known.get(id(part), {}))
             if part.run_dir is not None and entry.kind != "study":
                 tail = MetricsTail(part.run_dir)
                 try:
@@ -240,7 +241,9 @@ def settle(entries: list[Entry]) -> str:
                     entry.note = str(exc)
                 part.step, part.total = tail.step, tail.total
         entry.state = _combined([p.state for p in entry.parts])
-    return "" if known is not None else "squeue did not answer: states from the directories"
+    if any(k is None for k in answers):
+        return "squeue did not answer: states from the directories"
+    return ""
 
 
 def list_entries(
