@@ -129,11 +129,18 @@ def test_a_preempted_pretrain_hands_over_only_at_its_end_and_a_damaged_model_is_
     data[len(data) // 2] ^= 0xFF  # the final model damaged after the trainer recorded its digest
     model.write_bytes(bytes(data))
 
-    with pytest.raises(ChainError, match="copies failed.*sha256"):
-        run.wait(timeout=60, poll_s=1)
-    assert fin.job_ids == [] and fin.state == chain_cross.REFUSED
-    source = Path(fin.job_plan.request.finetune_from)
-    assert not (source / runfiles.FINAL / runfiles.FINAL_MODEL).exists()
+    # `make status` from another process (the chain reattached from pipeline.json) hands over
+    # as the submitting process would: the damage is caught, nothing is submitted.
+    shown = subprocess.run([sys.executable, "-m", "vitpod.workflows", "status", "--run",
+                            str(run.directory)], capture_output=True, text=True)  # fmt: skip
+    assert re.search(r"copies failed.*sha256", shown.stdout), shown.stdout + shown.stderr
     record = json.loads((run.directory / runfiles.PIPELINE).read_text())
     assert "sha256" in record["handover"]["error"]
     assert record["stages"]["finetune"]["state"] == chain_cross.REFUSED
+    assert record["stages"]["finetune"]["job_ids"] == []
+    source = Path(fin.job_plan.request.finetune_from)
+    assert not (source / runfiles.FINAL / runfiles.FINAL_MODEL).exists()
+    # and the chain that submitted it, looking next, finds the hand-over refused
+    with pytest.raises(ChainError, match="pretrain|finetune"):
+        run.wait(timeout=60, poll_s=1)
+    assert fin.job_ids == []

@@ -11,14 +11,17 @@ A failed transfer or another image stops the chain before the fine-tune: it is n
 
 from __future__ import annotations
 
+import fcntl
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.workflows import handover, jobstate, slurm
+from vitpod.workflows import handover, jobstate, slurm, submission
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import Profile
+from vitpod.workflows.profile import Profile, load_profile
 from vitpod.workflows.rundir import image_info, write_json
 
 WAITING = "WAITING"
@@ -88,28 +91,52 @@ def advance(chain: Any) -> None:
     """One look at the pretrain; at its real end, carry the model and submit the fine-tune.
     HandoverError when the pretrain ended otherwise or the handover failed."""
     pre, fin = chain.stages["pretrain"], chain.stages["finetune"]
-    if fin.job_ids or fin.state == REFUSED or not pre.job_ids:
+    if fin.job_ids or not pre.job_ids:
         return
+    if fin.state == REFUSED:
+        raise HandoverError(chain.handover.get("error") or "the fine-tune was not submitted")
     with slurm.on_cluster(pre.recorded_cluster):
         info = jobstate.poll_once(pre.job_ids)[pre.job_ids[0]]
     pre.state = info.state
     if info.state == "COMPLETED":
-        hand_over(chain, pre, fin)
+        with _handover_lock(chain.directory):
+            record = runfiles.read_record(chain.directory / runfiles.PIPELINE)
+            done = record["stages"]["finetune"]
+            if done.get("job_ids") or done.get("state") == REFUSED:  # another process did
+                fin.job_ids, fin.state = [str(j) for j in done.get("job_ids", [])], done["state"]
+                chain.handover = record.get("handover", {})
+                if fin.state == REFUSED:
+                    raise HandoverError(chain.handover.get("error") or "not submitted")
+                return
+            hand_over(chain, pre, fin)
     elif (why := jobstate.failure(info)) is not None:
         fin.state = REFUSED
+        chain.handover = {"error": f"pretrain: {why}; the fine-tune is not submitted"}
         chain._save()
-        raise HandoverError(f"pretrain: {why}; the fine-tune on {fin.recorded_cluster} is not "
-                            "submitted")  # fmt: skip
+        raise HandoverError(chain.handover["error"])
+
+
+@contextmanager
+def _handover_lock(directory: Path) -> Iterator[None]:
+    """One hand-over per pipeline: the submitting process and a `make status` may both see the
+    pretrain's end."""
+    with open(directory / ".handover.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def hand_over(chain: Any, pre: Any, fin: Any) -> None:
-    """Transfer (when the storage roots differ), image check, then submit the fine-tune."""
+    """Transfer (when the storage roots differ), image check, then submit the fine-tune. From
+    the run directories' manifests, so a chain reattached with Chain.from_dir hands over too."""
+    manifest = runfiles.read_manifest(fin.run_dir)
+    image = runfiles.read_manifest(pre.run_dir).get("image")  # what the pretrain was planned with
     try:
         moved = None
-        source = Path(fin.job_plan.request.finetune_from)
+        source = Path(manifest["overrides"]["finetune_from"])
         if handover.needs_transfer(pre.run_dir, fin.run_dir):
             moved = handover.transfer(pre.run_dir, source)
-        problem = handover.image_problem(planned_image(pre.job_plan), fin.job_plan.profile)
+        profile = fin.plan.profile if fin.plan else load_profile(manifest["profile"]["path"])
+        problem = handover.image_problem(image, profile)
         if problem:
             raise handover.TransferError(f"{problem}; the fine-tune is not submitted")
     except handover.TransferError as exc:
@@ -121,9 +148,16 @@ def hand_over(chain: Any, pre: Any, fin: Any) -> None:
         moved["to_cluster"] = fin.recorded_cluster or "default"
         _record(pre.run_dir, "transfers", moved, append=True)
         fin.manifest_extra["transfer"] = {**moved, "from_cluster": pre.recorded_cluster}
-    chain.handover = {"transfer": moved, "image": planned_image(pre.job_plan)}
+    chain.handover = {"transfer": moved, "image": image}
     with slurm.on_cluster(fin.recorded_cluster):
-        chain._submit_stage(fin, dependency=None)
+        if fin.plan is not None:
+            chain._submit_stage(fin, dependency=None)
+        else:  # reattached, no plan: the stage's rendered script, as `make finetune` submits it
+            fin.job_ids = [submission.sbatch(fin.run_dir / manifest["script"])]
+            fin.state = "SUBMITTED"
+            write_json(fin.run_dir / runfiles.MANIFEST,
+                       {**manifest, "job_ids": fin.job_ids, **fin.manifest_extra})  # fmt: skip
+            print(f"finetune: submitted job {fin.job_ids[0]} ({fin.run_dir})", flush=True)
     chain._save()
 
 
