@@ -150,3 +150,56 @@ def test_a_chain_across_clusters_plans_each_stage_on_its_own_profile_and_storage
     assert record["finetune_cluster"] == "localslurm2" and record["crossing"] is True
     with pytest.raises(ConfigError, match="same scheduler"):
         Chain("localslurm", "volo_tiny", offline=True, finetune_cluster="local").plan()
+
+
+def test_the_hand_over_waits_for_the_pretrains_real_end_then_submits_on_cluster_2(
+    tmp_path, monkeypatch
+):
+    """A chain across clusters, reattached from its directory (as `make status` does): while
+    Slurm reports the pretrain running, preempted or requeued nothing is handed over; at
+    COMPLETED the model is carried (digest in both manifests) and the fine-tune's script is
+    submitted to cluster 2 (-M). Slurm's answers are faked; files and the chain are real."""
+    from vitpod.workflows import chain_cross, slurm
+
+    rendered = Chain(
+        "localslurm", "volo_tiny", offline=True, run_root=str(tmp_path / "one"),
+        finetune_cluster="localslurm2", finetune_run_root=str(tmp_path / "two"),
+    )  # fmt: skip
+    rendered.render()
+    directory = rendered.directory
+    record = json.loads((directory / runfiles.PIPELINE).read_text())
+    record["stages"]["pretrain"].update(job_ids=["5"], state="SUBMITTED")
+    record["stages"]["finetune"]["state"] = chain_cross.WAITING
+    (directory / runfiles.PIPELINE).write_text(json.dumps(record))
+    pre = rendered.stages["pretrain"].run_dir
+    finished = _pretrain(tmp_path / "made")  # the trainer's final/ as the pretrain leaves it
+    shutil.copytree(finished / runfiles.FINAL, pre / runfiles.FINAL)
+    states = iter(["RUNNING", "PREEMPTED", "PENDING", "RUNNING", "COMPLETED"])
+    asked: list[list[str]] = []
+
+    def fake(argv, **_):
+        asked.append(argv)
+        if argv[0] == "squeue":
+            return subprocess.CompletedProcess(argv, 0, f"5|{next(states)}|None|1|0:0|\n", "")
+        if argv[0] == "sbatch":
+            return subprocess.CompletedProcess(argv, 0, "1000001;vitpod2\n", "")
+        raise AssertionError(argv)
+
+    monkeypatch.setattr(slurm, "runner", fake)
+    chain = Chain.from_dir(directory)
+    for _ in range(4):
+        chain_cross.advance(chain)
+        assert not any(a[0] == "sbatch" for a in asked)
+    chain_cross.advance(chain)  # COMPLETED
+    (sbatch,) = [a for a in asked if a[0] == "sbatch"]
+    fin = rendered.stages["finetune"].run_dir
+    assert sbatch[:2] == ["sbatch", "--clusters=vitpod2"] and sbatch[-1] == str(fin / "job.sbatch")
+    assert all("--clusters" not in a[1] for a in asked if a[0] == "squeue")  # cluster 1: default
+    digest = json.loads((pre / runfiles.FINAL / runfiles.MANIFEST).read_text())["sha256"]
+    assert runfiles.read_manifest(fin)["transfer"]["sha256"] == digest
+    assert runfiles.read_manifest(fin)["job_ids"] == ["1000001"]
+    assert runfiles.read_manifest(pre)["transfers"][0]["sha256"] == digest
+    saved = json.loads((directory / runfiles.PIPELINE).read_text())["stages"]["finetune"]
+    assert saved["job_ids"] == ["1000001"] and saved["cluster"] == "vitpod2"
+    chain_cross.advance(Chain.from_dir(directory))  # another look: already handed over
+    assert len([a for a in asked if a[0] == "sbatch"]) == 1
