@@ -9,6 +9,7 @@ STAGE ?= pretrain
 MODEL ?=
 NODES ?=
 TIME ?=
+FT_CLUSTER ?=
 FT_NODES ?=
 FT_TIME ?=
 ACCOUNT ?=
@@ -50,9 +51,10 @@ DRY_RUN ?=
 OLDER_THAN ?=
 INCLUDE_FINALS ?=
 YES ?=
+CLUSTERS ?= 1
 SLURM_VARS := ACCOUNT QOS RESERVATION CONSTRAINT EXCLUDE SBATCH_EXTRA FT_ACCOUNT FT_QOS FT_RESERVATION FT_CONSTRAINT FT_EXCLUDE FT_SBATCH_EXTRA
-VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN OLDER_THAN INCLUDE_FINALS YES VENV
-export CLUSTER STAGE MODEL NODES TIME FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
+VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN OLDER_THAN INCLUDE_FINALS YES CLUSTERS VENV
+export CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -78,7 +80,7 @@ FT_SLURM_ARGS = --finetune-account="$$FT_ACCOUNT" --finetune-qos="$$FT_QOS" \
 STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --time "$$TIME" --args="$$ARGS" $(SLURM_ARGS)
 # FT_NODES/FT_TIME/FT_ACCOUNT/... are the fine-tune stage's of `make pipeline`; one stage takes
 # NODES/TIME/ACCOUNT/...
-FT_SET = $(strip $(foreach v,FT_NODES FT_TIME $(filter FT_%,$(SLURM_VARS)),$(if $($(v)),$(v))))
+FT_SET = $(strip $(foreach v,FT_CLUSTER FT_NODES FT_TIME $(filter FT_%,$(SLURM_VARS)),$(if $($(v)),$(v))))
 FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; make $@ runs one stage: use the name without FT_ (NODES=, TIME=, ACCOUNT=, ...)))$(if $(TEACHER)$(TEACHER_CKPT),$(error TEACHER/TEACHER_CKPT make token labels in make pipeline and make token-labels; make $@ would ignore them: drop TEACHER, or pass the labels with ARGS="--token-label-data DIR"))
 
 .PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
@@ -87,7 +89,7 @@ FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; m
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status list cancel clean-runs scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too)"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_CLUSTER= (pipeline, demo: the fine-tune's profile, e.g. another Slurm cluster) FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too) CLUSTERS=$(CLUSTERS) (slurm-up: 2 = also the second local cluster, profile localslurm2)"
 
 setup:
 	bash scripts/setup.sh
@@ -120,12 +122,12 @@ resume:
 	$(WF) resume --run "$$RUN" --nodes "$$NODES" $(if $(filter-out 0,$(CANCEL)),--cancel-running)
 
 pipeline:
-	$(WF) pipeline $(STAGE_ARGS) --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" $(FT_SLURM_ARGS) \
+	$(WF) pipeline $(STAGE_ARGS) --finetune-cluster "$$FT_CLUSTER" --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" $(FT_SLURM_ARGS) \
 	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG) $(DRY_FLAG) \
 	  --finetune-from "$$FINETUNE_FROM"
 
 demo:
-	$(WF) demo --cluster "$$CLUSTER" $(if $(TOKEN_LABELS),--token-labels)
+	$(WF) demo --cluster "$$CLUSTER" --finetune-cluster "$$FT_CLUSTER" $(if $(TOKEN_LABELS),--token-labels)
 
 status:
 	$(WF) status --run "$$RUN" $(FOLLOW_FLAG)
@@ -177,8 +179,12 @@ doctor:
 container:
 	bash containers/build.sh
 
+# CLUSTERS=2: also a second cluster (own controller, nodes node3/node4, same slurmdbd; profile
+# localslurm2), started without restarting the first (workflows/localslurm/cluster2.sh).
 slurm-up:
+	@case "$(CLUSTERS)" in 1|2) ;; *) echo "CLUSTERS=$(CLUSTERS): use 1 or 2" >&2; exit 2;; esac
 	bash workflows/localslurm/up.sh
+	$(if $(filter 2,$(CLUSTERS)),bash workflows/localslurm/cluster2.sh)
 
 slurm-down:
 	bash workflows/localslurm/down.sh

@@ -109,3 +109,40 @@ def wait_usable(node: str, timeout: float = 60) -> None:
         if info is not None and all(n.usable for n in info.nodes if n.name == node):
             return
         time.sleep(0.5)
+
+
+CLUSTER2 = REPO / "workflows" / "localslurm" / "cluster2.sh"
+
+
+@dataclass(frozen=True)
+class TwoClusters:
+    """Cluster 1 (vitpod: node1/node2) and cluster 2 (vitpod2: node3/node4), one slurmdbd."""
+
+    first: str
+    second: str
+
+    @staticmethod
+    def sacct(cluster: str, job_ids: list[str], fields: str) -> list[list[str]]:
+        """`sacct -M CLUSTER` rows (allocations) of the jobs: what accounting says ran there."""
+        out = subprocess.run(
+            ["sacct", "-M", cluster, "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", fields],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        return [line.split("|") for line in out.stdout.splitlines() if line]
+
+
+@pytest.fixture(scope="session")
+def two_clusters(request: pytest.FixtureRequest) -> TwoClusters:
+    """Cluster 1 as local_slurm starts it (left as it is when it answers), then cluster 2
+    (cluster2.sh: its own controller and nodes, registered in the same slurmdbd)."""
+    conf = STATE / "etc" / "slurm.conf"
+    ping = subprocess.run(["scontrol", "ping"], env={**os.environ, "SLURM_CONF": str(conf)},
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        request.getfixturevalue("local_slurm")
+    os.environ["SLURM_CONF"] = str(conf)
+    out = subprocess.run(["bash", str(CLUSTER2)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VITPOD_SLURM_STATE": str(STATE)})  # fmt: skip
+    if out.returncode != 0:
+        pytest.fail(f"workflows/localslurm/cluster2.sh failed:\n{out.stderr[-3000:]}")
+    return TwoClusters("vitpod", "vitpod2")

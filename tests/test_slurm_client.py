@@ -5,6 +5,7 @@ client's runner is replaced by fakes."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 from pathlib import Path
 
@@ -119,3 +120,57 @@ def test_watching_5_or_500_jobs_costs_the_same_slurm_calls_per_poll():
     for name, ways in large.items():
         assert ways["batched"] == small[name]["batched"] <= 2, name
         assert ways["per_job"] >= 500, name  # the fake really counts calls per job
+
+
+def test_on_cluster_names_the_cluster_on_every_command_that_takes_it(monkeypatch):
+    """Multi-cluster operation: inside on_cluster, queries, sbatch and scancel carry -M; sacctmgr
+    and srun do not take it; outside, nothing is added (SLURM_CONF's cluster answers)."""
+    seen: list[list[str]] = []
+
+    def fake(argv, **_):
+        seen.append(argv)
+        out = "CLUSTER: pod2\n7|COMPLETED\n" if argv[0] == "sacct" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(slurm, "runner", fake)
+    with slurm.on_cluster("pod2"):
+        rows = slurm.sacct(["7"], ("JobID", "State"))
+        slurm.scancel(["7"])
+        slurm.run(["sacctmgr", "-nP", "list", "cluster"])
+        assert slurm.current_cluster() == "pod2"
+    slurm.scancel(["8"])
+    assert rows == [{"JobID": "7", "State": "COMPLETED"}]  # -M's header line is not a row
+    assert [a[:2] for a in seen] == [["sacct", "--clusters=pod2"], ["scancel", "--clusters=pod2"],
+                                     ["sacctmgr", "-nP"], ["scancel", "8"]]  # fmt: skip
+    assert slurm.current_cluster() == ""
+
+
+def test_runs_on_two_clusters_are_asked_on_their_own_cluster_even_with_the_same_job_id(
+    monkeypatch, tmp_path
+):
+    """Two clusters number their jobs independently: job 7 on pod and job 7 on superpod are
+    two jobs. Each run's states come from its own cluster's answer (multicluster.poll)."""
+    from vitpod.registry import runfiles
+    from vitpod.workflows import multicluster
+
+    runs = []
+    for name, cluster in (("pre", None), ("fin", "superpod")):
+        run = tmp_path / name
+        run.mkdir()
+        (run / runfiles.MANIFEST).write_text(
+            json.dumps({"profile": {"values": {"cluster": cluster}}})
+        )
+        runs.append((run, ["7"]))
+    asked: list[list[str]] = []
+
+    def fake(argv, **_):
+        asked.append(argv)
+        state = "COMPLETED" if "--clusters=superpod" in argv else "RUNNING"
+        return subprocess.CompletedProcess(argv, 0, f"7|{state}|None|0|0:0|\n", "")
+
+    monkeypatch.setattr(slurm, "runner", fake)
+    pre, fin = multicluster.poll(runs)
+    assert (pre["7"].state, fin["7"].state) == ("RUNNING", "COMPLETED")
+    assert [a[1] for a in asked] == ["-h", "--clusters=superpod"]  # one squeue per cluster
+    assert multicluster.cluster_of(tmp_path / "fin") == "superpod"
+    assert multicluster.cluster_of(tmp_path / "nowhere") == ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,12 +15,22 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer import labelset
-from vitpod.workflows import chain_watch, jobctl, labels, preflight, sbatchopts, slurm, status
+from vitpod.workflows import (
+    chain_cross,
+    chain_watch,
+    jobctl,
+    labels,
+    preflight,
+    sbatchopts,
+    slurm,
+    status,
+)
+from vitpod.workflows.chain_labels import cancel_labels, plan_labels
 from vitpod.workflows.chain_stage import StageRecord
 from vitpod.workflows.chain_watch import ChainError
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.executor import make_executor, trainer_task
-from vitpod.workflows.plan import JobPlan, Request, plan_job
+from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.profile import load_profile
 from vitpod.workflows.recipe import recipe_name
 from vitpod.workflows.rundir import (
@@ -51,9 +60,12 @@ class Chain:
     (workflows/sbatchopts.py), e.g. slurm={"account": "proj", "extra": "--mail-type=END"}.
 
     Slurm profiles: the finetune is submitted at once with `dependency=afterok:<pretrain>`, so
-    it starts only after the pretrain really completed (requeues included). The local profile
-    (submitit's LocalExecutor) starts the finetune from `status()`/`wait()` once the pretrain
-    completed.
+    it starts only after the pretrain really completed (requeues included). finetune_cluster=
+    another profile (another Slurm cluster or storage root): the fine-tune is submitted there by
+    wait()/follow()/status() once the pretrain completed and its model was carried across
+    (workflows/chain_cross.py); finetune_run_root= its run root (default: that profile's).
+    The local profile (submitit's LocalExecutor) starts the finetune from `status()`/`wait()`
+    once the pretrain completed.
     """
 
     def __init__(
@@ -78,8 +90,15 @@ class Chain:
         offline: bool = False,
         slurm: sbatchopts.SbatchOptions | Mapping[str, Any] | None = None,
         finetune_slurm: sbatchopts.SbatchOptions | Mapping[str, Any] | None = None,
+        finetune_cluster: str = "",
+        finetune_run_root: str | None = None,
     ) -> None:
         self.cluster, self.model = cluster, model
+        self.finetune_cluster = finetune_cluster or cluster
+        self.finetune_run_root = finetune_run_root
+        self.crossing = False
+        """The fine-tune goes to another cluster/storage after the pretrain's end."""
+        self.handover: dict[str, Any] = {}
         self.resources = StageResources(
             "" if nodes is None else str(nodes), time,
             "" if finetune_nodes is None else str(finetune_nodes), finetune_time,
@@ -123,8 +142,10 @@ class Chain:
                               "directory `make pipeline` printed")  # fmt: skip
         record = json.loads((directory / runfiles.PIPELINE).read_text())
         chain = cls(record.get("cluster", ""), record.get("model", ""),
-                    offline=bool(record.get("offline")))  # fmt: skip
+                    offline=bool(record.get("offline")),
+                    finetune_cluster=record.get("finetune_cluster", ""))  # fmt: skip
         chain.directory, chain.recorded = directory, record
+        chain.crossing, chain.handover = bool(record.get("crossing")), record.get("handover", {})
         chain.stages = {n: StageRecord.from_record(n, s) for n, s in record["stages"].items()}
         chain.label_job_ids = list(
             dict.fromkeys(str(j) for lab in record.get("labels", {}).values()
@@ -136,23 +157,35 @@ class Chain:
     def plan(self) -> dict[str, StageRecord]:
         """Plan every stage and run the whole preflight; raises ConfigError, writes nothing.
         Offline: only the checks that need no cluster (as `make render`)."""
-        profile = load_profile(self.cluster)
+        profile, ft_profile = load_profile(self.cluster), load_profile(self.finetune_cluster)
+        chain_cross.refuse_mixed(profile, ft_profile)
         model = recipe_name(profile.model_for(self.model))
-        directory = new_run_path(runs_root(profile, self.run_root), model, "pipeline")
+        root = runs_root(profile, self.run_root)
+        directory = new_run_path(root, model, "pipeline")
+        same = self.finetune_cluster == self.cluster and not self.finetune_run_root
+        ft_root = root if same else runs_root(ft_profile, self.finetune_run_root)
+        ft_dir = chain_cross.finetune_directory(directory, root, ft_root)
+        self.crossing = self.wanted == STAGES and (
+            chain_cross.crosses(profile, ft_profile) or ft_dir != directory
+        )
         records: dict[str, StageRecord] = {}
         self.label_jobs = {}
         for stage in self.wanted:
             chained = stage == "finetune" and not self.finetune_from
-            source = self.finetune_from or str(directory / "pretrain")
+            ours = directory / "pretrain" if ft_dir == directory else ft_dir / chain_cross.SOURCE
+            source = self.finetune_from or str(ours)
             req = Request(
-                cluster=self.cluster, model=model, stage=stage,
-                **self.resources.request(stage, profile, "pretrain" in self.wanted),
-                args=self.stage_args[stage], run_dir=directory / stage, entry=self.entry,  # type: ignore[arg-type]
+                cluster=self.cluster if stage == "pretrain" else self.finetune_cluster,
+                model=model, stage=stage,
+                **self.resources.request(stage, profile if stage == "pretrain" else ft_profile,
+                                         "pretrain" in self.wanted),
+                args=self.stage_args[stage], entry=self.entry,  # type: ignore[arg-type]
+                run_dir=(directory if stage == "pretrain" else ft_dir) / stage,
                 finetune_from=source if stage == "finetune" else "",
                 finetune_pending=chained, offline=self.offline,
             )  # fmt: skip
             plan = plan_job(req)
-            pending = self._plan_labels(plan, directory)
+            pending = plan_labels(self, plan, directory)
             if not self.offline:
                 preflight.check(plan, chained=chained, labels_pending=pending)
             records[stage] = StageRecord(stage, plan)
@@ -163,6 +196,16 @@ class Chain:
                 "trains with token labels, so the teacher would be ignored; drop TEACHER, or "
                 'turn them on with ARGS="--token-label ..."'
             )
+        if self.crossing and "finetune" in self.label_jobs:
+            raise ConfigError(
+                f"TEACHER with FT_CLUSTER={self.finetune_cluster}: make the "
+                "fine-tune's token labels on its cluster first (make token-labels)"
+            )
+        if self.crossing and not self.offline:
+            for line in chain_cross.check_before(
+                records["pretrain"].job_plan, records["finetune"].job_plan, Path(source)
+            ):
+                print(f"ok: {line}", flush=True)  # fmt: skip
         self.directory = directory
         return records
 
@@ -174,40 +217,6 @@ class Chain:
         self.stages = records
         self._save()
         return written
-
-    def _plan_labels(self, plan: JobPlan, directory: Path) -> bool:
-        """Token labels for a stage: reuse them when they pass the checks against the data set
-        and the stage's grid; plan a labeling job when none exist and a teacher is given.
-        Returns whether labels are pending (made by a job queued before the pretrain)."""
-        found = preflight.token_label_problems(plan)
-        label_dir = (plan.trainer or {}).get("token_label_data")
-        mismatch = (
-            label_dir
-            and self.teacher
-            and labels.teacher_problem(label_dir, self.teacher, self.teacher_checkpoint)
-        )  # labels of another teacher are never reused
-        if mismatch:
-            raise ConfigError(mismatch)
-        if not found or not label_dir or not self.teacher:
-            return False  # fine as is, or preflight.check refuses with the command to run
-        if labelset.read_manifest(label_dir) is not None:
-            return False  # labels exist but do not fit: never overwrite them; preflight refuses
-        for other, job in self.label_jobs.items():
-            if job.label_dir == Path(label_dir).absolute():
-                raise ConfigError(
-                    f"{other} and {plan.spec.stage} both read token labels from {label_dir}, "
-                    f"but labels are made per grid (img_size/16); give the {plan.spec.stage} "
-                    f"stage its own --token-label-data"
-                )
-        stage = plan.spec.stage
-        self.label_jobs[stage] = labels.prepare(
-            self.cluster, plan.spec.model, stage, teacher=self.teacher,
-            teacher_checkpoint=self.teacher_checkpoint, shards=self.label_shards,
-            nodes=None, run_dir=directory / f"labels-{stage}", slurm=plan.request.slurm,
-            args=shlex.join(["--label-dir", str(label_dir),
-                             "--img-size", str((plan.trainer or {})["img_size"])]),
-        )  # fmt: skip
-        return True
 
     # ---- submission
     def submit(self) -> Chain:
@@ -231,7 +240,9 @@ class Chain:
             self._submit_labels()
             ids = ":".join(self.label_job_ids)
             self._submit_stage(first, dependency=f"afterok:{ids}" if ids else None)
-            if self.uses_slurm and "finetune" in records and first.stage == "pretrain":
+            if self.crossing:
+                chain_cross.announce(records["finetune"], self.finetune_cluster)
+            elif self.uses_slurm and "finetune" in records and first.stage == "pretrain":
                 self._submit_stage(records["finetune"], dependency=f"afterok:{first.job_ids[0]}")
         except BaseException:
             self._roll_back()
@@ -255,7 +266,7 @@ class Chain:
         directory stays (pipeline.json names the jobs) and stderr says what to do."""
         assert self.directory is not None
         outcome = self._cancel_submitted()
-        labels_problem = self._cancel_labels()
+        labels_problem = cancel_labels(self.label_job_ids)
         if not outcome.startswith("jobs not cancelled") and labels_problem is None:
             remove_run_dir(self.directory)
             self.stages = {}
@@ -272,15 +283,6 @@ class Chain:
             file=sys.stderr,
         )
 
-    def _cancel_labels(self) -> str | None:
-        """Cancel the labeling arrays; None when done (or none), else what scancel said."""
-        try:
-            slurm.scancel(self.label_job_ids)
-        except slurm.SlurmError as exc:
-            print(f"warning: labeling jobs left queued: {exc}", file=sys.stderr)
-            return str(exc)
-        return None
-
     @property
     def uses_slurm(self) -> bool:
         if self.recorded:
@@ -295,7 +297,7 @@ class Chain:
             submitit_folder=str(rec.run_dir / runfiles.SUBMITIT),
         )
         manifest["resolved"]["dependency"] = dependency
-        return manifest
+        return {**manifest, **rec.manifest_extra}
 
     def _submit_stage(self, rec: StageRecord, dependency: str | None) -> None:
         executor = make_executor(rec.job_plan, dependency)
@@ -332,6 +334,15 @@ class Chain:
         """pipeline.json: the stages' run directories, job ids, states and topology."""
         return {
             "cluster": self.cluster,
+            **(
+                {
+                    "finetune_cluster": self.finetune_cluster,
+                    "crossing": True,
+                    "handover": self.handover,
+                }
+                if self.crossing
+                else {}
+            ),
             "model": self.model,
             "executor": "slurm" if self.uses_slurm else "local",
             "offline": self.offline,
@@ -375,5 +386,12 @@ class Chain:
         if not self.uses_slurm:
             self._cancel_submitted()
             return [j for rec in self.stages.values() if rec.job is not None for j in rec.job_ids]
-        ids = [j for rec in self.stages.values() for j in rec.job_ids] + self.label_job_ids
-        return list(jobctl.cancel_jobs(ids))
+        first = next(iter(self.stages.values())).recorded_cluster
+        ids = {first: list(self.label_job_ids)}  # one scancel per Slurm cluster
+        for rec in self.stages.values():
+            ids.setdefault(rec.recorded_cluster, []).extend(rec.job_ids)
+        done: list[str] = []
+        for cluster, jobs in ids.items():
+            with slurm.on_cluster(cluster):
+                done += jobctl.cancel_jobs(jobs)
+        return done

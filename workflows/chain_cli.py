@@ -35,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         "--finetune-nodes", default="", help="the fine-tune's node count (FT_NODES)"
     )
     parser.add_argument("--finetune-time", default="", help="the fine-tune's time limit (FT_TIME)")
+    parser.add_argument(
+        "--finetune-cluster", default="",
+        help="the fine-tune's profile (FT_CLUSTER; default: --cluster's); another Slurm cluster "
+        "or storage: this process submits it once the pretrain completed and its model was "
+        "carried across, so it waits",
+    )  # fmt: skip
     sbatchopts.add_flags(parser)
     sbatchopts.add_flags(parser, "finetune-")
     parser.add_argument(
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         offline=ns.offline,
         slurm=sbatchopts.from_namespace(ns),
         finetune_slurm=sbatchopts.from_namespace(ns, "finetune-"),
+        finetune_cluster=ns.finetune_cluster,
     )
     if ns.dry_run:
         return _dry_run(chain)
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         return _render(chain)
     run = chain.submit()
     assert run.directory is not None
-    if ns.wait or not run.uses_slurm:
+    if ns.wait or not run.uses_slurm or run.crossing:
         try:
             report = run.wait(timeout=ns.timeout)
         except ChainError as exc:

@@ -23,6 +23,15 @@ class StageRecord:
     job_ids: list[str] = field(default_factory=list)
     state: str = ""
     recorded: dict[str, Any] = field(default_factory=dict)
+    manifest_extra: dict[str, Any] = field(default_factory=dict)
+    """More keys of the stage's manifest.json (a fine-tune's transfer across clusters)."""
+
+    @property
+    def recorded_cluster(self) -> str:
+        """The Slurm cluster its profile names ('': the default one)."""
+        if self.plan is not None:
+            return self.plan.profile.cluster or ""
+        return str(self.recorded.get("cluster") or "")
 
     @property
     def job_plan(self) -> JobPlan:
@@ -54,6 +63,8 @@ class StageRecord:
             "partition": self.plan.spec.partition,
             "nodes": self.plan.spec.nodes,
             "time": self.plan.spec.time,
+            "profile": self.plan.profile.name,
+            "cluster": self.plan.profile.cluster or "",
         }
 
     @classmethod

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vitpod.registry import runfiles
-from vitpod.workflows import follow, jobstate, status
+from vitpod.workflows import chain_cross, follow, jobstate, slurm, status
 from vitpod.workflows.rootcause import first_error_line, root_cause
 
 
@@ -20,6 +20,7 @@ class Chain(Protocol):
     stages: dict[str, Any]  # stage -> StageRecord
     directory: Path | None
     label_jobs: dict[str, Any]
+    crossing: bool  # the fine-tune goes to another cluster after the pretrain (chain_cross.py)
 
     @property
     def uses_slurm(self) -> bool: ...
@@ -63,9 +64,17 @@ def status_of(chain: Chain) -> list[status.StageStatus]:
     if not chain.stages:
         raise RuntimeError("submit() first")
     if chain.uses_slurm:
-        ids = [j for rec in chain.stages.values() for j in rec.job_ids]
-        polled = jobstate.poll_once(ids)
-        infos = {n: [polled[j] for j in r.job_ids] for n, r in chain.stages.items()}
+        if chain.crossing:
+            advance_cross(chain)
+        ids: dict[str, list[str]] = {}  # one poll per Slurm cluster
+        for rec in chain.stages.values():
+            ids.setdefault(rec.recorded_cluster, []).extend(rec.job_ids)
+        polled = {}
+        for cluster, jobs in ids.items():
+            with slurm.on_cluster(cluster):
+                polled[cluster] = jobstate.poll_once(jobs) if jobs else {}
+        infos = {n: [polled[r.recorded_cluster][j] for j in r.job_ids]
+                 for n, r in chain.stages.items()}  # fmt: skip
     else:
         advance_local(chain)
         infos = {n: [] for n in chain.stages}
@@ -87,7 +96,9 @@ def status_of(chain: Chain) -> list[status.StageStatus]:
 def wait(chain: Chain, timeout: float | None, poll_s: float) -> dict[str, Any]:
     if not chain.stages:
         raise RuntimeError("submit() first")
-    if chain.uses_slurm:
+    if chain.uses_slurm and chain.crossing:
+        _wait_cross(chain, timeout, poll_s)
+    elif chain.uses_slurm:
         _wait_slurm(chain, timeout, poll_s)
     else:
         _wait_local(chain, timeout, poll_s)
@@ -103,6 +114,30 @@ def _wait_slurm(chain: Chain, timeout: float | None, poll_s: float) -> None:
         chain.stages[stage].state = exc.info.state
         chain._save()
         raise ChainError(failure_message(chain, stage, str(exc))) from None
+    for rec in chain.stages.values():
+        rec.state = "COMPLETED"
+    chain._save()
+
+
+def advance_cross(chain: Chain) -> None:
+    """The handover's look at the pretrain (chain_cross.py); its failure is recorded in the
+    stages' states, which status and follow show."""
+    try:
+        chain_cross.advance(chain)
+    except chain_cross.HandoverError as exc:
+        print(f"error: {exc}", flush=True)
+
+
+def _wait_cross(chain: Chain, timeout: float | None, poll_s: float) -> None:
+    try:
+        chain_cross.wait(chain, timeout, poll_s)
+    except chain_cross.HandoverError as exc:
+        stage = "pretrain" if chain.stages["pretrain"].state != "COMPLETED" else "finetune"
+        raise ChainError(failure_message(chain, stage, str(exc))) from None
+    except jobstate.JobFailedError as exc:
+        chain.stages["finetune"].state = exc.info.state
+        chain._save()
+        raise ChainError(failure_message(chain, "finetune", str(exc))) from None
     for rec in chain.stages.values():
         rec.state = "COMPLETED"
     chain._save()
@@ -127,6 +162,8 @@ def follow_chain(chain: Chain, interval: float | None, console: Any) -> int:
     if not chain.stages or chain.directory is None:
         raise RuntimeError("submit() first")
     advance = None if chain.uses_slurm else (lambda: advance_local(chain))
+    if chain.uses_slurm and chain.crossing:
+        advance = lambda: advance_cross(chain)  # noqa: E731
     return follow.follow(chain.directory, interval, console, before_poll=advance)
 
 

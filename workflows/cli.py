@@ -13,7 +13,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import USAGE
-from vitpod.workflows import preflight, sbatchopts
+from vitpod.workflows import preflight, sbatchopts, slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
@@ -160,7 +160,8 @@ def submit_main(argv: list[str]) -> int:
     script = materialize(plan, plan.manifest(preflight=checks))
     if plan.profile.scheduler == "local":
         return _run_local(plan, script)
-    job_id = sbatch_run(script)
+    with slurm.on_cluster(plan.profile.cluster):
+        job_id = sbatch_run(script)
     write_json(script.parent / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks))
     _print_decisions(plan)
     print(f"submitted batch job {job_id}")

@@ -97,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                                timeout=f"seconds to wait at most (default {TIMEOUT_S:.0f})")],
     )  # fmt: skip
     parser.add_argument(
+        "--finetune-cluster", default="",
+        help="fine-tune on this profile (another Slurm cluster: localslurm2, after "
+        "`make slurm-up CLUSTERS=2`); the final model is carried across",
+    )  # fmt: skip
+    parser.add_argument(
         "--token-labels", action="store_true",
         help="then run the chain again with token labels from the first chain's pretrain",
     )  # fmt: skip
@@ -114,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         pretrain_args=shlex.join(PRETRAIN),
         finetune_args=shlex.join(FINETUNE),
         run_root=ns.run_root or None,
+        finetune_cluster=ns.finetune_cluster,
     ).submit()
     assert run.directory is not None
     print(f"demo: pipeline {run.directory}; watch it with: make status RUN={run.directory}")

@@ -29,6 +29,8 @@ def make_executor(job: JobPlan, dependency: str | None) -> submitit.Executor:
         extra["requeue"] = True
     if dependency:
         extra["dependency"] = dependency
+    if spec.profile.cluster:  # one slurmdbd, several clusters: sbatch -M routes it there
+        extra["clusters"] = spec.profile.cluster
     params: dict[str, Any] = {
         "job_name": spec.job_name,
         "partition": spec.partition,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.workflows import goodput, jobstate, slurm, status, triage
+from vitpod.workflows import goodput, jobstate, multicluster, slurm, status, triage
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.rootcause import first_error_line, restarts_from_logs, root_cause
@@ -49,6 +49,7 @@ class Row:
     tail: MetricsTail | None = None
     ckpt_age_s: float | None = None
     exit_code: str = ""
+    cluster: str = ""  # the Slurm cluster of its jobs ('' the default; multicluster.py)
     gone_polls: int = field(default=0, repr=False)
 
 
@@ -62,7 +63,7 @@ def cells(row: Row) -> dict[str, str]:
     return {
         "stage": row.name,
         "state": state,
-        "jobs": ",".join(row.job_ids) or "-",
+        "jobs": (",".join(row.job_ids) or "-") + (f"@{row.cluster}" if row.cluster else ""),
         "restarts": str(row.restarts),
         "step": "-" if step is None else f"{step}/{total or '?'}",
         "loss": "-" if tail is None or tail.loss is None else f"{tail.loss:.4f}",
@@ -87,8 +88,28 @@ class Target:
             self._study_rows()
         else:
             self._run_rows()
-        ids = [j for row in self.rows for j in row.job_ids]
-        self.poller = jobstate.JobStatePoller(ids)
+        for row in self.rows:
+            row.cluster = multicluster.cluster_of(row.run_dir)
+        self.pollers = self._pollers()
+
+    def _pollers(self) -> dict[str, jobstate.JobStatePoller]:
+        """One poller per Slurm cluster, for the jobs of its rows."""
+        ids: dict[str, list[str]] = {}
+        for row in self.rows:
+            ids.setdefault(row.cluster, []).extend(row.job_ids)
+        return {c: jobstate.JobStatePoller(j, cluster=c) for c, j in ids.items()}
+
+    def _new_job_ids(self) -> None:
+        """A pipeline across clusters submits its fine-tune only once the pretrain has ended
+        (chain_cross.py): pick its job up from pipeline.json."""
+        if self.study or not (self.path / runfiles.PIPELINE).is_file():
+            return
+        now = {name: ids for name, _, ids, _ in status.stages_of(self.path)}
+        changed = [r for r in self.rows if r.name in now and now[r.name] != r.job_ids]
+        for row in changed:
+            row.job_ids = now[row.name]
+        if changed:
+            self.pollers = self._pollers()
 
     def _run_rows(self) -> None:
         record_path, manifest_path = self.path / runfiles.PIPELINE, self.path / runfiles.MANIFEST
@@ -115,8 +136,10 @@ class Target:
         infos: dict[str, jobstate.JobInfo] = {}
         self.note = ""
         if self.uses_slurm:
+            self._new_job_ids()
             try:
-                infos = self.poller.poll()
+                for cluster, poller in self.pollers.items():
+                    infos.update({f"{j}@{cluster}": i for j, i in poller.poll().items()})
             except slurm.SlurmError as exc:
                 # A controller restarting for a moment: keep the last states, try again.
                 self.note = f"squeue did not answer ({exc}); showing the last known states"
@@ -126,12 +149,15 @@ class Target:
             if row.tail is not None:
                 row.tail.update()
                 row.ckpt_age_s = newest_checkpoint_age(row.tail.run_dir, now)
-            known = [infos[j] for j in row.job_ids if j in infos]
-            self._set_state(row, known, recorded.get(row.name, ""))
+            known = [infos[k] for j in row.job_ids if (k := f"{j}@{row.cluster}") in infos]
+            # Slurm's states win; pipeline.json's only for a stage not (yet) submitted.
+            mine = recorded.get(row.name, "") if not (self.uses_slurm and row.job_ids) else ""
+            self._set_state(row, known, mine)
 
     def _recorded(self) -> list[tuple[str, Path, list[str], str]]:
-        """States kept in pipeline.json (the local executor's only source of truth)."""
-        if self.study or self.uses_slurm:
+        """States kept in pipeline.json (the local executor's only source of truth; on Slurm,
+        that of a stage not submitted yet)."""
+        if self.study:
             return []
         return status.stages_of(self.path)
 
@@ -155,7 +181,9 @@ class Target:
         if row.state == jobstate.GONE and done_here:
             row.state = "COMPLETED"
         gone = row.state == jobstate.GONE and row.gone_polls >= 2
-        never = row.state == "PENDING" and _NEVER_STARTS in row.reason
+        never = (row.state == "PENDING" and _NEVER_STARTS in row.reason) or (
+            row.state == jobstate.NOT_STARTED
+        )
         row.ended = row.state in jobstate.TERMINAL or gone or never
         row.ok = row.state == "COMPLETED"
         if row.state == "RUNNING" and row.tail is not None:

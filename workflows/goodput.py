@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vitpod.analysis.goodput import Attempt, Ledger, assemble, container_seconds, read_rank0
-from vitpod.workflows import slurm
+from vitpod.workflows import multicluster, slurm
 
 __all__ = ["Ledger", "allocated_devices", "attempts", "ledger", "ledgers"]
 
@@ -59,14 +59,17 @@ def ledger(run_dir: Path, job_ids: list[str]) -> Ledger:
 
 def ledgers(runs: Sequence[tuple[Path, list[str]]]) -> list[Ledger]:
     """Each run's ledger from ONE sacct for the jobs of all of them (a study's 500 points: one
-    call, not 500)."""
-    ids = list(dict.fromkeys(j for _, job_ids in runs for j in job_ids))
-    try:
-        found, problem = attempts(ids), None
-    except slurm.SlurmError as exc:
-        found, problem = [], exc
+    call, not 500); runs on several clusters: one sacct per cluster (multicluster.py)."""
+
+    def ask(ids: list[str]) -> tuple[list[Attempt], slurm.SlurmError | None]:
+        try:
+            return attempts(ids), None
+        except slurm.SlurmError as exc:
+            return [], exc
+
     out = []
-    for run_dir, job_ids in runs:
+    answers = multicluster.per_cluster(list(runs), ask)
+    for (run_dir, job_ids), (found, problem) in zip(runs, answers, strict=True):
         mine = [a for a in found if _of(a.job_id, job_ids)]
         result = assemble(read_rank0(run_dir), mine, container_seconds(run_dir))
         if problem is not None and job_ids:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate, slurm, status
+from vitpod.workflows import jobstate, multicluster, slurm, status
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail
 from vitpod.workflows.runjobs import run_job_ids
@@ -223,15 +223,16 @@ def _part_state(part: Part, known: dict[str, list[jobstate.JobInfo]] | None) -> 
 
 
 def settle(entries: list[Entry]) -> str:
-    """Fill in each entry's state and progress (one batched poll); a note when Slurm did not
-    answer."""
-    ids = [j for e in entries if e.executor == "slurm" for p in e.parts for j in p.job_ids]
-    known = poll(ids)
+    """Fill in each entry's state and progress (one batched poll per Slurm cluster); a note when
+    Slurm did not answer."""
+    parts = [p for e in entries if e.executor == "slurm" for p in e.parts]
+    answers = multicluster.per_cluster([(p.run_dir, p.job_ids) for p in parts], poll)
+    known = {id(p): k for p, k in zip(parts, answers, strict=True)}
     for entry in entries:
         if entry.state == "UNREADABLE":
             continue
         for part in entry.parts:
-            part.state = _part_state(part, known if entry.executor == "slurm" else {})
+            part.state = _part_state(part, known.get(id(part), {}))
             if part.run_dir is not None and entry.kind != "study":
                 tail = MetricsTail(part.run_dir)
                 try:
@@ -240,7 +241,9 @@ def settle(entries: list[Entry]) -> str:
                     entry.note = str(exc)
                 part.step, part.total = tail.step, tail.total
         entry.state = _combined([p.state for p in entry.parts])
-    return "" if known is not None else "squeue did not answer: states from the directories"
+    if any(k is None for k in answers):
+        return "squeue did not answer: states from the directories"
+    return ""
 
 
 def list_entries(
@@ -300,7 +303,15 @@ def cancel(path: Path) -> tuple[Entry, dict[str, str]]:
     if entry.executor != "slurm":
         raise ConfigError(f"{path}: ran without Slurm (profile scheduler {entry.executor!r}); "
                           "nothing to scancel: stop its process (Ctrl-C)")  # fmt: skip
-    return entry, cancel_jobs(entry.jobs)
+    runs = [(p.run_dir, p.job_ids) for p in entry.parts]
+    clusters = {multicluster.cluster_of(run_dir) for run_dir, _ in runs} or {""}
+    if len(clusters) == 1:
+        with slurm.on_cluster(clusters.pop() or slurm.current_cluster()):
+            return entry, cancel_jobs(entry.jobs)
+    cancelled: dict[str, str] = {}  # a pipeline across clusters: one scancel -M per cluster
+    for done in multicluster.per_cluster(runs, cancel_jobs):
+        cancelled.update(done)
+    return entry, cancelled
 
 
 @dataclass

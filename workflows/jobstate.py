@@ -28,6 +28,9 @@ TERMINAL = frozenset(
 )
 #: Reported when neither squeue nor accounting knows the job (it left the controller's memory).
 GONE = "GONE"
+#: Recorded for a stage that will never be submitted (a pipeline's fine-tune across clusters
+#: whose pretrain failed or whose model could not be carried across: chain_cross.py).
+NOT_STARTED = "NOT_STARTED"
 
 # JobArrayID and sacct's JobID name an array task `123_4` (a plain job: `123`); a pending
 # array's tasks not yet split off share one line, `123_[0-2%1]` or `123_[0,2]`.
@@ -117,9 +120,15 @@ class JobStatePoller:
     job_ids: list[str]
     sacct_retry_s: float = 60.0
     accounting: bool | None = None
+    cluster: str = ""
+    """The Slurm cluster asked (-M); '': the one the caller's block is on (the default)."""
     _sacct_failed_at: float = field(default=-1e9, repr=False)
 
     def poll(self) -> dict[str, JobInfo]:
+        with slurm.on_cluster(self.cluster or slurm.current_cluster()):
+            return self._poll()
+
+    def _poll(self) -> dict[str, JobInfo]:
         ids = [str(j) for j in self.job_ids]
         if not ids:
             return {}

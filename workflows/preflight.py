@@ -11,7 +11,7 @@ from vitpod.analysis import layout, memory
 from vitpod.analysis.mesh import Mesh
 from vitpod.registry import models, runfiles
 from vitpod.trainer import labellayout, labelset
-from vitpod.workflows import containerpreflight, sharedfs, slurmchecks
+from vitpod.workflows import containerpreflight, sharedfs, slurm, slurmchecks
 from vitpod.workflows.container import check_container_paths, host_path
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.grace import check_grace
@@ -162,8 +162,16 @@ def check(
     Returns the checks made, for the manifest and `make preflight`. Called before anything is
     written or submitted (make pretrain/finetune/pipeline/scaling, Chain.plan/submit).
     `chained`: the finetune source is the pipeline's own pretrain, which exists once it ends.
-    `offline` (render/preflight only): skip what asks Slurm, and say so.
+    `offline` (render/preflight only): skip what asks Slurm, and say so. Slurm is asked on the
+    profile's cluster (-M) when it names one.
     """
+    with slurm.on_cluster(plan.spec.profile.cluster or slurm.current_cluster()):
+        return _check(plan, render_hint, chained, labels_pending, offline)
+
+
+def _check(
+    plan: Planned, render_hint: str | None, chained: bool, labels_pending: bool, offline: bool
+) -> list[str]:
     spec = plan.spec
     check_ranks_per_gpu(plan)
     done: list[str] = []

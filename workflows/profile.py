@@ -200,6 +200,11 @@ class Profile(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     scheduler: Literal["slurm", "local"]
+    cluster: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_-]+$",
+        description="Slurm's ClusterName (sacctmgr list cluster) when one slurmdbd serves several "
+        "clusters: every command then names it (-M); absent: SLURM_CONF's cluster",
+    )  # fmt: skip
     partitions: dict[Literal["pretrain", "finetune"], Partition]
     node_types: dict[str, NodeType]
     container: Container | None = None

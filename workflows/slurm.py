@@ -4,6 +4,11 @@ srun all go through `call`, with one timeout per command (TIMEOUT_S), one parser
 -o with '|' between fields) and one error, SlurmError, naming the command line, exit status and
 stderr.
 
+Several clusters under one slurmdbd (multi-cluster operation): inside `with on_cluster(NAME):`
+every command that takes it gets `--clusters=NAME` (-M), so the same calls ask another cluster's
+controller (https://slurm.schedmd.com/multi_cluster.html); outside, the default cluster answers
+(SLURM_CONF's).
+
 Watching jobs costs a fixed number of calls whatever their number: `squeue` and `sacct` take every
 job id at once (--jobs=a,b,c is one RPC to the controller, one to slurmdbd); asking job by job
 hits per-user RPC limits with thousands of array tasks (facebookincubator/submitit#1759).
@@ -13,7 +18,9 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from vitpod.workflows.errors import ConfigError
@@ -30,6 +37,11 @@ TIMEOUT_S = {
 }
 """Seconds each command may take. Queries answer in well under a second on a healthy controller;
 sbatch may wait for a busy controller; srun runs a short job (the site probe) to its end."""
+
+MULTI_CLUSTER = ("sbatch", "squeue", "sacct", "scontrol", "sinfo", "scancel")
+"""The commands that take --clusters (sacctmgr names the cluster in its filters instead; srun
+runs inside an allocation of the cluster it is on)."""
+_cluster: ContextVar[str] = ContextVar("vitpod_slurm_cluster", default="")
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -64,12 +76,29 @@ runner: Runner = _subprocess
 """What runs a command; benchmarks/slurm_calls.py and the tests wrap it to count or fake calls."""
 
 
+@contextmanager
+def on_cluster(name: str | None) -> Iterator[None]:
+    """Every Slurm command in the block asks cluster `name` (-M); None or '': the default."""
+    token = _cluster.set(name or "")
+    try:
+        yield
+    finally:
+        _cluster.reset(token)
+
+
+def current_cluster() -> str:
+    """The cluster `on_cluster` chose for this block; '' for the default one."""
+    return _cluster.get()
+
+
 def call(
     argv: Sequence[str], *, input: str | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run a Slurm command, whatever its exit status; SlurmError when it cannot run,
     SlurmUnanswered when it outlives its TIMEOUT_S."""
     argv = list(argv)
+    if (cluster := _cluster.get()) and argv[0] in MULTI_CLUSTER:
+        argv.insert(1, f"--clusters={cluster}")
     timeout = TIMEOUT_S[argv[0]]
     try:
         return runner(argv, timeout=timeout, input=input, cwd=cwd)
@@ -122,7 +151,7 @@ def parsable(text: str, fields: Sequence[str], strip: bool = False) -> list[dict
     line keyed by `fields`; a missing trailing field is ''. `strip`: squeue pads its columns."""
     rows = []
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or line.startswith("CLUSTER: "):  # -M's header before each cluster
             continue
         values = [v.strip() for v in line.split("|")] if strip else line.split("|")
         values = (values + [""] * len(fields))[: len(fields)]

@@ -11,7 +11,7 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.registry.decision import RecordError, engine_fields, find_decision
 from vitpod.trainer import labelset
-from vitpod.workflows import goodput, jobstate, triage
+from vitpod.workflows import goodput, jobstate, multicluster, triage
 from vitpod.workflows.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.rootcause import Traceback, restarts_from_logs, root_cause
 from vitpod.workflows.runsizes import world_sizes
@@ -38,6 +38,7 @@ class StageStatus:
     eta_s: float | None = None  # None: not known (no steps yet, or the stage failed)
     ckpt_age_s: float | None = None  # since the newest committed checkpoint
     engine: str | None = None  # from plan.json: "ring", or "mesh(dp=2,tp=2,pp=1)"
+    cluster: str = ""  # the Slurm cluster its profile names (multicluster.py); '' the default
 
     def line(self) -> str:
         jobs = ",".join(self.job_ids) or "-"
@@ -46,8 +47,9 @@ class StageStatus:
         loss = "-" if self.loss is None else f"{self.loss:.4f}"
         top1 = "" if self.top1 is None else f" top1={self.top1:.2f}%"
         ranks = f" ranks={'>'.join(map(str, self.sizes))}" if len(self.sizes) > 1 else ""
+        where = f" cluster={self.cluster}" if self.cluster else ""
         return (
-            f"{self.stage:9s} {self.state:11s} jobs={jobs} restarts={self.restarts}{ranks} "
+            f"{self.stage:9s} {self.state:11s} jobs={jobs}{where} restarts={self.restarts}{ranks} "
             f"step={step} loss={loss} images/s={ips} ETA={duration(self.eta_s)} "
             f"ckpt_age={duration(self.ckpt_age_s)} engine={self.engine or '-'}{top1}  "
             f"{self.run_dir}"
@@ -126,7 +128,8 @@ def stage_status(
     eta = None if failed else tail.eta_s(now)
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
                        found, ledger, sizes, tail.total, tail.loss, eta,
-                       newest_checkpoint_age(run_dir, now), engine_of(run_dir))  # fmt: skip
+                       newest_checkpoint_age(run_dir, now), engine_of(run_dir),
+                       multicluster.cluster_of(run_dir))  # fmt: skip
 
 
 def add_ledgers(statuses: list[StageStatus], accounting: bool = True) -> list[StageStatus]:
@@ -157,11 +160,11 @@ def run_status(
 ) -> list[StageStatus]:
     """Status of every stage of a run; one batched scheduler poll for all of its jobs."""
     stages = stages_of(run)
-    all_ids = [j for _, _, ids, _ in stages for j in ids]
     record_path = run / runfiles.PIPELINE
     record = runfiles.read_record(record_path) if record_path.is_file() else {}
     uses_slurm = (executor or record.get("executor", "slurm")) == "slurm"
-    polled = jobstate.poll_once(all_ids) if all_ids and uses_slurm else {}
+    polls = (multicluster.poll([(rd, ids) for _, rd, ids, _ in stages]) if uses_slurm
+             else [{} for _ in stages])  # fmt: skip
     statuses = [
         stage_status(
             name,
@@ -173,7 +176,7 @@ def run_status(
             uses_slurm,
             with_ledger=False,
         )  # fmt: skip
-        for name, rd, ids, recorded in stages
+        for (name, rd, ids, recorded), polled in zip(stages, polls, strict=True)
     ]
     return add_ledgers(statuses, uses_slurm)
 
@@ -200,6 +203,7 @@ def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -
     return {
         "state": state,
         "job_ids": list(stage.get("job_ids", [])),
+        **({"cluster": c} if (c := multicluster.cluster_of(run_dir)) else {}),
         **{key: summary.get(key) for key in ("top1", "top5", "steps", "images_per_s")},
         **engine_fields(find_decision(run_dir)),
         "run_dir": str(run_dir),

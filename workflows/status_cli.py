@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -39,16 +40,33 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return USAGE
+    before_poll = _handover(run)
     if args.follow or (run / runfiles.STUDY).is_file():
         if not args.follow:  # a study's snapshot: one poll, plain lines
             target = follow.Target(run)
             target.poll()
             print("\n".join(follow.plain_lines(target)))
             return 0
-        return follow.follow(run, interval=args.interval, hang_factor=args.hang_factor)
+        return follow.follow(run, interval=args.interval, hang_factor=args.hang_factor,
+                             before_poll=before_poll)  # fmt: skip
+    if before_poll is not None:
+        before_poll()
     statuses = run_status(run, hang_factor=args.hang_factor)
     if args.json:
         print(json.dumps([asdict(s) for s in statuses], indent=2))
     else:
         print(format_status(statuses))
     return 0
+
+
+def _handover(run: Path) -> Callable[[], None] | None:
+    """A pipeline across clusters (chain_cross.py): each look also hands the fine-tune over once
+    the pretrain completed, as the process that submitted it would."""
+    path = run / runfiles.PIPELINE
+    if not path.is_file() or not runfiles.read_record(path).get("crossing"):
+        return None
+    from vitpod.workflows.chain import Chain  # the chain's imports only for such a pipeline
+    from vitpod.workflows.chain_watch import advance_cross
+
+    chain = Chain.from_dir(run)
+    return lambda: advance_cross(chain)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Stop the local Slurm started by up.sh (idempotent); state under .slurm/ is kept for the next up.
+# Stop the local Slurm started by up.sh, and cluster 2 when cluster2.sh started it (idempotent);
+# state under .slurm/ is kept for the next up.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 STATE=${VITPOD_SLURM_STATE:-$REPO/.slurm}
+STATE2=${VITPOD_SLURM_STATE2:-$STATE/cluster2}
 
 [ "$(id -u)" = 0 ] || { echo "slurm-down: error: must run as root" >&2; exit 1; }
 
@@ -23,6 +25,8 @@ stop() {
 }
 
 bash "$HERE/registry.sh" stop
+for f in "$STATE2"/run/slurmd-*.pid; do stop "$f"; done  # cluster 2 first: it uses slurmdbd
+stop "$STATE2/run/slurmctld.pid"
 for f in "$STATE"/run/slurmd-*.pid; do stop "$f"; done
 stop "$STATE/run/slurmctld.pid"
 stop "$STATE/run/slurmdbd.pid"
