@@ -21,6 +21,7 @@ from vitpod.workflows.chain_stage import StageRecord
 from vitpod.workflows.chain_watch import ChainError
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.executor import make_executor, trainer_task
+from vitpod.workflows.placement import parse_deadline, place, print_placement
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import load_profile
 from vitpod.workflows.recipe import recipe_name
@@ -49,6 +50,7 @@ class Chain:
     slurm= (every stage) and finetune_slurm= (the fine-tune's, winning): sbatch options, a
     mapping with keys account, qos, reservation, constraint, exclude, extra
     (workflows/sbatchopts.py), e.g. slurm={"account": "proj", "extra": "--mail-type=END"}.
+    place=True: the first stage's node count by predicted finish (workflows/placement.py).
 
     Slurm profiles: the finetune is submitted at once with `dependency=afterok:<pretrain>`, so
     it starts only after the pretrain really completed (requeues included). The local profile
@@ -78,6 +80,8 @@ class Chain:
         offline: bool = False,
         slurm: sbatchopts.SbatchOptions | Mapping[str, Any] | None = None,
         finetune_slurm: sbatchopts.SbatchOptions | Mapping[str, Any] | None = None,
+        place: bool = False,
+        deadline: str = "",
     ) -> None:
         self.cluster, self.model = cluster, model
         self.resources = StageResources(
@@ -86,6 +90,11 @@ class Chain:
             sbatchopts.options(slurm), sbatchopts.options(finetune_slurm, "FT_"),
         )  # fmt: skip
         self.offline = offline
+        if deadline.strip() and not place:
+            raise ConfigError(f"deadline={deadline!r} chooses among placement candidates; pass "
+                              "place=True (PLACE=1) or drop it")  # fmt: skip
+        parse_deadline(deadline)  # refused now, before anything is planned
+        self.place, self.deadline = place, deadline
         self.stage_args = {
             "pretrain": " ".join(a for a in (args, pretrain_args) if a),
             "finetune": " ".join(a for a in (args, finetune_args) if a),
@@ -151,7 +160,7 @@ class Chain:
                 finetune_from=source if stage == "finetune" else "",
                 finetune_pending=chained, offline=self.offline,
             )  # fmt: skip
-            plan = plan_job(req)
+            plan = self._plan_stage(req, first=stage == self.wanted[0])
             pending = self._plan_labels(plan, directory)
             if not self.offline:
                 preflight.check(plan, chained=chained, labels_pending=pending)
@@ -165,6 +174,16 @@ class Chain:
             )
         self.directory = directory
         return records
+
+    def _plan_stage(self, req: Request, first: bool) -> JobPlan:
+        """place=True places the first stage (node count by predicted finish); a later stage
+        waits for it, so Slurm has no start to tell, and keeps its own count."""
+        if not (self.place and first):
+            return plan_job(req)
+        plan = place(req, self.deadline)
+        assert plan.decision is not None and plan.decision.placement is not None
+        print_placement(plan.decision.placement)
+        return plan
 
     def render(self) -> dict[str, Path]:
         """Plan, then write every stage's run directory; nothing submitted (OFFLINE=1)."""

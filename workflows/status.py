@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import RecordError, engine_fields, find_decision
+from vitpod.registry.decision import Placement, RecordError, engine_fields, find_decision
 from vitpod.trainer import labelset
 from vitpod.workflows import goodput, jobstate, triage
 from vitpod.workflows.metricstail import MetricsTail, duration, newest_checkpoint_age
@@ -189,7 +189,19 @@ def format_status(statuses: list[StageStatus]) -> str:
             out.extend("  " + line for line in s.diagnosis.text())
         if s.ledger is not None:
             out.append("  " + s.ledger.line())
+            placed = placement_of(Path(s.run_dir))
+            if placed is not None:
+                out.append("  " + placed.against(s.ledger.start, s.ledger.end))
     return "\n".join(out)
+
+
+def placement_of(run_dir: Path) -> Placement | None:
+    """The placement plan.json records (None: not placed, or no readable record)."""
+    try:
+        decision = find_decision(run_dir)
+    except RecordError:
+        return None  # engine_of shows why on the stage's line
+    return decision.placement if decision else None
 
 
 def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -> dict[str, Any]:
