@@ -156,7 +156,8 @@ class PlacedCandidate(_Record):
     run_source: str
     finish: str
     device_hours: float
-    device_kind: Literal["GPU", "CPU"]
+    device_kind: str
+    """GPU, or CPU on CPU profiles (what Slurm allocates there)."""
     within_deadline: bool | None = None
     """None: no DEADLINE given."""
 

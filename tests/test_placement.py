@@ -47,8 +47,9 @@ def fake_slurm(monkeypatch: pytest.MonkeyPatch, wait_for_two: float) -> list[str
             asked.append(input)
             nodes = int(re.search(r"^#SBATCH --nodes=(\S+)$", input, re.M)[1])
             start = NOW + dt.timedelta(seconds=wait_for_two if nodes == 2 else 0)
-            said = (f"sbatch: Job 99 to start at {start.strftime('%Y-%m-%dT%H:%M:%S')} using "
-                    f"{2 * nodes} processors on nodes node[1-{nodes}] in partition pretrain\n")  # fmt: skip
+            when = start.strftime("%Y-%m-%dT%H:%M:%S")
+            said = (f"sbatch: Job 99 to start at {when} using {2 * nodes} processors on nodes "
+                    f"node[1-{nodes}] in partition pretrain\n")  # fmt: skip
             return subprocess.CompletedProcess(argv, 0, "", said)
         return subprocess.CompletedProcess(argv, 0, "", "")
 
@@ -188,8 +189,10 @@ def test_make_place_prints_the_table_and_ends_with_the_script_path(
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
     script = Path(lines[-1])
-    assert script.name == "job.sbatch" and script.is_file() and "#SBATCH --nodes=1\n" in (
-        script.read_text()
+    assert (
+        script.name == "job.sbatch"
+        and script.is_file()
+        and "#SBATCH --nodes=1\n" in (script.read_text())
     )
     assert "placement: earliest finish" in out and "placed: 1 node(s) on pretrain" in out
     assert re.search(r"\*\s*│\s*pretrain\s*│\s*default\s*│\s*1\s*│", out)  # the chosen row

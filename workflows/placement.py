@@ -16,6 +16,7 @@ from typing import Any
 
 from vitpod.analysis import goodput
 from vitpod.analysis.layout import step_flops
+from vitpod.analysis.scaling import scaled_step_s
 from vitpod.registry import models
 from vitpod.registry.decision import PlacedCandidate, Placement
 from vitpod.workflows import noderange, runclean, runmeasure, slurmchecks
@@ -109,10 +110,12 @@ def step_model(plan: JobPlan) -> StepModel:
         ran = _config(found.run)
         if found.world_size == world and ran.get("accum_steps") == micro:
             return StepModel(found.seconds, found.source("step time"))
-        per_micro = (found.seconds - found.comm_s) / int(ran.get("accum_steps") or 1)
+        seconds = scaled_step_s(
+            found.seconds, found.comm_s, int(ran.get("accum_steps") or 1), micro, comm
+        )
         why = (f"{found.source('step')} on {found.world_size} rank(s), compute scaled to "
                f"{micro} micro-batch(es) a step + predicted comm {comm * 1e3:.3g} ms")  # fmt: skip
-        return StepModel(per_micro * micro + comm, why)
+        return StepModel(seconds, why)
     if not models.known(cfg["model"]):
         return StepModel(None, f"{cfg['model']} is not in the model registry (no FLOP count)")
     for run, ran in runmeasure.configs(plan.run_dir):
