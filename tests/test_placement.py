@@ -234,3 +234,24 @@ def test_ledger_keeps_the_first_start_and_the_last_end_open_while_one_runs():
     assert (total.start, total.end) == (100.0, 400.0)
     total.add(Ledger(attempts=1, start=450.0, end=None))  # requeued, running
     assert (total.start, total.end) == (100.0, None)
+
+
+def test_chain_places_its_first_stage_and_refuses_a_deadline_without_place(
+    ranged, tmp_path, monkeypatch, capsys
+):
+    from vitpod.workflows.chain import Chain
+
+    root = tmp_path / "runs"
+    earlier_run(root, "20000101T000000Z-volo_tiny-pretrain-aaaaaa")
+    fake_slurm(monkeypatch, wait_for_two=3600)
+    monkeypatch.setattr("vitpod.workflows.chain.preflight.check", lambda *a, **k: [])
+    chain = Chain(str(ranged), "volo_tiny", args=ARGS, run_root=str(root), place=True)
+    stages = chain.plan()
+    pretrain, finetune = (stages[s].job_plan for s in ("pretrain", "finetune"))
+    assert pretrain.decision.placement.prediction.nodes == 1 and pretrain.spec.nodes == 1
+    assert finetune.decision.placement is None  # it waits for the pretrain: not placed
+    assert "placed: 1 node(s) on pretrain" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="deadline='6h' chooses among placement candidates"):
+        Chain(str(ranged), deadline="6h")
+    with pytest.raises(ConfigError, match="DEADLINE='soon'"):
+        Chain(str(ranged), place=True, deadline="soon")
