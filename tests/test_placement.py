@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ from vitpod.workflows import cli, placement, slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import Request
 from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.profile import REPO_ROOT as REPO
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0).astimezone()
 ARGS = "-b 8 --max-steps 100 --checkpoint-every 0 --workers 0"
@@ -255,3 +257,17 @@ def test_chain_places_its_first_stage_and_refuses_a_deadline_without_place(
         Chain(str(ranged), deadline="6h")
     with pytest.raises(ConfigError, match="DEADLINE='soon'"):
         Chain(str(ranged), place=True, deadline="soon")
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "words"),
+    [("place", "DEADLINE=tomorrow", "DEADLINE='tomorrow': write an ISO time"),
+     ("pretrain", "DEADLINE=6h", "DEADLINE='6h' chooses among placement candidates; add PLACE=1")],
+)  # fmt: skip
+def test_make_refuses_a_bad_deadline_before_asking_slurm(tmp_path, target, extra, words):
+    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
+    env.pop("MAKEFLAGS", None)
+    argv = ["make", "-s", target, "CLUSTER=localslurm", extra]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and words in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
