@@ -271,3 +271,19 @@ def test_make_refuses_a_bad_deadline_before_asking_slurm(tmp_path, target, extra
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and words in done.stderr, done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_without_max_steps_the_steps_come_from_an_earlier_epoch_over_the_same_data(
+    ranged, tmp_path, monkeypatch
+):
+    root = tmp_path / "runs"
+    run = earlier_run(root, "20000101T000000Z-volo_tiny-pretrain-aaaaaa")
+    fake_slurm(monkeypatch, wait_for_two=0)
+    args = "-b 8 --epochs 3 --checkpoint-every 0 --workers 0"
+    data = placement.plan_job(request(ranged, root, args)).trainer["data_dir"]
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "data_dir": data, "max_steps": None}))
+    one, two = placement.place(request(ranged, root, args)).decision.placement.candidates
+    # 10 steps of 8 x 2 x 2 = 32 images in its 1 epoch; 3 epochs at this global batch of 32
+    assert one.steps == two.steps == 30
+    assert "3 epoch(s) of the data" in one.run_source

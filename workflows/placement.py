@@ -119,8 +119,11 @@ def step_model(plan: JobPlan) -> StepModel:
     if not models.known(cfg["model"]):
         return StepModel(None, f"{cfg['model']} is not in the model registry (no FLOP count)")
     for run, ran in runmeasure.configs(plan.run_dir):
+        if not (_whole(ran, "img_size", "batch_size", "accum_steps")
+                and models.known(str(ran.get("model", "")))):  # fmt: skip
+            continue
         other = runmeasure.step_time([run])
-        if other is None or not models.known(ran.get("model", "")):
+        if other is None:
             continue
         flops = step_flops(ran["model"], ran["img_size"], ran["batch_size"] * ran["accum_steps"])
         rate = flops / max(other.seconds - other.comm_s, 1e-9)
@@ -135,6 +138,11 @@ def _config(run: str) -> dict[str, Any]:
     return next((c for r, c in runmeasure.configs(Path(run)) if str(r) == run), {})
 
 
+def _whole(config: dict[str, Any], *keys: str) -> bool:
+    """config.json has a positive whole number under every key (a damaged one measures nothing)."""
+    return all(isinstance(config.get(k), int) and config[k] > 0 for k in keys)
+
+
 def planned_steps(plan: JobPlan) -> tuple[int | None, str]:
     """Optimizer steps the job will run: --max-steps, else its epochs x the steps per epoch an
     earlier run over the same data had at its global batch (scaled to this one's)."""
@@ -144,10 +152,13 @@ def planned_steps(plan: JobPlan) -> tuple[int | None, str]:
     for run, ran in runmeasure.configs(plan.run_dir):
         if ran.get("data_dir") != cfg.get("data_dir") or ran.get("max_steps"):
             continue
-        found = runmeasure.step_time([run])
-        if found is None or not found.total_steps or not ran.get("epochs"):
+        if not _whole(ran, "epochs", "batch_size", "accum_steps"):
             continue
-        batch = ran["batch_size"] * ran["accum_steps"] * found.world_size
+        found = runmeasure.step_time([run])
+        if found is None or not found.total_steps or not found.world_size:
+            continue
+        replicas = found.world_size // max(1, int(ran.get("tp") or 1) * int(ran.get("pp") or 1))
+        batch = ran["batch_size"] * ran["accum_steps"] * replicas
         per_epoch = found.total_steps / ran["epochs"] * batch / cfg["global_batch_size"]
         return round(per_epoch * cfg["epochs"]), f"{cfg['epochs']} epoch(s) of the data {run} read"
     return None, "steps unknown (no --max-steps, no earlier run over the data)"
