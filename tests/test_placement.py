@@ -287,3 +287,20 @@ def test_without_max_steps_the_steps_come_from_an_earlier_epoch_over_the_same_da
     # 10 steps of 8 x 2 x 2 = 32 images in its 1 epoch; 3 epochs at this global batch of 32
     assert one.steps == two.steps == 30
     assert "3 epoch(s) of the data" in one.run_source
+
+
+def test_make_status_shows_the_placement_under_the_goodput_line(ranged, tmp_path, monkeypatch):
+    from vitpod.workflows import status
+    from vitpod.workflows.submission import materialize
+
+    fake_slurm(monkeypatch, wait_for_two=0)
+    plan = placement.place(request(ranged, tmp_path / "runs"))
+    materialize(plan)
+    start = dt.datetime.fromisoformat(plan.decision.placement.prediction.start).timestamp()
+    ledger = Ledger(attempts=1, start=start, end=start + 100.0)
+    row = status.StageStatus("pretrain", str(plan.run_dir), "COMPLETED", ["99"], 0, 20, None,
+                             None, None, ledger=ledger)  # fmt: skip
+    lines = status.format_status([row]).splitlines()
+    assert lines[1].strip().startswith("goodput:")
+    assert lines[2].strip().startswith("placement (1 node(s) on pretrain): start predicted")
+    assert "actual 100 s" in lines[2]

@@ -248,7 +248,7 @@ def place(req: Request, deadline: str = "", start_of: StartFn = slurm_start) -> 
     found = [predict(p, start_of(p)) for p in plans]
     index, rule = choose(found, when)
     record = Placement(
-        rule=rule, deadline=when.isoformat() if when else None, chosen=index,
+        rule=rule, deadline=when.isoformat(timespec="seconds") if when else None, chosen=index,
         candidates=[c.model_copy(update={"within_deadline": None if when is None else
                                          dt.datetime.fromisoformat(c.finish) <= when})
                     for c in found],
