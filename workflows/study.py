@@ -130,7 +130,12 @@ def record_ledgers(study_dir: Path) -> dict[str, Any]:
         return study  # rendered, never submitted: no accounting to read
     points = study["points"]
     runs = [(study_dir / p["run_dir"], [f"{job_id}_{p['index']}"]) for p in points]
-    for point, ledger in zip(points, goodput.ledgers(runs), strict=True):
+    try:
+        found = goodput.ledgers(runs)
+    except runfiles.RunFileError as exc:  # the report must still appear; its hours say n/a
+        print(f"warning: GPU-hours not recorded: {exc}", file=sys.stderr)
+        return study
+    for point, ledger in zip(points, found, strict=True):
         known = goodput.is_complete(ledger) and bool(ledger.device_kind)
         point["device_kind"] = ledger.device_kind if known else None
         point["device_hours"] = ledger.device_hours if known else None
