@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,21 @@ def test_make_status_shows_the_placement_under_the_goodput_line(ranged, tmp_path
     assert lines[1].strip().startswith("goodput:")
     assert lines[2].strip().startswith("placement (1 node(s) on pretrain): start predicted")
     assert "actual 100 s" in lines[2]
+
+
+def test_candidates_slurm_would_start_at_once_share_one_start(ranged, tmp_path, monkeypatch):
+    """Asked seconds apart, each hears "now"; the later asked must not finish later for it."""
+    root = tmp_path / "runs"
+    earlier_run(root, "20000101T000000Z-volo_tiny-pretrain-aaaaaa")
+    heard: list[dt.datetime] = []
+
+    def now_as_slurm_says(plan):
+        if heard:
+            time.sleep(1.5)  # a slow controller: the second "now" is later
+        heard.append(dt.datetime.now().astimezone().replace(microsecond=0))
+        return heard[-1]
+
+    record = placement.place(request(ranged, root), start_of=now_as_slurm_says).decision.placement
+    one, two = record.candidates
+    assert heard[1] > heard[0] and one.start == two.start
+    assert dt.datetime.fromisoformat(one.start) <= heard[0] + dt.timedelta(seconds=1)

@@ -245,7 +245,8 @@ def place(req: Request, deadline: str = "", start_of: StartFn = slurm_start) -> 
     if base.decision is None:
         raise ConfigError("--place predicts a training run; --entry rankinfo runs no trainer")
     plans = candidate_plans(req, base)
-    found = [predict(p, start_of(p)) for p in plans]
+    placed_at = dt.datetime.now().astimezone()
+    found = [predict(p, _start(p, start_of, placed_at)) for p in plans]
     index, rule = choose(found, when)
     record = Placement(
         rule=rule, deadline=when.isoformat(timespec="seconds") if when else None, chosen=index,
@@ -257,6 +258,14 @@ def place(req: Request, deadline: str = "", start_of: StartFn = slurm_start) -> 
     assert chosen.decision is not None
     return dataclasses.replace(chosen, decision=chosen.decision.model_copy(
         update={"placement": record}))  # fmt: skip
+
+
+def _start(plan: JobPlan, start_of: StartFn, placed_at: dt.datetime) -> dt.datetime:
+    """Slurm's start; where it says "at once", the placement's own time: the candidates are
+    asked one after another, and a later "now" must not count against the later ones."""
+    asked = dt.datetime.now().astimezone()
+    start = start_of(plan)
+    return placed_at if start <= asked + dt.timedelta(seconds=1) else start
 
 
 def table(record: Placement) -> Any:
