@@ -176,6 +176,20 @@ class Placement(_Record):
     def prediction(self) -> PlacedCandidate:
         return self.candidates[self.chosen]
 
+    def compared(self, start: float | None, end: float | None) -> dict[str, Any]:
+        """report.json's placement: predicted and actual start, run seconds and finish (Unix
+        times from the accounting; None: not yet), and the finish's error in seconds."""
+        chosen = self.prediction
+        finish = dt.datetime.fromisoformat(chosen.finish).timestamp()
+        return {
+            "nodes": chosen.nodes, "partition": chosen.partition,
+            "predicted_start": dt.datetime.fromisoformat(chosen.start).timestamp(),
+            "start": start, "predicted_run_s": chosen.run_s,
+            "run_s": end - start if start is not None and end is not None else None,
+            "predicted_finish": finish, "finish": end,
+            "finish_error_s": end - finish if end is not None else None,
+        }  # fmt: skip
+
     def against(self, start: float | None, end: float | None) -> str:
         """The prediction against Slurm's accounting (Unix times; None: not started or not
         ended yet): start, run time and finish, and the finish's error."""

@@ -228,6 +228,10 @@ def test_status_line_puts_the_prediction_against_the_accounting(ranged, tmp_path
     line = record.against(start, start + chosen.run_s + 60)
     assert f"run predicted {chosen.run_s:.0f} s, actual {chosen.run_s + 60:.0f} s" in line
     assert "(error +90 s" in line and "(+30 s)" in line
+    compared = record.compared(start, start + chosen.run_s + 60)  # report.json's placement
+    assert compared["run_s"] == pytest.approx(chosen.run_s + 60)
+    assert compared["finish_error_s"] == pytest.approx(90) and compared["nodes"] == chosen.nodes
+    assert record.compared(None, None)["finish_error_s"] is None
 
 
 def test_ledger_keeps_the_first_start_and_the_last_end_open_while_one_runs():

@@ -209,7 +209,7 @@ def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -
     `stage`: the stage's entry in pipeline.json."""
     run_dir = Path(stage["run_dir"])
     summary = runfiles.read_summary(run_dir) or {}
-    return {
+    out = {
         "state": state,
         "job_ids": list(stage.get("job_ids", [])),
         **{key: summary.get(key) for key in ("top1", "top5", "steps", "images_per_s")},
@@ -220,6 +220,8 @@ def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -
         "logs": str(run_dir / runfiles.LOGS),
         "goodput": ledger.as_dict(),
     }
+    placed = placement_of(run_dir)
+    return {**out, "placement": placed.compared(ledger.start, ledger.end)} if placed else out
 
 
 def pipeline_report(
