@@ -53,8 +53,8 @@ INCLUDE_FINALS ?=
 YES ?=
 CLUSTERS ?= 1
 SLURM_VARS := ACCOUNT QOS RESERVATION CONSTRAINT EXCLUDE SBATCH_EXTRA FT_ACCOUNT FT_QOS FT_RESERVATION FT_CONSTRAINT FT_EXCLUDE FT_SBATCH_EXTRA
-VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN OLDER_THAN INCLUDE_FINALS YES CLUSTERS VENV
-export CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS
+VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN OLDER_THAN INCLUDE_FINALS YES CLUSTERS PLACE DEADLINE VENV
+export CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS DEADLINE
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
 unknown := $(filter-out $(VALID_VARS) MAKEFLAGS,$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
@@ -69,6 +69,9 @@ FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
 # DRY_RUN=1: pretrain, finetune, pipeline, token-labels, scaling, calibrate print the scripts, write and submit nothing.
 DRY_FLAG = $(if $(filter-out 0,$(DRY_RUN)),--dry-run)
+# PLACE=1: pretrain, finetune, pipeline choose the node count by predicted finish first
+# (workflows/placement.py); DEADLINE= then picks the fewest GPU-hours finishing by it.
+PLACE_FLAG = $(if $(filter-out 0,$(PLACE)),--place) --deadline "$$DEADLINE"
 # make list filters by CLUSTER only when it is given (its default, local, would hide the rest).
 LIST_CLUSTER = $(if $(filter command line environment,$(origin CLUSTER)),--cluster "$$CLUSTER")
 # This submission's sbatch options (workflows/sbatchopts.py); FT_...: a pipeline's fine-tune.
@@ -83,13 +86,13 @@ STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --time "$
 FT_SET = $(strip $(foreach v,FT_CLUSTER FT_NODES FT_TIME $(filter FT_%,$(SLURM_VARS)),$(if $($(v)),$(v))))
 FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; make $@ runs one stage: use the name without FT_ (NODES=, TIME=, ACCOUNT=, ...)))$(if $(TEACHER)$(TEACHER_CKPT),$(error TEACHER/TEACHER_CKPT make token labels in make pipeline and make token-labels; make $@ would ignore them: drop TEACHER, or pass the labels with ARGS="--token-label-data DIR"))
 
-.PHONY: help setup test lint render preflight pretrain finetune resume pipeline demo status scaling report \
+.PHONY: help setup test lint render place preflight pretrain finetune resume pipeline demo status scaling report \
         container slurm-up slurm-down bench calibrate token-labels shards profile doctor list cancel \
         clean-runs
 
 help:
-	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status list cancel clean-runs scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_CLUSTER= (pipeline, demo: the fine-tune's profile, e.g. another Slurm cluster) FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too) CLUSTERS=$(CLUSTERS) (slurm-up: 2 = also the second local cluster, profile localslurm2)"
+	@echo "targets: setup test lint render place preflight pretrain finetune resume pipeline demo status list cancel clean-runs scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_CLUSTER= (pipeline, demo: the fine-tune's profile, e.g. another Slurm cluster) FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too) CLUSTERS=$(CLUSTERS) (slurm-up: 2 = also the second local cluster, profile localslurm2) PLACE= DEADLINE= (place, and PLACE=1 on pretrain, finetune, pipeline: the node count by predicted finish; DEADLINE=2026-11-28T06:00 or 6h: the fewest GPU-hours finishing by then)"
 
 setup:
 	bash scripts/setup.sh
@@ -107,14 +110,20 @@ lint:
 render:
 	$(FT_ONLY)$(WF) render --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
+# Every node count of the stage's range: Slurm's start (sbatch --test-only) + predicted run time;
+# renders the earliest finish (DEADLINE=: the fewest GPU-hours by then), prints its job.sbatch.
+place:
+	$(FT_ONLY)$(WF) place --stage "$$STAGE" $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM" \
+	  --deadline "$$DEADLINE"
+
 preflight:
 	$(FT_ONLY)$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 pretrain:
-	$(FT_ONLY)$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG) $(DRY_FLAG) --finetune-from "$$FINETUNE_FROM"
+	$(FT_ONLY)$(WF) submit --stage pretrain $(STAGE_ARGS) $(OFFLINE_FLAG) $(DRY_FLAG) $(PLACE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 finetune:
-	$(FT_ONLY)$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) $(DRY_FLAG) --finetune-from "$$FINETUNE_FROM"
+	$(FT_ONLY)$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) $(DRY_FLAG) $(PLACE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 # RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch (workflows/resume.py).
 # CANCEL=1: cancel the run's job still pending or running first (resume refuses otherwise).
@@ -124,7 +133,7 @@ resume:
 pipeline:
 	$(WF) pipeline $(STAGE_ARGS) --finetune-cluster "$$FT_CLUSTER" --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" $(FT_SLURM_ARGS) \
 	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG) $(DRY_FLAG) \
-	  --finetune-from "$$FINETUNE_FROM"
+	  $(PLACE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
 demo:
 	$(WF) demo --cluster "$$CLUSTER" --finetune-cluster "$$FT_CLUSTER" $(if $(TOKEN_LABELS),--token-labels)

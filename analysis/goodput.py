@@ -39,12 +39,15 @@ class Ledger:
     device_hours: float = 0.0
     useful_device_hours: float = 0.0
     device_kind: str = ""  # "GPU", "CPU" (CPU profiles), "" when accounting gave none
+    start: float | None = None  # the first start Slurm accounted (Unix time); None: not yet
+    end: float | None = None  # the last attempt's end; None while it runs or never started
 
     @property
     def other(self) -> float:
         return self.wall - sum(self.parts.values())
 
     def add(self, other: Ledger) -> None:
+        still_open = any(led.attempts and led.end is None for led in (self, other))
         self.wall += other.wall
         self.attempts += other.attempts
         self.ranks += other.ranks
@@ -55,6 +58,9 @@ class Ledger:
         self.useful_device_hours += other.useful_device_hours
         kinds = {k for k in (self.device_kind, other.device_kind) if k}
         self.device_kind = "+".join(sorted(kinds))
+        self.start = min((t for t in (self.start, other.start) if t is not None), default=None)
+        ends = [t for t in (self.end, other.end) if t is not None]
+        self.end = None if still_open else max(ends, default=None)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "other": self.other}
@@ -195,6 +201,7 @@ def _attempt_ledger(attempt: Attempt, seg: dict[str, Any] | None, resumed_at: in
     if seg is None and attempt.start is not None:  # ended before the trainer started
         one.parts["startup"] = end - start
         one.parts["shutdown"] = 0.0
+    one.start, one.end = attempt.start, attempt.end
     if attempt.devices and attempt.start is not None:
         one.device_kind = attempt.device_kind
         one.device_hours = attempt.devices * (end - attempt.start) / 3600

@@ -10,7 +10,17 @@ from typing import Any
 import jinja2
 
 from vitpod.analysis import goodput, plots
-from vitpod.analysis.scaling import DEFINITIONS, Row, Study, baseline, rows_as_json, scaling_table
+from vitpod.analysis.scaling import (
+    DEFINITIONS,
+    OFF_BY,
+    STUDY_FILE,
+    Row,
+    Study,
+    baseline,
+    off_points,
+    rows_as_json,
+    scaling_table,
+)
 from vitpod.registry import io, runfiles
 
 # Published figures shown beside ours; efficiency computed with the same arithmetic as our table.
@@ -101,6 +111,27 @@ itself, which is what the model predicts.</p>
 {% else %}<tr class="failed"><td>{{ r.gpus }}</td>
 <td colspan="11" class="text">FAILED (see above)</td></tr>
 {% endif %}{% endfor %}</table>
+<h2>Step time predicted against measured, and {{ kind }}-hours</h2>
+<p>The step-time model <code>make place</code> uses: the baseline's measured compute (step time
+minus communication) scaled by the images a rank computes per step at this point, plus this
+point's predicted communication; error = (predicted - measured) / measured.
+{% if off %}<b>The model is off by more than {{ "%.0f%%"|format(100 * off_by) }} at
+{{ off }} GPU(s).</b>{% else %}It is within {{ "%.0f%%"|format(100 * off_by) }} at every
+point.{% endif %} {{ kind }}-hours are Slurm's: the allocated {{ kind }}s x the time each array
+task held them (sacct), and the useful part, its {{ kind }}s x the time of the training steps
+kept; n/a where the accounting was not read. In all: {{ total }}.</p>
+<table id="prediction"><tr><th>GPUs</th><th class="text">state</th><th>measured step ms</th>
+<th>predicted step ms</th><th>error</th><th>{{ kind }}-hours</th>
+<th>useful {{ kind }}-hours</th></tr>
+{% for r in rows %}<tr{% if r.state != "ok" %} class="failed"{% endif %}><td>{{ r.gpus }}</td>
+<td class="text">{{ r.state }}</td>
+<td>{{ "%.2f"|format(1000 * r.time["step"]) if r.time else "n/a" }}</td>
+<td>{{ "%.2f"|format(1000 * r.predicted_step_s) if r.predicted_step_s is not none else "n/a" }}</td>
+<td>{% if r.step_error is not none %}{{ "%+.0f%%"|format(100 * r.step_error) }}
+{%- if r.step_error|abs > off_by %} (off){% endif %}{% else %}n/a{% endif %}</td>
+<td>{{ "%.3g"|format(r.device_hours) if r.device_hours is not none else "n/a" }}</td>
+<td>{{ "%.3g"|format(r.useful_device_hours) if r.useful_device_hours is not none else "n/a" }}</td>
+</tr>{% endfor %}</table>
 <h2>Goodput</h2>
 <p>Where each point's wall time went, from the trainer's own records (queue wait is Slurm's:
 <code>make status</code> shows it): start-up to the first step, training steps, checkpoint
@@ -154,7 +185,39 @@ def render_html(study: Study, rows: list[Row], images: dict[str, bytes]) -> str:
         images=[(name, base64.b64encode(png).decode("ascii")) for name, png in images.items()],
         references=references(),
         ledgers=[(r, goodput.from_trainer(Path(r.run_dir))) for r in rows if r.state == "ok"],
+        off=", ".join(str(r.gpus) for r in off_points(rows)),
+        off_by=OFF_BY,
+        kind=device_kind(rows),
+        total=_total_line(rows),
     )
+
+
+def device_kind(rows: list[Row]) -> str:
+    """'GPU', or 'CPU' where the points ran on CPU profiles (what sacct allocated)."""
+    return next((r.device_kind for r in rows if r.device_kind), "GPU")
+
+
+def _total_line(rows: list[Row]) -> str:
+    summary = study_summary(rows)
+    if summary["device_hours"] is None:
+        return "n/a"
+    kind = summary["device_kind"]
+    return (f"{summary['device_hours']:.3g} {kind}-hours allocated, "
+            f"{summary['useful_device_hours']:.3g} useful")  # fmt: skip
+
+
+def study_summary(rows: list[Row]) -> dict[str, Any]:
+    """The study's totals for report.json: device-hours (None when no point was accounted) and
+    the points where the step-time model is off by more than OFF_BY."""
+    known = [r for r in rows if r.device_hours is not None]
+    return {
+        "device_kind": device_kind(rows),
+        "device_hours": sum(r.device_hours or 0.0 for r in known) if known else None,
+        "useful_device_hours": sum(r.useful_device_hours or 0.0 for r in known) if known
+        else None,
+        "off_by": OFF_BY,
+        "off_points": [r.gpus for r in off_points(rows)],
+    }  # fmt: skip
 
 
 def make_images(study: Study, rows: list[Row]) -> dict[str, bytes]:
@@ -176,6 +239,10 @@ def write_report(study: Study, out_dir: Path | None = None) -> Path:
         io.write_bytes_atomic(out / name, png)
     table = {"mode": study.mode, "model": study.model, "rows": rows_as_json(rows)}
     io.write_text_atomic(out / runfiles.TABLE, json.dumps(table, indent=2))
+    if (study.root / STUDY_FILE).is_file():  # a study's own directory (not loose run dirs)
+        record = {"study": str(study.root), "mode": study.mode, "model": study.model,
+                  **study_summary(rows), "points": rows_as_json(rows)}  # fmt: skip
+        io.write_text_atomic(study.root / runfiles.REPORT, json.dumps(record, indent=2))
     html = out / runfiles.REPORT_HTML
     io.write_text_atomic(html, render_html(study, rows, images))
     return html

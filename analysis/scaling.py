@@ -16,6 +16,8 @@ from vitpod.registry.io import check_keys
 
 MODES = ("strong", "weak")
 STUDY_FILE = runfiles.STUDY
+OFF_BY = 0.25
+"""A predicted step time further than this fraction from the measured one is called out."""
 
 DEFINITIONS = {
     "strong": (
@@ -43,6 +45,12 @@ class Point:
     state: str | None = None
     predicted_comm_s: float | None = None
     """The orchestrator's prediction when the sweep was submitted (its chosen algorithm)."""
+    device_kind: str | None = None
+    """'GPU', or 'CPU' on CPU profiles; None where Slurm's accounting was not read."""
+    device_hours: float | None = None
+    """Allocated device-hours of the point's array task, from sacct (study.record_ledgers)."""
+    useful_device_hours: float | None = None
+    """Its devices x the training time of the steps it kept."""
 
 
 @dataclass(slots=True)
@@ -88,6 +96,15 @@ class Row:
     exchange_ratio: float | None = None
     mfu: float | None = None
     """The trainer's model FLOPs utilisation (summary.json); None where the peak is unknown."""
+    device_kind: str | None = None
+    device_hours: float | None = None
+    """Allocated GPU-hours (CPU-hours on CPU profiles) of the point, failed points included."""
+    useful_device_hours: float | None = None
+    predicted_step_s: float | None = None
+    """The step-time model's (scaled_step_s) from the baseline point: its compute per image
+    scaled to this point's images per rank, plus this point's predicted communication."""
+    step_error: float | None = None
+    """(predicted - measured) / measured step time."""
 
 
 # study.json keys (written by workflows/scaling.py); unknown ones are rejected.
@@ -98,7 +115,7 @@ _STUDY_KEYS = {
 }  # fmt: skip
 _POINT_KEYS = {
     "gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index", "topology",
-    "algorithm", "predicted_comm_s",
+    "algorithm", "predicted_comm_s", "device_kind", "device_hours", "useful_device_hours",
 }  # fmt: skip
 
 
@@ -120,6 +137,9 @@ def load_study(root: Path) -> Study:
                 run_dir=root / raw["run_dir"],
                 state=raw.get("state"),
                 predicted_comm_s=raw.get("predicted_comm_s"),
+                device_kind=raw.get("device_kind"),
+                device_hours=raw.get("device_hours"),
+                useful_device_hours=raw.get("useful_device_hours"),
             )
         )
     if not points:
@@ -172,6 +192,15 @@ def mean_times(run: RunLog) -> dict[str, float]:
     return {part: sum(s.time[part] for s in steps) / len(steps) for part in (*TIME_PARTS, "step")}
 
 
+def scaled_step_s(
+    step_s: float, comm_s: float, work_from: float, work_to: float, predicted_comm_s: float
+) -> float:
+    """The step-time model placement and the scaling report share: a measured step's compute
+    (step - comm) scaled by the work per rank (images or micro-batches a rank computes each
+    step), plus the communication the cost model predicts where the step will run."""
+    return (step_s - comm_s) * work_to / work_from + predicted_comm_s
+
+
 def predicted_comm_s(point: Point) -> float | None:
     """The prediction the planner recorded: the sweep's, else the run's plan.json (None when
     neither priced the run; nothing is re-priced here)."""
@@ -182,7 +211,9 @@ def predicted_comm_s(point: Point) -> float | None:
 
 
 def _measured_row(study: Study, point: Point, run: RunLog) -> Row:
-    row = Row(gpus=point.gpus, nodes=point.nodes, run_dir=str(point.run_dir))
+    row = Row(gpus=point.gpus, nodes=point.nodes, run_dir=str(point.run_dir),
+              device_kind=point.device_kind, device_hours=point.device_hours,
+              useful_device_hours=point.useful_device_hours)  # fmt: skip
     summary = run.summary or {}
     logged = _logged_world_size(run)
     if point.state not in (None, "ok", "COMPLETED", "completed"):
@@ -232,7 +263,25 @@ def scaling_table(study: Study) -> list[Row]:
                 row.gpus, row.images_per_s, base.gpus, base.images_per_s
             )
             row.ideal_speedup = row.gpus / base.gpus
+            _predict_step(row, base)
     return rows
+
+
+def _predict_step(row: Row, base: Row) -> None:
+    """The point's step time as the model predicts it from the baseline's, and its error."""
+    if row.predicted_comm_s is None or not (row.global_batch and base.global_batch):
+        return
+    measured = row.time["step"]
+    row.predicted_step_s = scaled_step_s(
+        base.time["step"], base.time["comm"], base.global_batch / base.gpus,
+        row.global_batch / row.gpus, row.predicted_comm_s,
+    )  # fmt: skip
+    row.step_error = (row.predicted_step_s - measured) / measured if measured else None
+
+
+def off_points(rows: list[Row]) -> list[Row]:
+    """The points whose predicted step time is off by more than OFF_BY."""
+    return [r for r in rows if r.step_error is not None and abs(r.step_error) > OFF_BY]
 
 
 def baseline(rows: list[Row]) -> Row | None:

@@ -7,6 +7,7 @@ re-deriving the decision from argv. Torch-free: login nodes and ranks both impor
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,6 +139,80 @@ class CheckpointInterval(_Record):
                 f" = {self.interval_s:.0f} s; {self.reason}")  # fmt: skip
 
 
+class PlacedCandidate(_Record):
+    """One placement candidate: where and on how many nodes, and what was predicted for it."""
+
+    partition: str
+    node_type: str
+    nodes: int
+    world_size: int
+    start: str
+    """Slurm's estimate (`sbatch --test-only`), ISO 8601 with the UTC offset."""
+    step_time_s: float | None
+    step_time_source: str
+    steps: int | None
+    run_s: float
+    """Start-up + steps x step time + checkpoint saves (the time limit where unknown)."""
+    run_source: str
+    finish: str
+    device_hours: float
+    device_kind: str
+    """GPU, or CPU on CPU profiles (what Slurm allocates there)."""
+    within_deadline: bool | None = None
+    """None: no DEADLINE given."""
+
+
+class Placement(_Record):
+    """`--place` (make place): every candidate, the rule that chose one, and its prediction."""
+
+    rule: str
+    """'earliest finish', or 'fewest GPU-hours by DEADLINE' (CPU-hours on CPU profiles)."""
+    deadline: str | None = None
+    candidates: list[PlacedCandidate]
+    chosen: int
+    """Index of the chosen candidate in `candidates`."""
+
+    @property
+    def prediction(self) -> PlacedCandidate:
+        return self.candidates[self.chosen]
+
+    def compared(self, start: float | None, end: float | None) -> dict[str, Any]:
+        """report.json's placement: predicted and actual start, run seconds and finish (Unix
+        times from the accounting; None: not yet), and the finish's error in seconds."""
+        chosen = self.prediction
+        finish = dt.datetime.fromisoformat(chosen.finish).timestamp()
+        return {
+            "nodes": chosen.nodes, "partition": chosen.partition,
+            "predicted_start": dt.datetime.fromisoformat(chosen.start).timestamp(),
+            "start": start, "predicted_run_s": chosen.run_s,
+            "run_s": end - start if start is not None and end is not None else None,
+            "predicted_finish": finish, "finish": end,
+            "finish_error_s": end - finish if end is not None else None,
+        }  # fmt: skip
+
+    def against(self, start: float | None, end: float | None) -> str:
+        """The prediction against Slurm's accounting (Unix times; None: not started or not
+        ended yet): start, run time and finish, and the finish's error."""
+        chosen = self.prediction
+        want = {k: dt.datetime.fromisoformat(v).timestamp()
+                for k, v in (("start", chosen.start), ("finish", chosen.finish))}  # fmt: skip
+        line = f"placement ({chosen.nodes} node(s) on {chosen.partition}): start predicted " \
+            f"{_clock(want['start'])}"  # fmt: skip
+        if start is None:
+            return f"{line}, not started yet"
+        line += f", actual {_clock(start)} ({start - want['start']:+.0f} s)"
+        if end is None:
+            return f"{line}; run predicted {chosen.run_s:.0f} s, still running"
+        error = end - want["finish"]
+        return (f"{line}; run predicted {chosen.run_s:.0f} s, actual {end - start:.0f} s; finish "
+                f"predicted {_clock(want['finish'])}, actual {_clock(end)} (error {error:+.0f} s, "
+                f"{100 * error / max(chosen.run_s, 1.0):+.0f}% of the predicted run)")  # fmt: skip
+
+
+def _clock(when: float) -> str:
+    return dt.datetime.fromtimestamp(when).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
 class Data(_Record):
     data_dir: str | None = None
     token_label_data: str | None = None
@@ -168,6 +243,8 @@ class Decision(_Record):
     scheduling: Scheduling = Scheduling()
     checkpoint: CheckpointInterval | None = None
     """--checkpoint-every auto resolved (None: the flags or the profile gave a number)."""
+    placement: Placement | None = None
+    """--place: the candidates and the prediction (None: not placed)."""
 
     def log_line(self) -> str:
         """One line for the job log: the engine, why, and its predicted cost."""

@@ -281,3 +281,54 @@ def test_analysis_imports_neither_workflows_nor_trainer_nor_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def _with_points(study_dir, **by_gpus):
+    """Set fields of study.json's points: by_gpus = {field: {gpus: value}}."""
+    study = json.loads((study_dir / "study.json").read_text())
+    for point in study["points"]:
+        for field, values in by_gpus.items():
+            point[field] = values.get(point["gpus"])
+    (study_dir / "study.json").write_text(json.dumps(study))
+
+
+def test_predicted_step_time_is_the_baselines_scaled_and_25pct_misses_are_named(strong_study):
+    _with_points(strong_study, predicted_comm_s={1: 0.0, 2: 0.020, 4: 0.001, 8: 0.001})
+    rows = scaling.scaling_table(scaling.load_study(strong_study))
+    g1, g2, g4, g8 = rows
+    # Baseline: 65 ms a step, no comm, 32 images a rank; g2 computes 16 a rank, g4 8.
+    assert g1.predicted_step_s == pytest.approx(0.065) and g1.step_error == pytest.approx(0.0)
+    assert g2.predicted_step_s == pytest.approx(0.065 * 16 / 32 + 0.020)
+    assert g2.step_error == pytest.approx((0.0525 - 0.085) / 0.085)
+    assert g4.predicted_step_s == pytest.approx(0.065 * 8 / 32 + 0.001)
+    assert g8.predicted_step_s is None  # failed: nothing measured to hold it against
+    assert [r.gpus for r in scaling.off_points(rows)] == [2, 4]
+    html = report.write_report(scaling.load_study(strong_study)).read_text()
+    assert '<table id="prediction">' in html
+    assert "The model is off by more than 25% at\n2, 4 GPU(s)." in html
+    assert "-38% (off)" in html and ">+0%</td>" in html
+
+
+def test_gpu_hours_per_point_in_the_report_and_report_json(strong_study):
+    _with_points(strong_study, device_kind={1: "GPU", 2: "GPU", 4: "GPU", 8: "GPU"},
+                 device_hours={1: 0.5, 2: 1.0, 4: 2.0, 8: 4.0},
+                 useful_device_hours={1: 0.25, 2: 0.5, 4: 1.0, 8: 0.0})  # fmt: skip
+    rows = scaling.scaling_table(scaling.load_study(strong_study))
+    assert [r.device_hours for r in rows] == [0.5, 1.0, 2.0, 4.0]  # the failed point's too
+    html = report.write_report(scaling.load_study(strong_study)).read_text()
+    assert "In all: 7.5 GPU-hours allocated, 1.75 useful." in html
+    assert "<th>GPU-hours</th>" in html and "<td>4</td>" in html
+    record = json.loads((strong_study / "report.json").read_text())
+    assert record["device_kind"] == "GPU" and record["device_hours"] == pytest.approx(7.5)
+    assert record["useful_device_hours"] == pytest.approx(1.75)
+    assert [p["device_hours"] for p in record["points"]] == [0.5, 1.0, 2.0, 4.0]
+
+
+def test_without_accounting_gpu_hours_are_na_and_loose_runs_write_no_report_json(tmp_path):
+    root = tmp_path / "pipeline"
+    write_run(root / "r1", 1, 32, 100.0, [0.0])
+    write_run(root / "r2", 2, 16, 180.0, [0.01, 0.01])
+    (root / "report.json").write_text("{}")  # a pipeline's own report: left alone
+    html = report.write_report(scaling.study_from_runs([root / "r1", root / "r2"], "strong"))
+    assert "In all: n/a." in html.read_text()
+    assert (root / "report.json").read_text() == "{}"

@@ -227,12 +227,12 @@ def test_bad_input_exits_2_naming_the_field_and_leaves_no_run_dir(tmp_path, caps
 
 def test_unknown_command_and_lazy_dispatch(capsys):
     assert cli.main(["nosuch"]) == 2
-    known = "commands: render, preflight, submit, pipeline, demo, status, scaling, calibrate"
+    known = "commands: render, place, preflight, submit, pipeline, demo, status, scaling"
     assert known in capsys.readouterr().err
     assert set(cli.COMMANDS) == {
-        "render", "preflight", "submit", "pipeline", "demo", "status", "scaling", "calibrate",
-        "token-labels", "memory", "layouts", "profile", "doctor", "resume", "list", "cancel",
-        "clean", "completion",
+        "render", "place", "preflight", "submit", "pipeline", "demo", "status", "scaling",
+        "calibrate", "token-labels", "memory", "layouts", "profile", "doctor", "resume", "list",
+        "cancel", "clean", "completion",
     }  # fmt: skip
     assert cli._load("render") is cli.render_main
 

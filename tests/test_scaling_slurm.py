@@ -2,6 +2,7 @@
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,10 @@ def sweep(tmp_path, mode, batch):
     return table["rows"], html, study
 
 
+def study_dir_of(rows):
+    return Path(rows[0]["run_dir"]).parent
+
+
 def check_common(rows, html, study):
     assert [r["gpus"] for r in rows] == [1, 2, 4]
     assert [r["state"] for r in rows] == ["ok", "ok", "ok"], [r["error"] for r in rows]
@@ -46,6 +51,18 @@ def check_common(rows, html, study):
         )
         assert row["time"]["step"] > 0
     assert rows[1]["predicted_comm_s"] > 0 and rows[1]["comm_ratio"] > 0
+    assert all(r["predicted_step_s"] > 0 and r["step_error"] is not None for r in rows)
+    # CPU-hours per point (the report job's one sacct) against sacct's own CPUTimeRAW
+    tasks = ",".join(f"{study['job_id']}_{p['index']}" for p in study["points"])
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", tasks, "-o", "JobID,CPUTimeRAW"],
+                         capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+    cpu_s = dict(line.split("|") for line in out.split())
+    for point in study["points"]:
+        assert point["device_kind"] == "CPU", point
+        expected = int(cpu_s[f"{study['job_id']}_{point['index']}"])
+        assert point["device_hours"] * 3600 == pytest.approx(expected, abs=4), point
+    summed = json.loads((Path(study_dir_of(rows)) / "report.json").read_text())
+    assert summed["device_hours"] == pytest.approx(sum(p["device_hours"] for p in study["points"]))
 
 
 def test_weak_sweep_on_local_slurm(local_slurm, tmp_path):

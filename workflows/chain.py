@@ -20,6 +20,7 @@ from vitpod.workflows import (
     chain_watch,
     jobctl,
     labels,
+    placement,
     preflight,
     sbatchopts,
     slurm,
@@ -30,7 +31,7 @@ from vitpod.workflows.chain_stage import StageRecord
 from vitpod.workflows.chain_watch import ChainError
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.executor import make_executor, trainer_task
-from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.plan import Request
 from vitpod.workflows.profile import load_profile
 from vitpod.workflows.recipe import recipe_name
 from vitpod.workflows.rundir import (
@@ -55,17 +56,16 @@ class Chain:
     >>> run.status(); run.wait(timeout=3600)
 
     Per-stage nodes/time: workflows/stageres.py. offline=True: plan()/render() ask Slurm nothing.
-    slurm= (every stage) and finetune_slurm= (the fine-tune's, winning): sbatch options, a
-    mapping with keys account, qos, reservation, constraint, exclude, extra
-    (workflows/sbatchopts.py), e.g. slurm={"account": "proj", "extra": "--mail-type=END"}.
+    slurm=, finetune_slurm= (the fine-tune's, winning): sbatch options (workflows/sbatchopts.py),
+    e.g. slurm={"account": "proj", "extra": "--mail-type=END"}. place=True: the first stage's
+    node count by predicted finish (workflows/placement.py).
 
     Slurm profiles: the finetune is submitted at once with `dependency=afterok:<pretrain>`, so
     it starts only after the pretrain really completed (requeues included). finetune_cluster=
     another profile (another Slurm cluster or storage root): the fine-tune is submitted there by
     wait()/follow()/status() once the pretrain completed and its model was carried across
-    (workflows/chain_cross.py); finetune_run_root= its run root (default: that profile's).
-    The local profile (submitit's LocalExecutor) starts the finetune from `status()`/`wait()`
-    once the pretrain completed.
+    (workflows/chain_cross.py); finetune_run_root= its run root (default: that profile's). The
+    local profile (submitit's LocalExecutor) starts it from status()/wait() after the pretrain.
     """
 
     def __init__(
@@ -92,19 +92,21 @@ class Chain:
         finetune_slurm: sbatchopts.SbatchOptions | Mapping[str, Any] | None = None,
         finetune_cluster: str = "",
         finetune_run_root: str | None = None,
+        place: bool = False,
+        deadline: str = "",
     ) -> None:
         self.cluster, self.model = cluster, model
         self.finetune_cluster = finetune_cluster or cluster
         self.finetune_run_root = finetune_run_root
-        self.crossing = False
-        """The fine-tune goes to another cluster/storage after the pretrain's end."""
+        self.crossing = False  # the fine-tune goes to another cluster/storage after the pretrain
         self.handover: dict[str, Any] = {}
         self.resources = StageResources(
             "" if nodes is None else str(nodes), time,
             "" if finetune_nodes is None else str(finetune_nodes), finetune_time,
             sbatchopts.options(slurm), sbatchopts.options(finetune_slurm, "FT_"),
         )  # fmt: skip
-        self.offline = offline
+        placement.check_request(place, deadline)
+        self.offline, self.place, self.deadline = offline, place, deadline
         self.stage_args = {
             "pretrain": " ".join(a for a in (args, pretrain_args) if a),
             "finetune": " ".join(a for a in (args, finetune_args) if a),
@@ -184,7 +186,7 @@ class Chain:
                 finetune_from=source if stage == "finetune" else "",
                 finetune_pending=chained, offline=self.offline,
             )  # fmt: skip
-            plan = plan_job(req)
+            plan = placement.plan_stage(req, self.place and stage == self.wanted[0], self.deadline)
             pending = plan_labels(self, plan, directory)
             if not self.offline:
                 preflight.check(plan, chained=chained, labels_pending=pending)

@@ -53,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         help="print every script it would submit (labeling arrays first); write and submit "
         "nothing (with --offline: Slurm not asked)",
     )  # fmt: skip
+    parser.add_argument(
+        "--place",
+        action="store_true",
+        help="choose the first stage's node count by predicted finish (PLACE=1)",
+    )
+    parser.add_argument("--deadline", default="", help="with --place: the fewest GPU-hours "
+                        "finishing by then (DEADLINE=)")  # fmt: skip
     ns = parser.parse_args(argv)
     chain = Chain(
         ns.cluster,
@@ -69,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         slurm=sbatchopts.from_namespace(ns),
         finetune_slurm=sbatchopts.from_namespace(ns, "finetune-"),
         finetune_cluster=ns.finetune_cluster,
+        place=ns.place,
+        deadline=ns.deadline,
     )
     if ns.dry_run:
         return _dry_run(chain)

@@ -13,7 +13,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import USAGE
-from vitpod.workflows import preflight, sbatchopts, slurm
+from vitpod.workflows import placement, preflight, sbatchopts, slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.flags import request_flags
 from vitpod.workflows.plan import JobPlan, Request, plan_job
@@ -24,6 +24,7 @@ from vitpod.workflows.submission import materialize, sbatch_run
 # breaks only its own command.
 COMMANDS = {
     "render": "vitpod.workflows.cli:render_main",
+    "place": "vitpod.workflows.cli:place_main",
     "preflight": "vitpod.workflows.cli:preflight_main",
     "submit": "vitpod.workflows.cli:submit_main",
     "pipeline": "vitpod.workflows.chain_cli:main",
@@ -45,6 +46,7 @@ COMMANDS = {
 # One line per command for `vitpod --help` (kept here: the dispatch imports nothing to show it).
 DESCRIPTIONS = {
     "render": "write one stage's job into a new run directory (no preflight)",
+    "place": "render the candidate (node count) Slurm and the step-time model say finishes first",
     "preflight": "every check a submission makes; nothing written or submitted",
     "submit": "plan, preflight, render and sbatch one stage (--dry-run: print it only)",
     "pipeline": "the pretrain -> fine-tune chain, token labels first with --teacher",
@@ -91,6 +93,14 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
             "--dry-run", action="store_true",
             help="print the script it would submit; write and submit nothing",
         )  # fmt: skip
+        p.add_argument(
+            "--place",
+            action="store_true",
+            help="choose the node count by predicted finish first (make PLACE=1)",
+        )
+    if prog in ("submit", "place"):
+        p.add_argument("--deadline", default="", help=f"placement: {placement.DEADLINE_FORMAT}; "
+                       "the fewest GPU-hours finishing by then (make DEADLINE=)")  # fmt: skip
     return p
 
 
@@ -131,6 +141,35 @@ def render_main(argv: list[str]) -> int:
     return 0
 
 
+def place_main(argv: list[str]) -> int:
+    """Predict every candidate, print the table, write the chosen one into a new run directory
+    (nothing submitted); the script's path is the last line printed."""
+    ns = stage_parser("place").parse_args(argv)
+    plan = _place(ns)
+    script = materialize(plan)
+    _print_decisions(plan)
+    print(f"run directory: {script.parent}")
+    print(script)
+    return 0
+
+
+def _planned(ns: argparse.Namespace) -> JobPlan:
+    """submit's plan: placed with --place, else as asked; DEADLINE without --place is refused."""
+    if ns.place:
+        return _place(ns)
+    if ns.deadline.strip():
+        raise ConfigError(f"DEADLINE={ns.deadline!r} chooses among placement candidates; add "
+                          "PLACE=1 (--place) or use make place, or drop DEADLINE")  # fmt: skip
+    return plan_job(request(ns))
+
+
+def _place(ns: argparse.Namespace) -> JobPlan:
+    plan = placement.place(request(ns), ns.deadline)
+    assert plan.decision is not None and plan.decision.placement is not None
+    placement.print_placement(plan.decision.placement)
+    return plan
+
+
 def preflight_main(argv: list[str]) -> int:
     """Every check a submission makes, and nothing written or submitted."""
     ns = stage_parser("preflight").parse_args(argv)
@@ -155,7 +194,7 @@ def submit_main(argv: list[str]) -> int:
     if ns.offline:
         raise ConfigError("--offline (OFFLINE=1) is for render/preflight only: a submission "
                           "needs Slurm's answer; drop OFFLINE=1")  # fmt: skip
-    plan = plan_job(request(ns))
+    plan = _planned(ns)
     checks = preflight.check(plan)
     script = materialize(plan, plan.manifest(preflight=checks))
     if plan.profile.scheduler == "local":
@@ -173,7 +212,7 @@ def submit_main(argv: list[str]) -> int:
 def _dry_run(ns: argparse.Namespace) -> int:
     """submit --dry-run: the plan and its preflight (none of Slurm's checks with --offline);
     prints the script, writes nothing."""
-    plan = plan_job(request(ns))
+    plan = _planned(ns)
     checks = [] if ns.offline else preflight.check(plan)
     _print_decisions(plan)
     for line in checks:

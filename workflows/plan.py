@@ -221,9 +221,10 @@ def plan_job(req: Request) -> JobPlan:
         # at MAX; on fewer nodes the ranks take the accumulation that keeps it.
         cfg = _parse_trainer(spec.command, partition.nodes_max * node.ranks_per_node)
         noderange.check_range(cfg, nodes, partition.nodes_max, node.ranks_per_node)
+        pinned = noderange.pinned_flags(cfg.batch_size, cfg.global_batch_size)
         spec = build_spec(
             profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
-            tool_args=(*req.tool_args, *noderange.pinned_flags(cfg)), nodes_max=partition.nodes_max,
+            tool_args=(*req.tool_args, *pinned), nodes_max=partition.nodes_max,
             finetune_from=req.finetune_from or None, dependency=req.dependency or None,
         )  # fmt: skip
         cfg = _parse_trainer(spec.command, world)

@@ -1,5 +1,6 @@
 """What earlier runs of the same model, image size and batch measured: the seconds one checkpoint
-save blocked training and the median step time (rank 0's metrics records)."""
+save blocked training, the median step time and its communication part, the ranks it ran on and
+the steps it planned (rank 0's metrics records)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ class Measured:
     seconds: float
     run: str
     samples: int
+    comm_s: float = 0.0
+    """Median communication seconds of the same steps (step_time only)."""
+    world_size: int = 0
+    """Ranks the measured steps ran on (step_time only; 0: not recorded)."""
+    total_steps: int = 0
+    """Optimizer steps the run planned (step_time only; 0: not recorded)."""
 
     def source(self, what: str) -> str:
         return f"median {what} of {self.samples} in {self.run}"
@@ -26,17 +33,24 @@ def matching_runs(run_dir: Path, model: str, img_size: int, batch_size: int) -> 
     """run_dir itself (a resumed run), then the newest first (run names start with their UTC
     time) of the runs beside it whose config.json has the same model, img_size and per-rank
     batch_size."""
+    want = {"model": model, "img_size": img_size, "batch_size": batch_size}
+    return [run for run, config in configs(run_dir) if all(config.get(k) == v
+                                                           for k, v in want.items())]  # fmt: skip
+
+
+def configs(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """run_dir, then the runs beside it newest first, each with its config.json (runs without a
+    readable one are left out)."""
     root = run_dir.parent
     siblings = sorted(root.iterdir(), reverse=True) if root.is_dir() else []
-    want = {"model": model, "img_size": img_size, "batch_size": batch_size}
     out = []
     for run in [run_dir, *(r for r in siblings if r != run_dir)]:
         try:
             config = json.loads((run / runfiles.CONFIG).read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(config, dict) and all(config.get(k) == v for k, v in want.items()):
-            out.append(run)
+        if isinstance(config, dict):
+            out.append((run, config))
     return out
 
 
@@ -59,13 +73,18 @@ def save_cost(runs: list[Path]) -> Measured | None:
 
 
 def step_time(runs: list[Path]) -> Measured | None:
-    """The median step time (time.step, warm-up steps left out) of the newest run with steps."""
+    """The median step time (time.step, warm-up steps left out) of the newest run with steps,
+    with the median of its communication part (time.comm), its ranks and its planned steps."""
     for run in runs:
-        times = [_num((r.get("time") or {}).get("step")) for r in _rank0(run)
-                 if r.get("kind") == "step" and not r.get("warmup")]  # fmt: skip
-        times = [t for t in times if t > 0]
-        if times:
-            return Measured(statistics.median(times), str(run), len(times))
+        steps = [r for r in _rank0(run) if r.get("kind") == "step" and not r.get("warmup")
+                 and _num((r.get("time") or {}).get("step")) > 0]  # fmt: skip
+        if steps:
+            return Measured(
+                statistics.median(_num(r["time"]["step"]) for r in steps), str(run), len(steps),
+                comm_s=statistics.median(_num(r["time"].get("comm")) for r in steps),
+                world_size=_int(steps[-1].get("world_size"), 0),
+                total_steps=_int(steps[-1].get("total_steps"), 0),
+            )  # fmt: skip
     return None
 
 
@@ -80,5 +99,5 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) else -2
+def _int(value: Any, default: int = -2) -> int:
+    return value if isinstance(value, int) else default

@@ -149,6 +149,13 @@ def _fix(spec: JobSpec, field: str) -> str:
 def check_test_only(spec: JobSpec, script: str) -> list[str]:
     """Slurm's own verdict on the rendered script, nothing queued: `sbatch --test-only` reads it
     from stdin (an account, QOS, reservation, constraint, node list or option Slurm refuses)."""
+    said = ask_test_only(spec, script)
+    return [f"sbatch --test-only accepts the script ({said.removeprefix('sbatch: ')})"]
+
+
+def ask_test_only(spec: JobSpec, script: str) -> str:
+    """What `sbatch --test-only` says of the script ('sbatch: Job 12 to start at 2026-...T...
+    using 4 processors on nodes n[1-2] in partition p'); ConfigError when Slurm refuses it."""
     try:
         out = slurm.call(["sbatch", "--test-only"], input=script)
     except slurm.SlurmError as exc:
@@ -161,7 +168,7 @@ def check_test_only(spec: JobSpec, script: str) -> list[str]:
             f"fix what it names in profile {spec.profile.name}"
         )  # fmt: skip
         raise ConfigError(f"sbatch --test-only refuses the job script: {said}; {fix}")
-    return [f"sbatch --test-only accepts the script ({said.removeprefix('sbatch: ')})"]
+    return said
 
 
 def mpi_types(listing: str) -> set[str]:

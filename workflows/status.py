@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import RecordError, engine_fields, find_decision
+from vitpod.registry.decision import Placement, RecordError, engine_fields, find_decision
 from vitpod.trainer import labelset
 from vitpod.workflows import goodput, jobstate, multicluster, triage
 from vitpod.workflows.metricstail import MetricsTail, duration, newest_checkpoint_age
@@ -192,7 +192,19 @@ def format_status(statuses: list[StageStatus]) -> str:
             out.extend("  " + line for line in s.diagnosis.text())
         if s.ledger is not None:
             out.append("  " + s.ledger.line())
+            placed = placement_of(Path(s.run_dir))
+            if placed is not None:
+                out.append("  " + placed.against(s.ledger.start, s.ledger.end))
     return "\n".join(out)
+
+
+def placement_of(run_dir: Path) -> Placement | None:
+    """The placement plan.json records (None: not placed, or no readable record)."""
+    try:
+        decision = find_decision(run_dir)
+    except RecordError:
+        return None  # engine_of shows why on the stage's line
+    return decision.placement if decision else None
 
 
 def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -> dict[str, Any]:
@@ -200,7 +212,7 @@ def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -
     `stage`: the stage's entry in pipeline.json."""
     run_dir = Path(stage["run_dir"])
     summary = runfiles.read_summary(run_dir) or {}
-    return {
+    out = {
         "state": state,
         "job_ids": list(stage.get("job_ids", [])),
         **({"cluster": c} if (c := multicluster.cluster_of(run_dir)) else {}),
@@ -212,6 +224,8 @@ def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -
         "logs": str(run_dir / runfiles.LOGS),
         "goodput": ledger.as_dict(),
     }
+    placed = placement_of(run_dir)
+    return {**out, "placement": placed.compared(ledger.start, ledger.end)} if placed else out
 
 
 def pipeline_report(

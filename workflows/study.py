@@ -12,6 +12,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision
+from vitpod.workflows import goodput
 from vitpod.workflows.profile import Profile, profile_path
 from vitpod.workflows.recipe import Recipe
 from vitpod.workflows.rundir import write_json
@@ -118,8 +119,35 @@ def record_states(study_dir: Path, states: dict[int, str]) -> dict[str, Any]:
     return study
 
 
+def record_ledgers(study_dir: Path) -> dict[str, Any]:
+    """Write each point's allocated and useful GPU-hours (CPU-hours on CPU profiles) into
+    study.json, from ONE sacct for every array task (workflows/goodput.py); a point sacct could
+    not account for keeps None."""
+    path = study_dir / runfiles.STUDY
+    study = json.loads(path.read_text())
+    job_id = study.get("job_id")
+    if not job_id:
+        return study  # rendered, never submitted: no accounting to read
+    points = study["points"]
+    runs = [(study_dir / p["run_dir"], [f"{job_id}_{p['index']}"]) for p in points]
+    try:
+        found = goodput.ledgers(runs)
+    except runfiles.RunFileError as exc:  # the report must still appear; its hours say n/a
+        print(f"warning: GPU-hours not recorded: {exc}", file=sys.stderr)
+        return study
+    for point, ledger in zip(points, found, strict=True):
+        known = goodput.is_complete(ledger) and bool(ledger.device_kind)
+        point["device_kind"] = ledger.device_kind if known else None
+        point["device_hours"] = ledger.device_hours if known else None
+        point["useful_device_hours"] = ledger.useful_device_hours if known else None
+    write_json(path, study)
+    return study
+
+
 def report(study_dir: Path) -> int:
-    """`python -m vitpod.analysis report STUDY_DIR` (a separate process: no matplotlib here)."""
+    """Record the points' GPU-hours, then `python -m vitpod.analysis report STUDY_DIR` (a
+    separate process: no matplotlib here)."""
+    record_ledgers(study_dir)
     done = subprocess.run(
         [sys.executable, "-m", "vitpod.analysis", "report", str(study_dir)], check=False
     )
