@@ -10,9 +10,10 @@ if TYPE_CHECKING:
     from vitpod.trainer.config import TrainConfig
 
 
-def pinned_flags(cfg: TrainConfig) -> tuple[str, ...]:
-    """Trainer flags that keep this plan's global batch on any node count (trainer/elastic.py)."""
-    return ("-b", str(cfg.batch_size), "--global-batch", str(cfg.global_batch_size), "--elastic")
+def pinned_flags(batch_size: int, global_batch: int) -> tuple[str, ...]:
+    """Trainer flags that keep a global batch on any node count: the ranks take the
+    accumulation G / (dp x -b) for the world size they get (trainer/elastic.py)."""
+    return ("-b", str(batch_size), "--global-batch", str(global_batch), "--elastic")
 
 
 def check_range(cfg: TrainConfig, low: int, high: int, ranks_per_node: int) -> None:
