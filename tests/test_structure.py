@@ -48,6 +48,7 @@ LAYOUT_FLAGS = _layout_flags()
 # Calls that look a flag up in an argv: argv.index("--tp"), t.startswith("--tp="), ...
 ARGV_READERS = {"index", "count", "startswith", "endswith", "remove", "last_value", "_flag_value"}
 
+
 @dataclass(frozen=True)
 class Module:
     name: str
