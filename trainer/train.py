@@ -358,7 +358,7 @@ class Trainer:
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
                     "steps": self.step, "images_per_s": ips,
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
-                    "topology": self.engine.name, "attention": self.attention,
+                    "engine": self.engine.name, "attention": self.attention,
                     "corrupt_images": corrupt,
                     "token_labels": getattr(self.train_loader, "token_label_info", None),
                     "mesh": self.mesh_shape, "param_bytes_per_rank": int(param_bytes),
