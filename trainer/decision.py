@@ -6,27 +6,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision, RecordError, read_decision
 from vitpod.registry.trainsections import groups
-
-
-class DecisionConflict(ValueError):
-    """An override disagrees with the engine or layout of the plan; the message names both."""
+from vitpod.trainer.config import ConfigError
 
 
 def read_plan(path: str) -> Decision:
-    """plan.json of a training job; RecordError names the file and the fix."""
+    """plan.json of a training job; ConfigError names the file and the fix."""
     plan = Path(path)
-    if plan.name != "plan.json":
-        raise RecordError(f"--plan {path}: give a run's plan.json (RUN_DIR/plan.json)")
-    decision = read_decision(plan.parent)
+    if plan.name != runfiles.PLAN:
+        raise ConfigError(f"--plan {path}: give a run's {runfiles.PLAN} (RUN_DIR/{runfiles.PLAN})")
+    try:
+        decision = read_decision(plan.parent)
+    except RecordError as exc:
+        raise ConfigError(str(exc)) from None
     if decision.trainer is None:
-        raise RecordError(f"{path}: its ranks run no trainer (stage {decision.stage})")
+        raise ConfigError(f"--plan {path}: its ranks run no trainer (stage {decision.stage})")
     return decision
 
 
-def conflicts(values: dict[str, Any], decision: Decision) -> list[str]:
-    """The parallel settings an override changed: the engine and layout are the planner's."""
+def refuse_overrides(values: dict[str, Any], decision: Decision, path: str) -> None:
+    """ConfigError naming each parallel setting an override changed (the engine and layout
+    are the planner's), with the plan's value and the fix."""
     assert decision.trainer is not None
     planned = decision.trainer.parallel
     changed = [
@@ -34,12 +36,8 @@ def conflicts(values: dict[str, Any], decision: Decision) -> list[str]:
         for key, group in groups().items()
         if group == "parallel" and _shown(values[key]) != _shown(planned[key])
     ]
-    return changed
-
-
-def refuse(changed: list[str], path: str) -> None:
     if changed:
-        raise DecisionConflict(
+        raise ConfigError(
             f"{'; '.join(changed)}: {path} decided the engine and layout; drop the flag, or plan "
             "the run again with it (make render/pretrain ARGS=...)"
         )

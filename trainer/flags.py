@@ -9,10 +9,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from vitpod.registry.decision import RecordError
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
 from vitpod.trainer.configfile import read_config
-from vitpod.trainer.decision import DecisionConflict, conflicts, read_plan, refuse
+from vitpod.trainer.decision import read_plan, refuse_overrides
 
 
 def flag_name(f: dataclasses.Field) -> str:
@@ -192,10 +191,7 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainC
     base: list[str] = []
     decision = None
     if plan_path is not None:
-        try:
-            decision = read_plan(plan_path)
-        except RecordError as exc:
-            raise ConfigError(str(exc)) from None
+        decision = read_plan(plan_path)
         assert decision.trainer is not None  # read_plan refuses a plan without one
         base = _as_flags(decision.trainer.values(), plan_path, "--plan")
     ns = build_parser().parse_args(layered_argv(argv, base=base))
@@ -204,10 +200,7 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainC
         if str(f.type).startswith("tuple") and isinstance(getattr(ns, f.name), list):
             setattr(ns, f.name, tuple(getattr(ns, f.name)))
     if decision is not None:
-        try:
-            refuse(conflicts(vars(ns), decision), plan_path or "")
-        except DecisionConflict as exc:
-            raise ConfigError(str(exc)) from None
+        refuse_overrides(vars(ns), decision, plan_path or "")
     requested = {k: v for k, v in vars(ns).items() if k not in ("config", "plan", "print_config")}
     cfg = resolve(TrainConfig(**vars(ns), world_size=world_size, requested=requested))
     if decision is not None and cfg.engine != decision.engine.name:

@@ -24,7 +24,7 @@ from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.flags import parse_args
-from vitpod.workflows import ckptinterval, noderange, preflight, sbatchopts, topology
+from vitpod.workflows import ckptinterval, exchange, noderange, preflight, sbatchopts
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import NodeType, Profile, load_profile, profile_path
 from vitpod.workflows.quantities import slurm_minutes
@@ -174,7 +174,7 @@ def plan_job(req: Request) -> JobPlan:
     """Validate everything that needs no cluster and render the job in memory.
 
     Raises ConfigError naming the field and the fix; nothing is written. The trainer's final
-    argv is parsed with the trainer's own parser, the topology is decided once (and its flags
+    argv is parsed with the trainer's own parser, the engine is decided once (and its flags
     are part of the argv), and the memory planner checks the micro-batch against the stage's GPU.
     """
     profile = load_profile(req.cluster)
@@ -365,7 +365,7 @@ def _parse_trainer(args: tuple[str, ...], world: int) -> TrainConfig:
 def _calibration(req: Request, partition: str) -> Any:
     """The fit `make calibrate` stored beside the profile for this partition, or None."""
     try:
-        return topology.calibration_for(profile_path(req.cluster), partition)
+        return exchange.calibration_for(profile_path(req.cluster), partition)
     except ValueError as exc:
         fix = f"rerun `make calibrate CLUSTER={req.cluster}` or delete it"
         raise ConfigError(f"{exc}; {fix}") from None
@@ -382,7 +382,7 @@ def _decide_engine(
         record = {"name": named, "zero_stage": zero, "reason": "named by the flags"}
         return Engine.model_validate(record), None
     try:
-        return topology.choose_engine(
+        return exchange.choose_engine(
             profile.node_type(stage).fabric, cfg.model, nodes, gpus=world,
             topology=cfg.topology, ps_servers=cfg.ps_servers,
             # --num-classes not given: the job counts its data; an ImageNet head here
