@@ -17,6 +17,7 @@ from vitpod.registry.decision import (
 from vitpod.registry.trainsections import TrainerSettings
 from vitpod.trainer.config import ConfigError
 from vitpod.trainer.flags import parse_args
+from vitpod.workflows.errors import ConfigError as WorkflowError
 from vitpod.workflows.plan import Request, plan_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,3 +161,29 @@ def test_a_rank_started_with_a_disagreeing_flag_exits_2_before_training(tmp_path
         done.stderr
     )
     assert not (plan.run_dir / "metrics").exists()  # refused before any rank trained
+
+
+@pytest.mark.parametrize(
+    "args, engine",
+    [("--deepspeed", "deepspeed"), ("--fsdp", "fsdp"), ("--topology ring", "ring"), ("", None)],
+)
+def test_the_planner_and_the_rank_name_the_engine_by_one_rule(tmp_path, args, engine):
+    plan = planned(tmp_path, args=args)
+    engine = engine or plan.decision.engine.name  # "": the cost model chose ring or ps
+    assert plan.decision.engine.name == engine
+    assert parse_args(plan_argv(plan), world_size=4).engine == engine
+    if engine in ("deepspeed", "fsdp"):
+        assert plan.decision.trainer.model["channels_last"] is False  # they need NCHW weights
+
+
+def test_the_engine_registry_builds_every_engine_the_rule_names():
+    from vitpod.registry.engines import ENGINES
+    from vitpod.trainer.parallel import BUILDERS
+
+    assert sorted(BUILDERS) == sorted(ENGINES)
+
+
+def test_two_engines_asked_for_at_once_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(WorkflowError, match="--deepspeed and --fsdp/--tp/--pp both shard"):
+        planned(tmp_path, args="--deepspeed --fsdp")
+    assert not (tmp_path / "runs").exists()
