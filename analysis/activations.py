@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vitpod.analysis.mesh import Mesh
 from vitpod.registry.models import Vit, Volo, arch_of, stage_bounds
+from vitpod.registry.paralleldims import ParallelDims
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +106,9 @@ def activation_bytes(
 
 
 def stage_activation_bytes(
-    model: str, img_size: int, mesh: Mesh, precision: str = "fp32", checkpointing: bool = False,
-    num_classes: int = 1000, token_label: bool = False, micro_batches: int = 1,
-    schedule: str = "1f1b",
+    model: str, img_size: int, mesh: ParallelDims, precision: str = "fp32",
+    checkpointing: bool = False, num_classes: int = 1000, token_label: bool = False,
+    micro_batches: int = 1, schedule: str = "1f1b",
 ) -> float:  # fmt: skip
     """Bytes per sample of one micro-batch that the most loaded rank keeps, times the
     micro-batches it holds at once: 1F1B keeps at most pp - stage in flight (stage 0 the

@@ -8,8 +8,8 @@ from typing import Any
 from vitpod.analysis.commcost import ring_bytes_per_gpu
 from vitpod.analysis.fabric import Fabric
 from vitpod.analysis.memory import GIB, MemoryEstimate, estimate
-from vitpod.analysis.mesh import Mesh
 from vitpod.registry.models import Vit, arch_of, param_parts, stage_bounds
+from vitpod.registry.paralleldims import ParallelDims
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,30 +102,18 @@ def _blocks(model: str) -> int:
 
 def check_layout(
     world: int, gpus_per_node: int, tp: int, pp: int, model: str | None = None
-) -> None:
-    """Raise ValueError naming the flag and the fix if the trainer cannot run this layout."""
-    for name, value in (("world size", world), ("gpus per node", gpus_per_node), ("--tp", tp),
-                        ("--pp", pp)):  # fmt: skip
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    if tp > gpus_per_node:
-        raise ValueError(
-            f"--tp {tp} exceeds the {gpus_per_node} GPUs of a node: tensor parallelism all-reduces"
-            f" every block's activations and must stay inside a node; use --tp <= {gpus_per_node}"
-            " and add --pp or --fsdp for the rest"
-        )
-    if gpus_per_node % tp:
-        raise ValueError(
-            f"--tp {tp} does not divide the {gpus_per_node} GPUs of a node, so a tp group would"
-            f" straddle two nodes; use a divisor of {gpus_per_node}"
-        )
-    if world % (tp * pp):
-        raise ValueError(
-            f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {world} GPUs; the data-parallel"
-            f" size is world / (tp x pp): pick tp x pp dividing {world}"
-        )
+) -> ParallelDims:
+    """The dims of this layout; ValueError naming the flag and the fix if the trainer cannot
+    run it (the rules are ParallelDims'; the model's heads and blocks are checked here)."""
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ValueError(f"gpus per node must be a whole number >= 1, got {gpus_per_node!r}")
+    problem = ParallelDims(tp=tp, pp=pp).node_problem(gpus_per_node)
+    if problem:
+        raise ValueError(problem)
+    dims = ParallelDims.of_world(world, tp, pp, unit="GPUs")
     if model is not None:
         _check_model(model, tp, pp)
+    return dims
 
 
 def _check_model(model: str, tp: int, pp: int) -> None:
@@ -140,20 +128,18 @@ def _check_model(model: str, tp: int, pp: int) -> None:
             f"--pp {pp}: pipeline stages are defined for vit_* models, not {model}; use --tp or"
             " --fsdp"
         )
-    if pp > _blocks(model):
-        raise ValueError(f"--pp {pp}: {model} has only {_blocks(model)} blocks; use at most that")
+    stage_bounds(_blocks(model), pp)  # --pp beyond the model's blocks: ValueError naming it
 
 
-def candidate_layouts(world: int, gpus_per_node: int, model: str) -> list[Mesh]:
+def candidate_layouts(world: int, gpus_per_node: int, model: str) -> list[ParallelDims]:
     """Every (dp, tp, pp) the trainer can run for `model` on `world` GPUs."""
     out = []
     for tp in range(1, gpus_per_node + 1):
         for pp in range(1, world // tp + 1):
             try:
-                check_layout(world, gpus_per_node, tp, pp, model)
+                out.append(check_layout(world, gpus_per_node, tp, pp, model))
             except ValueError:
                 continue
-            out.append(Mesh(dp=world // (tp * pp), tp=tp, pp=pp))
     return out
 
 
@@ -161,7 +147,7 @@ def candidate_layouts(world: int, gpus_per_node: int, model: str) -> list[Mesh]:
 class LayoutCost:
     """One layout's memory on its most loaded rank and its predicted step overhead."""
 
-    mesh: Mesh
+    mesh: ParallelDims
     fsdp: bool
     memory: MemoryEstimate
     comm: LayoutComm
@@ -196,8 +182,8 @@ def step_flops(model: str, img_size: int, batch: int, num_classes: int = 1000) -
 
 
 def layout_cost(
-    model: str, mesh: Mesh, fabric: Fabric, gpu_mem_bytes: float, batch: int, img_size: int = 224,
-    precision: str = "amp", fsdp: bool = False, micro_batches: int = 1,
+    model: str, mesh: ParallelDims, fabric: Fabric, gpu_mem_bytes: float, batch: int,
+    img_size: int = 224, precision: str = "amp", fsdp: bool = False, micro_batches: int = 1,
     flops_per_s: float = 312e12, reserve_bytes: float = 1.0 * GIB, num_classes: int = 1000,
     schedule: str = "1f1b",
 ) -> LayoutCost:  # fmt: skip

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vitpod.analysis.activations import activation_bytes, stage_activation_bytes
-from vitpod.analysis.mesh import Mesh
 from vitpod.registry.models import param_count, param_parts, stage_bounds
+from vitpod.registry.paralleldims import ParallelDims
 
 PRECISIONS = ("fp32", "amp", "half")
 """fp32: everything fp32. amp: torch.amp autocast (fp32 weights, half activations). half:
@@ -20,7 +20,7 @@ GIB = 1024**3
 
 
 def params_per_rank(
-    model: str, mesh: Mesh, img_size: int = 224, num_classes: int = 1000, fsdp: bool = False
+    model: str, mesh: ParallelDims, img_size: int = 224, num_classes: int = 1000, fsdp: bool = False
 ) -> float:
     """Parameters the most loaded rank holds: its pipeline stage (stage 0 or the last, whichever
     is larger), tp-sharded block parts / tp, and everything / dp under FSDP (ZeRO-3)."""
@@ -78,7 +78,7 @@ def estimate(
     checkpointing: bool = False,
     num_classes: int = 1000,
     token_label: bool = False,
-    mesh: Mesh | None = None,
+    mesh: ParallelDims | None = None,
     fsdp: bool = False,
     micro_batches: int = 1,
     schedule: str = "1f1b",
@@ -136,7 +136,7 @@ def estimate(
 
 def _mesh_estimate(
     model: str, img_size: int, batch: int, precision: str, zero: int, checkpointing: bool,
-    num_classes: int, token_label: bool, mesh: Mesh, fsdp: bool, micro_batches: int,
+    num_classes: int, token_label: bool, mesh: ParallelDims, fsdp: bool, micro_batches: int,
     schedule: str,
 ) -> MemoryEstimate:  # fmt: skip
     params = params_per_rank(model, mesh, img_size, num_classes)

@@ -96,14 +96,14 @@ itself, which is what the model predicts.</p>
 </tr>{% endif %}{% endfor %}</table>
 <h2>Step-time breakdown and communication</h2>
 <table id="breakdown"><tr><th>GPUs</th><th>data ms</th><th>compute ms</th><th>comm ms</th>
-<th>optimizer ms</th><th>step ms</th><th>comm %</th><th class="text">topology</th>
+<th>optimizer ms</th><th>step ms</th><th>comm %</th><th class="text">engine</th>
 <th>predicted comm ms</th><th>measured / predicted</th><th>exchange ms</th>
 <th>exchange / predicted</th></tr>
 {% for r in rows %}{% if r.state == "ok" %}<tr><td>{{ r.gpus }}</td>
 {% for part in ("data", "compute", "comm", "optimizer", "step") %}
 <td>{{ "%.2f"|format(1000 * r.time[part]) }}</td>{% endfor %}
 <td>{{ "%.1f"|format(r.comm_pct) if r.comm_pct is not none else "n/a" }}</td>
-<td class="text">{{ r.topology or "n/a" }}</td>
+<td class="text">{{ r.engine or "n/a" }}</td>
 <td>{{ "%.3f"|format(1000 * r.predicted_comm_s) if r.predicted_comm_s is not none else "n/a" }}</td>
 <td>{{ "%.2f"|format(r.comm_ratio) if r.comm_ratio is not none else "n/a" }}</td>
 <td>{{ "%.3f"|format(1000 * r.exchange_s) if r.exchange_s is not none else "n/a" }}</td>

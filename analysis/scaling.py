@@ -87,7 +87,8 @@ class Row:
     efficiency: float | None = None
     time: dict[str, float] = field(default_factory=dict)
     comm_pct: float | None = None
-    topology: str | None = None
+    engine: str | None = None
+    """The engine the run's plan.json names (fsdp, not the trainer's summary's "mesh")."""
     predicted_comm_s: float | None = None
     comm_ratio: float | None = None
     exchange_s: float | None = None
@@ -231,7 +232,8 @@ def _measured_row(study: Study, point: Point, run: RunLog) -> Row:
     row.images_per_s_per_gpu = row.images_per_s / point.gpus
     row.time = mean_times(run)
     row.comm_pct = 100.0 * row.time["comm"] / row.time["step"] if row.time["step"] else None
-    row.topology = summary.get("topology")
+    decision = find_decision(point.run_dir)
+    row.engine = decision.engine.name if decision else None
     row.mfu = summary.get("mfu")
     row.predicted_comm_s = predicted_comm_s(point)
     row.exchange_s = exchange_s(run)

@@ -8,18 +8,25 @@ re-deriving the decision from argv. Torch-free: login nodes and ranks both impor
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vitpod.registry import io, runfiles
+from vitpod.registry.engines import DDP_ENGINES, ENGINES, EngineName
+from vitpod.registry.paralleldims import ParallelDims
+from vitpod.registry.trainsections import TrainerSettings
 
-VERSION = 1
-EngineName = Literal["ring", "ps", "deepspeed", "fsdp", "mesh"]
-ENGINES: tuple[str, ...] = ("ring", "ps", "deepspeed", "fsdp", "mesh")
-DDP_ENGINES = ("ring", "ps")
-"""Engines whose gradient path the cost model chooses between (DDP communication hooks)."""
+__all__ = ["DDP_ENGINES", "ENGINES", "EngineName", "TrainerSettings"]
+
+VERSION = 2
+"""2: the trainer's resolved configuration (`trainer`) is in the record, and ranks start from it."""
+REPLAN = (
+    "plan the run again with this vitpod (make render/pretrain/finetune), or use the vitpod "
+    "that wrote it"
+)
 
 
 class RecordError(ValueError):
@@ -56,14 +63,6 @@ class Scheduling(_Record):
     in a pipeline's fine-tune); an option absent here is the profile's, or not set."""
 
 
-class Layout(_Record):
-    """How the world is split: data-parallel x tensor-parallel x pipeline stages."""
-
-    dp: int
-    tp: int = 1
-    pp: int = 1
-
-
 class Engine(_Record):
     """Who moves the gradients, with the engine's own parameters."""
 
@@ -74,7 +73,7 @@ class Engine(_Record):
     """ZeRO stage (deepspeed only)."""
     source: Literal["cost model", "flags"] = "flags"
     """'cost model' when the planner chose between ring and ps; 'flags' when ARGS or the
-    recipe named the engine (--topology, --deepspeed, --fsdp/--tp/--pp)."""
+    recipe named the engine (--topology, --deepspeed, --fsdp/--tp/--pp; registry/engines.py)."""
     reason: str = ""
 
 
@@ -231,7 +230,8 @@ class Decision(_Record):
     stage: str
     model: str
     resources: Resources
-    layout: Layout
+    layout: ParallelDims
+    """How the world is split: data-parallel x tensor-parallel x pipeline stages."""
     engine: Engine
     costs: Costs | None = None
     """None where no cost model priced the engine (DeepSpeed, the mesh engine, no trainer)."""
@@ -245,6 +245,17 @@ class Decision(_Record):
     """--checkpoint-every auto resolved (None: the flags or the profile gave a number)."""
     placement: Placement | None = None
     """--place: the candidates and the prediction (None: not placed)."""
+    trainer: TrainerSettings | None = None
+    """The trainer's resolved configuration, what every rank starts from (None: the ranks run
+    no trainer: token labels, calibration)."""
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per optimizer step: dp x -b x accumulation (None: no trainer)."""
+        if self.trainer is None:
+            return None
+        optim = self.trainer.optim
+        return self.layout.dp * optim["batch_size"] * optim["accum_steps"]
 
     def log_line(self) -> str:
         """One line for the job log: the engine, why, and its predicted cost."""
@@ -257,20 +268,6 @@ class Decision(_Record):
                 f"of communication per step ({self.costs.priced_by})"
             )
         return f"{line}: {eng.reason}" if eng.reason else line
-
-
-def engine_named_by_flags(
-    *, topology: str, deepspeed: bool, fsdp: bool, tp: int, pp: int
-) -> str | None:
-    """The engine the trainer flags name, or None when they leave ring-or-ps to the planner
-    (--topology auto on DDP)."""
-    if deepspeed:
-        return "deepspeed"
-    if tp > 1 or pp > 1:
-        return "mesh"
-    if fsdp:
-        return "fsdp"
-    return None if topology == "auto" else topology
 
 
 def engine_fields(decision: Decision | None) -> dict[str, Any]:
@@ -301,13 +298,17 @@ def read_decision(run_dir: str | Path) -> Decision:
     except OSError as exc:
         raise RecordError(f"{path}: cannot read the decision record ({exc.strerror})") from None
     try:
+        version = json.loads(text).get("version")
+    except (ValueError, AttributeError):
+        raise RecordError(f"{path}: not a JSON object; {REPLAN}") from None
+    if version != VERSION:
+        raise RecordError(f"{path}: version {version}; this vitpod reads {VERSION}: {REPLAN}")
+    try:
         decision = Decision.model_validate_json(text)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         raise RecordError(f"{path}: {where}: {err['msg']}") from None
-    if decision.version != VERSION:
-        raise RecordError(f"{path}: version {decision.version}; this vitpod reads {VERSION}")
     return decision
 
 

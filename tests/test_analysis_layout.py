@@ -5,8 +5,8 @@ import pytest
 from vitpod.analysis import layout, memory
 from vitpod.analysis.fabric import DGX_A100
 from vitpod.analysis.layout import layout_comm
-from vitpod.analysis.mesh import Mesh
 from vitpod.registry import models
+from vitpod.registry.paralleldims import ParallelDims
 
 GIB = memory.GIB
 
@@ -22,20 +22,22 @@ def test_tensor_parallel_shards_the_block_matrices_by_hand() -> None:
     assert a == (3 * d * d + 3 * d) + d * d + (d * h + h) + h * d
     assert b == 6 * d  # two LayerNorms, proj and fc2 biases
     full = models.param_count("vit_small_patch16_224", 32, 10)
-    tp2 = memory.params_per_rank("vit_small_patch16_224", Mesh(dp=2, tp=2), 32, 10)
+    tp2 = memory.params_per_rank("vit_small_patch16_224", ParallelDims(dp=2, tp=2), 32, 10)
     assert 0.5 < tp2 / full < 0.52  # the trainer measured 43,851,304 B / 4 B at tp 2 (0.508)
 
 
 def test_mesh_plan_shards_states_over_dp_and_stages_over_pp() -> None:
     model, p = "vit_base_patch16_224", models.param_count("vit_base_patch16_224")
-    ddp = memory.estimate(model, batch=0, mesh=Mesh(dp=8))
+    ddp = memory.estimate(model, batch=0, mesh=ParallelDims(dp=8))
     assert (ddp.weights, ddp.grads, ddp.optimizer, ddp.buffers) == (4 * p, 4 * p, 8 * p, 4 * p)
-    fsdp = memory.estimate(model, batch=0, mesh=Mesh(dp=8), fsdp=True)
+    fsdp = memory.estimate(model, batch=0, mesh=ParallelDims(dp=8), fsdp=True)
     assert fsdp.total == pytest.approx(16 * p / 8)
-    one_f = memory.estimate(model, batch=8, mesh=Mesh(pp=4), micro_batches=8)
-    gpipe = memory.estimate(model, batch=8, mesh=Mesh(pp=4), micro_batches=8, schedule="gpipe")
+    one_f = memory.estimate(model, batch=8, mesh=ParallelDims(pp=4), micro_batches=8)
+    gpipe = memory.estimate(
+        model, batch=8, mesh=ParallelDims(pp=4), micro_batches=8, schedule="gpipe"
+    )
     assert gpipe.activations == pytest.approx(2 * one_f.activations)  # 8 vs 4 in flight
-    tp = memory.estimate(model, batch=8, mesh=Mesh(tp=4))
+    tp = memory.estimate(model, batch=8, mesh=ParallelDims(tp=4))
     assert tp.activations < 0.5 * memory.estimate(model, batch=8).activations
 
 
@@ -76,7 +78,7 @@ def test_giant_vit_needs_fsdp_on_80_gib_and_the_suggestion_says_so() -> None:
     GPU. DDP needs more than 80 GiB; FSDP is the cheapest layout that fits."""
     kw = {"global_batch": 4096, "micro_batches": 2}
     ranked = layout.compare_layouts("vit_giant_patch14_224", 16, DGX_A100, 80 * GIB, **kw)
-    ddp = next(c for c in ranked if c.mesh == Mesh(dp=16) and not c.fsdp)
+    ddp = next(c for c in ranked if c.mesh == ParallelDims(dp=16) and not c.fsdp)
     assert not ddp.fits and ddp.memory.total > 80 * GIB
     best = layout.suggest_layouts("vit_giant_patch14_224", 16, DGX_A100, 80 * GIB, **kw)
     assert best.fits and best.fsdp and best.flags() == ["--tp", "1", "--pp", "1", "--fsdp"]

@@ -10,6 +10,7 @@ import pytest
 from vitpod.analysis import report, scaling
 from vitpod.analysis.__main__ import main
 from vitpod.analysis.runlogs import read_run
+from vitpod.registry.paralleldims import ParallelDims
 
 FABRIC = {
     "gpus_per_node": 2,
@@ -134,7 +135,7 @@ def write_plan(run_dir, predicted_comm_s):
                 cluster="c", partition="p", node_type="n", nodes=2, tasks_per_node=2,
                 world_size=world,
             ),
-            layout=rec.Layout(dp=world),
+            layout=ParallelDims(dp=world),
             engine=rec.Engine(name="ring", source="cost model"),
             costs=rec.Costs(
                 algorithm="ring", predicted_comm_s=predicted_comm_s, grad_bytes=4_000_000,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from vitpod.registry.decision import read_decision
+
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(sys.executable).parent.parent
 
@@ -101,7 +103,8 @@ def test_timm_model_names_map_to_their_recipe(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     script = Path(out.stdout.strip().splitlines()[-1])
     assert "-volo_d5-pretrain-" in script.parent.name
-    assert "--model volo_d5 " in script.read_text() and "--img-size 224" in script.read_text()
+    trainer = read_decision(script.parent).trainer
+    assert (trainer.model["model"], trainer.data["img_size"]) == ("volo_d5", 224)
     out = _vitpod(tmp_path / "none", "render", "--cluster", "dgxpod", "--model", "volo_d55")
     _refused(out, tmp_path / "none", "MODEL='volo_d55'", "did you mean MODEL=volo_d5?")
 

@@ -8,7 +8,7 @@ import pytest
 
 from vitpod.analysis import calibrate, commcost
 from vitpod.analysis.fabric import Fabric
-from vitpod.workflows import topology
+from vitpod.workflows import exchange
 
 MiB = 1024**2
 SIZES = [4096 * 4**i for i in range(7)]
@@ -165,18 +165,18 @@ def test_a_broken_fit_names_the_file_and_field(tmp_path):
 def test_decide_uses_the_calibration_and_says_so():
     cal = calibrate.fit(synthetic_bench(), date="2026-01-02T03:04:05+00:00")
     tiny = {"num_classes": 10, "img_size": 32}  # the test VOLO on digits: one DDP bucket
-    _, plain = topology.choose_engine(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, **tiny)
+    _, plain = exchange.choose_engine(PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, **tiny)
     assert plain.priced_by == "profile fabric"
-    engine, costs = topology.choose_engine(
+    engine, costs = exchange.choose_engine(
         PROFILE_FABRIC, "volo_tiny", nodes=2, gpus=4, calibration=cal, **tiny
     )
     assert costs.priced_by == "calibration of 2026-01-02T03:04:05+00:00, job 1234"
     assert costs.algorithm in ("ring", "ps_colocated")  # gloo: no NCCL tree
-    one_bucket = topology.grad_bytes("volo_tiny", 10, 32)
+    one_bucket = exchange.grad_bytes("volo_tiny", 10, 32)
     assert one_bucket < MiB
     ring_s = costs.per_algorithm_s["ring"]
     assert ring_s == pytest.approx(ring(4, A_INTER, B_WORLD, one_bucket), rel=1e-9)
-    _, forced = topology.choose_engine(
+    _, forced = exchange.choose_engine(
         PROFILE_FABRIC, "volo_tiny", 2, gpus=4, topology="ring", calibration=cal, **tiny
     )
     assert forced.predicted_comm_s == pytest.approx(ring_s)
@@ -210,7 +210,7 @@ def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profil
 
     profile = tmp_path / "mine.yaml"
     profile.write_text(
-        (topology.Path(topology.__file__).parent / "profiles" / "localslurm.yaml").read_text()
+        (exchange.Path(exchange.__file__).parent / "profiles" / "localslurm.yaml").read_text()
     )
     ns = wcal.build_parser().parse_args(
         ["--cluster", str(profile), "--run-root", str(tmp_path), "--sizes", "4K 1M",
@@ -225,7 +225,7 @@ def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profil
     )  # fmt: skip
     assert spec.nodes == 2 and spec.tasks_per_node == 2
     assert plan.decision is None  # no trainer: nothing to decide
-    assert not topology.Path(spec.run_dir).exists()  # nothing written before submission
+    assert not exchange.Path(spec.run_dir).exists()  # nothing written before submission
     ns.cluster = "local"
     with pytest.raises(ConfigError, match="Slurm profile"):
         wcal.prepare(ns)
@@ -243,7 +243,7 @@ def test_calibration_side_of_the_login_node_imports_no_torch():
         "                name == 'vitpod.trainer.commbench':\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import vitpod.analysis.calibrate, vitpod.workflows.calibrate, vitpod.workflows.topology\n"
+        "import vitpod.analysis.calibrate, vitpod.workflows.calibrate, vitpod.workflows.exchange\n"
     )
     # The benchmark (torch) is blocked too: workflows reaches it only as the job's command line.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -12,7 +12,7 @@ import pytest
 from tests import measured_comm
 from tests.fixtures_slurm import REPO, local_slurm  # noqa: F401  (pytest fixture)
 from vitpod.analysis import calibrate
-from vitpod.workflows import scaling, topology
+from vitpod.workflows import exchange, scaling
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -74,13 +74,13 @@ def test_make_calibrate_then_predicted_comm_within_factor_4_and_beats_profile(
             f"mean over ranks {measured['mean_s'] * 1e3:.2f} ms"
         )
     print("\n".join(lines))
-    fabric = topology.as_fabric(study["fabric"])
+    fabric = exchange.as_fabric(study["fabric"])
     for point in study["points"]:
         measured = measured_comm.measured_exchange_s(study_dir / point["run_dir"])
         assert measured is not None
         ratio = measured["exchange_s"] / point["predicted_comm_s"]
         assert 1 / FACTOR <= ratio <= FACTOR, "\n".join(lines)
-        _, uncalibrated = topology.choose_engine(
+        _, uncalibrated = exchange.choose_engine(
             fabric, "volo_tiny", point["nodes"], gpus=point["gpus"], num_classes=10, img_size=32
         )
         profile_ratio = measured["exchange_s"] / uncalibrated.predicted_comm_s

@@ -86,4 +86,5 @@ def test_auto_interval_from_the_partitions_requeue_history(local_slurm, tmp_path
     interval = math.sqrt(2 * 0.5 * mtbi_h * 3600)
     assert record["interval_s"] == pytest.approx(interval)
     assert record["steps"] == max(1, round(interval / 0.02))
-    assert f"--checkpoint-every {record['steps']}" in (run / runfiles.SBATCH).read_text()
+    trainer = json.loads((run / runfiles.PLAN).read_text())["trainer"]
+    assert trainer["run"]["checkpoint_every"] == record["steps"]  # what the ranks start from

@@ -75,10 +75,13 @@ def test_make_render_dgxpod_volo_d5(tmp_path):
         env_flag[1].split(",")
     )
     assert (
-        f"bash {script.parent}/bind.sh python -m vitpod.trainer /lustre/fsw/datasets/imagenet"
-        in text
+        f"bash {script.parent}/bind.sh python -m vitpod.trainer \\\n"
+        f"  --plan {script.parent}/plan.json\n" in text
     )
-    assert "--token-label-size 14" in text and "-b 44" in text
+    trainer = read_decision(script.parent).trainer
+    assert trainer.data["data_dir"] == "/lustre/fsw/datasets/imagenet"
+    assert (trainer.data["token_label_size"], trainer.optim["batch_size"]) == (14, 44)
+    assert '"token_label_size": 14' in text and '"batch_size": 44' in text  # echoed to the log
     assert 'scontrol requeue "$SLURM_JOB_ID"' in text and "-eq 75 ]" in text
     bind = (script.parent / "bind.sh").read_text()
     assert "4) numa=7 cpus=112-127,240-255 hca=mlx5_6:1 threads=12 ;;" in bind
@@ -142,9 +145,10 @@ def test_local_profile_renders_a_torchrun_script(tmp_path, capsys):
         f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node=2"
         in text
     )
-    assert "--dataset digits" in text and text.rstrip().endswith("--max-steps 3")
-    assert "--topology" not in text  # the planner's decision is in plan.json
-    assert read_decision(script.parent).engine.name == "ring"
+    assert text.rstrip().endswith(f"--plan {script.parent}/plan.json")
+    record = read_decision(script.parent)
+    assert record.engine.name == "ring" and record.trainer.parallel["topology"] == "ring"
+    assert (record.trainer.data["dataset"], record.trainer.optim["max_steps"]) == ("digits", 3)
 
 
 def test_launch_plan_is_the_one_source_for_script_and_submitit(tmp_path):
@@ -158,7 +162,7 @@ def test_launch_plan_is_the_one_source_for_script_and_submitit(tmp_path):
         line.startswith("MASTER_ADDR=$(scontrol show hostnames") for line in plan.setup_lines
     )
     assert "export NCCL_DEBUG=WARN" in plan.setup_lines
-    text = render_template("sbatch.sh.j2", {"spec": spec, "launch": plan})
+    text = render_template("sbatch.sh.j2", {"spec": spec, "launch": plan, "configuration": []})
     for line in plan.setup_lines:
         assert line in text.splitlines()
     for arg in plan.srun_args:
@@ -240,9 +244,10 @@ def test_unknown_command_and_lazy_dispatch(capsys):
 def test_empty_model_falls_back_to_the_profile_default(tmp_path, capsys):
     status, script, err = render(tmp_path, "--cluster", "localslurm", "--model", "", capsys=capsys)
     assert status == 0, err
-    assert "--model volo_tiny" in script.read_text() and "volo_tiny-pretrain" in script.parent.name
+    assert read_decision(script.parent).trainer.model["model"] == "volo_tiny"
+    assert "volo_tiny-pretrain" in script.parent.name
     status, script, err = render(tmp_path, "--cluster", "dgxpod", "--model", "", capsys=capsys)
-    assert status == 0 and "--model volo_d5" in script.read_text()
+    assert status == 0 and read_decision(script.parent).trainer.model["model"] == "volo_d5"
 
 
 @pytest.mark.parametrize("name", ["local", "localslurm"])

@@ -301,7 +301,7 @@ import vitpod.workflows.cli, vitpod.workflows.errors, vitpod.workflows.profile
 import vitpod.workflows.recipe, vitpod.workflows.rundir, vitpod.workflows.spec
 import vitpod.workflows.templating, vitpod.workflows.rankinfo, vitpod.workflows.submission
 import vitpod.workflows.chain, vitpod.workflows.jobstate, vitpod.workflows.status
-import vitpod.workflows.topology, vitpod.workflows.scaling, vitpod.workflows.demo
+import vitpod.workflows.exchange, vitpod.workflows.scaling, vitpod.workflows.demo
 import vitpod.workflows.follow, vitpod.workflows.reportjob, vitpod.analysis.commcost
 assert vitpod.workflows.cli.main(['render', '--cluster', 'dgxpod', '--model', 'volo_d5',
                            '--run-root', sys.argv[1]]) == 0

@@ -1,6 +1,7 @@
-"""plan.json: written once by the planner, read back typed; the trainer takes its engine from it."""
+"""plan.json: written once by the planner, read back typed; ranks start from it, argv overrides."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,10 @@ from vitpod.registry.decision import (
     read_decision,
     write_decision,
 )
-from vitpod.trainer.decision import DecisionConflict, with_decision
+from vitpod.registry.trainsections import TrainerSettings
+from vitpod.trainer.config import ConfigError
 from vitpod.trainer.flags import parse_args
+from vitpod.workflows.errors import ConfigError as WorkflowError
 from vitpod.workflows.plan import Request, plan_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,45 +55,135 @@ def test_a_record_of_another_version_or_shape_names_the_file(tmp_path):
     assert find_decision(tmp_path) is None  # a run started by hand has none
 
 
-def test_the_trainer_takes_the_engine_and_servers_from_the_record(tmp_path):
-    plan = planned(tmp_path, args="--topology ps")
-    assert plan.decision.engine.name == "ps"
-    servers = plan.decision.engine.ps_servers
+def plan_argv(plan, *flags: str) -> list[str]:
+    """A rank's command line as the rendered job gives it, plus overrides."""
+    return [*plan.launch.argv[5:], *flags]
+
+
+def test_the_rendered_ranks_start_from_the_plan_and_the_script_shows_it(tmp_path):
+    plan = planned(tmp_path)
+    assert plan.launch.argv[3:] == (
+        "-m",
+        "vitpod.trainer",
+        "--plan",
+        str(plan.run_dir / "plan.json"),
+    )
+    assert f"--plan {plan.run_dir / 'plan.json'}" in plan.script
+    for section in ("data", "model", "precision", "optim", "parallel", "run"):
+        assert f"echo '  {section}: {{" in plan.script
+    assert "--model" not in plan.script.split("srun \\")[1]  # the flags live in the plan only
+
+
+def test_the_trainer_builds_its_configuration_from_the_plan(tmp_path):
+    plan = planned(tmp_path, args="--topology ps --epochs 3")
+    record = plan.decision
+    assert record.engine.name == "ps" and record.trainer.parallel["topology"] == "ps"
+    servers = record.engine.ps_servers
     assert servers == plan.spec.world_size  # the colocated server the cost model priced
-    argv = [*plan.spec.command[3:]]
-    cfg, decision = with_decision(parse_args(argv, world_size=plan.spec.world_size))
-    assert (cfg.topology, cfg.ps_servers) == ("ps", servers) and decision == plan.decision
-    # Without --topology in the argv the record still decides (argv is the user's flags).
-    bare = [a for a in argv if a not in ("--topology", "ps")]
-    cfg, _ = with_decision(parse_args(bare, world_size=plan.spec.world_size))
-    assert (cfg.topology, cfg.ps_servers) == ("ps", servers)
+    cfg = parse_args(plan_argv(plan), world_size=plan.spec.world_size)
+    assert (cfg.engine, cfg.ps_servers, cfg.epochs) == ("ps", servers, 3)
+    assert TrainerSettings.of(cfg) == record.trainer  # the plan is what the rank runs
+    assert cfg.output == str(plan.run_dir)
+
+
+def test_an_override_wins_over_the_plan_in_one_layer(tmp_path):
+    plan = planned(tmp_path, args="--epochs 3")
+    cfg = parse_args(plan_argv(plan, "--epochs", "5", "--seed=7"), world_size=4)
+    assert (cfg.epochs, cfg.seed) == (5, 7)
+    assert cfg.requested["epochs"] == 5  # args.yaml records the layered value
+
+
+def test_the_rank_applies_the_plans_elastic_rule_to_the_world_it_got(tmp_path):
+    plan = planned(tmp_path, args="-b 8 --global-batch 64 --elastic")
+    assert plan.decision.trainer.optim["accum_steps"] == 2  # 64 / (4 ranks x 8)
+    planned_lr = plan.decision.trainer.optim["lr"]
+    cfg = parse_args(plan_argv(plan), world_size=2)  # Slurm gave one node of the range
+    assert (cfg.batch_size, cfg.accum_steps, cfg.global_batch_size) == (8, 4, 64)
+    assert cfg.lr == planned_lr
 
 
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["--topology", "ring"], "engine 'ring' but the planner decided 'ps'"),
-        (["--deepspeed"], "engine 'deepspeed' but the planner decided 'ps'"),
-        (["--ps-servers", "1"], "--ps-servers 1 but the planner decided"),
+        (["--topology", "ring"], "--topology ring \\(the plan: ps\\)"),
+        (["--deepspeed"], "--deepspeed True \\(the plan: False\\)"),
+        (["--ps-servers", "1"], "--ps-servers 1 \\(the plan: 4\\)"),
+        (["--tp", "2"], "--tp 2 \\(the plan: 1\\)"),
     ],
 )
-def test_a_flag_that_disagrees_with_the_record_is_refused(tmp_path, flags, words):
+def test_an_override_of_the_engine_or_layout_is_refused(tmp_path, flags, words):
     plan = planned(tmp_path, args="--topology ps")
-    argv = [a for a in plan.spec.command[3:] if a not in ("--topology", "ps")]
-    with pytest.raises(DecisionConflict, match=words):
-        with_decision(parse_args([*argv, *flags], world_size=plan.spec.world_size))
+    with pytest.raises(ConfigError, match=words + ".*decided the engine and layout"):
+        parse_args(plan_argv(plan, *flags), world_size=plan.spec.world_size)
+
+
+def test_a_plan_of_the_old_version_is_refused_with_the_fix(tmp_path):
+    plan = planned(tmp_path)
+    path = plan.run_dir / "plan.json"
+    data = json.loads(path.read_text())
+    del data["trainer"]
+    path.write_text(json.dumps({**data, "version": 1}))
+    with pytest.raises(
+        ConfigError, match=r"plan\.json: version 1; this vitpod reads 2: plan the run again"
+    ):
+        parse_args(plan_argv(plan), world_size=4)
+
+
+def test_a_plan_whose_trainer_section_is_wrong_names_the_key(tmp_path):
+    plan = planned(tmp_path)
+    path = plan.run_dir / "plan.json"
+    data = json.loads(path.read_text())
+    data["trainer"]["optim"]["batch_size"] = "sixteen"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        RecordError, match=r"trainer: .*optim\.batch_size: Input should be a valid integer"
+    ):
+        read_decision(plan.run_dir)
+    data["trainer"]["optim"]["batch_size"] = 16
+    data["trainer"]["run"]["batch"] = 16
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"run\.batch: not a trainer setting"):
+        read_decision(plan.run_dir)
 
 
 def test_a_rank_started_with_a_disagreeing_flag_exits_2_before_training(tmp_path):
     """As a user meets it: the job's own command line plus one flag, run as a rank runs it."""
     plan = planned(tmp_path, args="--topology ps")
-    argv = [a for a in plan.spec.command[3:] if a not in ("--topology", "ps")]
-    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "WORLD_SIZE": str(plan.spec.world_size)}
+    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "WORLD_SIZE": str(plan.spec.world_size),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "vitpod.trainer", *argv, "--topology", "ring"],
+        [sys.executable, "-m", "vitpod.trainer", *plan_argv(plan, "--topology", "ring")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "plan.json" in lines[0] and "'ring'" in lines[0], done.stderr
+    assert len(lines) == 1 and "plan.json" in lines[0] and "--topology ring" in lines[0], (
+        done.stderr
+    )
     assert not (plan.run_dir / "metrics").exists()  # refused before any rank trained
+
+
+@pytest.mark.parametrize(
+    "args, engine",
+    [("--deepspeed", "deepspeed"), ("--fsdp", "fsdp"), ("--topology ring", "ring"), ("", None)],
+)
+def test_the_planner_and_the_rank_name_the_engine_by_one_rule(tmp_path, args, engine):
+    plan = planned(tmp_path, args=args)
+    engine = engine or plan.decision.engine.name  # "": the cost model chose ring or ps
+    assert plan.decision.engine.name == engine
+    assert parse_args(plan_argv(plan), world_size=4).engine == engine
+    if engine in ("deepspeed", "fsdp"):
+        assert plan.decision.trainer.model["channels_last"] is False  # they need NCHW weights
+
+
+def test_the_engine_registry_builds_every_engine_the_rule_names():
+    from vitpod.registry.engines import ENGINES
+    from vitpod.trainer.parallel import BUILDERS
+
+    assert sorted(BUILDERS) == sorted(ENGINES)
+
+
+def test_two_engines_asked_for_at_once_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(WorkflowError, match="--deepspeed and --fsdp/--tp/--pp both shard"):
+        planned(tmp_path, args="--deepspeed --fsdp")
+    assert not (tmp_path / "runs").exists()

@@ -150,7 +150,7 @@ def test_orchestrator_imports_without_torch():
         "sys.meta_path.insert(0, B())\n"
         "import vitpod.workflows.chain, vitpod.workflows.demo, vitpod.workflows.status\n"
         "import vitpod.workflows.jobstate\n"
-        "import vitpod.workflows.topology\n"
+        "import vitpod.workflows.exchange\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))\n"
     )
     out = subprocess.run(

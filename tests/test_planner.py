@@ -59,10 +59,12 @@ def test_render_records_the_decision_once_in_plan_json(tmp_path):
     assert decision.layout.dp == 40 and (decision.layout.tp, decision.layout.pp) == (1, 1)
     assert decision.memory["checked"] and decision.memory["gpu"] == "A100-SXM4-80GB"
     assert decision.data.data_dir == "/lustre/fsw/datasets/imagenet"
-    # The ranks' argv is the user's: the trainer takes the engine from plan.json.
+    # The user's argv keeps --topology auto; the ranks start from plan.json, which holds the
+    # engine the cost model chose in its trainer settings, and the manifest points at it.
     manifest = json.loads((script.parent / "manifest.json").read_text())
     assert "--topology" not in manifest["resolved"]["command"]
-    assert manifest["trainer"]["topology"] == "auto" and manifest["decision"] == "plan.json"
+    assert decision.trainer.parallel["topology"] == decision.engine.name
+    assert "trainer" not in manifest and manifest["decision"] == "plan.json"
     assert manifest["stage"] == "pretrain" and manifest["model"] == "volo_d5"
 
 
@@ -80,7 +82,8 @@ def test_finetune_renders_on_its_own_partition_and_node_type(tmp_path):
     # bind.sh follows the DGX-2 map: 16 local ranks, GPUs 8-15 on socket 1's NUMA node.
     bind = (fin_script.parent / "bind.sh").read_text()
     assert "15)" in bind and "mlx5_9:1" in bind and "24-47,72-95" in bind
-    assert "--finetune /lustre/fsw/vitpod/runs/x" in fin_text
+    assert read_decision(fin_script.parent).trainer.model["finetune"] == "/lustre/fsw/vitpod/runs/x"
+    assert '"finetune": "/lustre/fsw/vitpod/runs/x"' in fin_text  # printed into the log
 
 
 def test_a_batch_that_cannot_fit_in_gpu_memory_is_refused(tmp_path):

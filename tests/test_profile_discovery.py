@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import REPO
-from vitpod.workflows import topo
+from vitpod.workflows import binding
 from vitpod.workflows.discover import gres_gpu, node_info
 from vitpod.workflows.profile import PROFILE_DIR, load_profile
 from vitpod.workflows.profile_check import disagreements
@@ -46,8 +46,8 @@ def fixture(name: str) -> str:
 def facts(machine: str, down: tuple[str, ...] = ()) -> dict:
     gpu_line, _, _ = MACHINES[machine]
     gpu_topo = fixture(f"nvidia_smi_topo_{machine}.txt")
-    gpus = len(topo.parse_topo(gpu_topo).gpus)
-    nics = topo.parse_topo(gpu_topo).nics
+    gpus = len(binding.parse_topo(gpu_topo).gpus)
+    nics = binding.parse_topo(gpu_topo).nics
     ports = [{"device": n, "port": "1", "state": "1: DOWN" if n in down else "4: ACTIVE",
               "rate": "200 Gb/sec (4X HDR)", "link_layer": "InfiniBand"} for n in nics]  # fmt: skip
     return {
@@ -71,7 +71,7 @@ def slurm_node(cpus: int):
 def test_derived_map_equals_the_bundled_profile(machine):
     _, storage, (profile, node) = MACHINES[machine]
     unknown: list[str] = []
-    cpus = topo.parse_lscpu(fixture(f"lscpu_{machine}.txt")).cpus
+    cpus = binding.parse_lscpu(fixture(f"lscpu_{machine}.txt")).cpus
     got = node_type([slurm_node(cpus)], facts(machine), storage, None, unknown)
     assert got["binding"] == bundled_binding(profile, node)
     assert got["gpus_per_node"] == len(got["binding"]) and got["cpus_per_node"] == cpus
@@ -80,11 +80,11 @@ def test_derived_map_equals_the_bundled_profile(machine):
 
 
 def test_old_drivers_numa_comes_from_cpu_affinity_and_new_drivers_nic_legend_is_read():
-    dgx2 = topo.parse_topo(fixture("nvidia_smi_topo_dgx2.txt"))
+    dgx2 = binding.parse_topo(fixture("nvidia_smi_topo_dgx2.txt"))
     assert dgx2.numa_affinity["GPU9"] is None and dgx2.cpu_affinity["GPU9"] == "24-47,72-95"
-    h100 = topo.parse_topo(fixture("nvidia_smi_topo_dgx_h100.txt"))
+    h100 = binding.parse_topo(fixture("nvidia_smi_topo_dgx_h100.txt"))
     assert h100.nics[3] == "mlx5_3" and h100.distance["GPU1"]["mlx5_3"] == "PIX"
-    assert topo.parse_lscpu(fixture("lscpu_dgx_a100.txt")).numa_cpus[3] == "48-63,176-191"
+    assert binding.parse_lscpu(fixture("lscpu_dgx_a100.txt")).numa_cpus[3] == "48-63,176-191"
 
 
 def test_a_down_link_and_a_storage_hca_are_never_bound():
@@ -123,7 +123,7 @@ def test_scontrol_records_keep_values_with_blanks():
 
 def test_a_topology_without_gpus_is_an_error():
     with pytest.raises(ValueError, match="GPU0"):
-        topo.parse_topo("No devices were found\n")
+        binding.parse_topo("No devices were found\n")
 
 
 def test_check_lists_each_disagreement_with_the_profile():
@@ -165,7 +165,7 @@ def discovered(local_slurm, tmp_path) -> Path:
 def test_profile_is_written_from_the_nodes_and_says_what_it_could_not_tell(discovered):
     profile = load_profile(str(discovered))
     node = profile.node_type("pretrain")
-    lscpu = topo.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)
+    lscpu = binding.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)
     assert node.gpus_per_node == 0 and node.cpus_per_node == lscpu.cpus  # nvidia-smi: not found
     assert [b.cpus for b in node.binding] == [lscpu.numa_cpus[0]] * 2
     assert profile.partition("pretrain").max_nodes == 2 and profile.backend == "gloo"

@@ -75,13 +75,14 @@ def test_rendered_array_script(tmp_path, capsys):
     for index, (gpus, nodes, batch) in enumerate(((1, 1, 16), (2, 1, 8), (4, 2, 4))):
         block = script.split(f"  {index})  #")[1].split(";;")[0]
         assert f"NODES={nodes} NTASKS={gpus}" in block
-        assert f"--output {study_dir}/gpus{gpus}\n" in block
+        assert f"      --plan {study_dir}/gpus{gpus}/plan.json\n" in block  # ranks start from it
+        record = read_decision(study_dir / f"gpus{gpus}")
+        trainer = record.trainer
+        assert trainer.run["output"] == f"{study_dir}/gpus{gpus}"
         # The sweep's own batch comes after the recipe's, so it wins (argparse: last one).
-        assert block.rindex("-b ") > block.index("--output")
-        assert f"      -b {batch}\n" in block
-        assert "--max-steps 30" in block and "--warmup-steps-excluded 10" in block
-        assert "--topology" not in block and "--workers 0" in block
-        assert read_decision(study_dir / f"gpus{gpus}").engine.name == "ring"
+        assert trainer.optim["batch_size"] == batch and trainer.optim["max_steps"] == 30
+        assert trainer.run["warmup_steps_excluded"] == 10 and trainer.data["workers"] == 0
+        assert record.engine.name == "ring" == trainer.parallel["topology"]
         assert (study_dir / f"gpus{gpus}" / "bind.sh").is_file()
     study = json.loads((study_dir / "study.json").read_text())
     assert [p["global_batch"] for p in study["points"]] == [16, 16, 16]
@@ -118,7 +119,8 @@ def test_hostile_paths_and_args_are_quoted(tmp_path):
     assert main([*BASE, "--study-dir", str(study_dir), "--gpus", "1 2", "--args", args]) == 0
     script = (study_dir / "sweep.sbatch").read_text()
     assert f"RUN_DIR={shlex.quote(str(study_dir / 'gpus1'))} " in script
-    assert "'x; touch /tmp/pwned'" in script
+    assert read_decision(study_dir / "gpus1").trainer.data["aa"] == "x; touch /tmp/pwned"
+    assert f"--plan {shlex.quote(str(study_dir / 'gpus1' / 'plan.json'))}" in script
     assert f'#SBATCH --output="{study_dir}/logs/sweep-%A_%a.out"' in script
     assert subprocess.run(["bash", "-n", str(study_dir / "sweep.sbatch")]).returncode == 0
 
@@ -143,9 +145,13 @@ def test_forced_parameter_server_gets_a_server_on_every_rank(tmp_path):
     script = (tmp_path / "study" / "sweep.sbatch").read_text()
     for index, gpus in enumerate((1, 2, 4)):
         block = script.split(f"  {index})  #")[1].split(";;")[0]
-        assert "--topology ps\n" in block and "--ps-servers" not in block  # the user's flags
-        engine = read_decision(tmp_path / "study" / f"gpus{gpus}").engine
-        assert (engine.name, engine.ps_servers) == ("ps", gpus)
+        assert "--topology" not in block  # the ranks' settings are in the point's plan.json
+        record = read_decision(tmp_path / "study" / f"gpus{gpus}")
+        assert (record.engine.name, record.engine.ps_servers) == ("ps", gpus)
+        assert (record.trainer.parallel["topology"], record.trainer.parallel["ps_servers"]) == (
+            "ps",
+            gpus,
+        )
 
 
 def _localslurm_copy(tmp_path, data):

@@ -30,9 +30,23 @@ FORBIDDEN = {
 }
 
 MAX_LINES = 400
-# Trainer flags that only the trainer's parser may spell; everyone else reads the decision.
-TRAINER_FLAGS = re.compile(r"^--(topology|ps-servers)(=|$)")
-FLAG_PARSER = "trainer/config.py"
+# The planner resolves the engine and layout into plan.json; every other module reads the plan.
+PLANNER = ("workflows/plan.py", "trainer/flags.py")
+"""The planner, and the trainer's parser that layers argv over a plan (and refuses an override)."""
+
+
+def _layout_flags() -> set[str]:
+    """The engine and layout flags: the parallel group's, and the batch split over the ranks."""
+    from vitpod.registry.trainsections import groups
+
+    names = [n for n, g in groups().items() if g == "parallel"]
+    names += ["global_batch", "elastic", "accum_steps"]
+    return {"--" + n.replace("_", "-") for n in names}
+
+
+LAYOUT_FLAGS = _layout_flags()
+# Calls that look a flag up in an argv: argv.index("--tp"), t.startswith("--tp="), ...
+ARGV_READERS = {"index", "count", "startswith", "endswith", "remove", "last_value", "_flag_value"}
 
 
 @dataclass(frozen=True)
@@ -294,51 +308,57 @@ def test_no_module_is_over_the_line_limit():
     assert not long, f"modules over {MAX_LINES} lines:\n{listing}"
 
 
-def _docstring_nodes(tree: ast.Module) -> set[int]:
-    out = set()
+def _is_flag(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+        return False
+    return node.value.partition("=")[0] in LAYOUT_FLAGS
+
+
+def argv_reads(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, flag) of each engine or layout flag looked up in an argv: compared with a token
+    (== / in), or passed to a lookup call (index, startswith, last_value, ...). Composing a
+    command and naming a flag in a message are not reads."""
+    found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                out.add(id(body[0].value))
-    return out
+        operands: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ARGV_READERS:
+                operands = list(node.args)
+        found += [(n.lineno, n.value) for n in operands if _is_flag(n)]  # type: ignore[attr-defined]
+    return sorted(found)
 
 
-def _flag_literals(tree: ast.Module) -> list[tuple[int, str]]:
-    """(line, literal) of each string that is a trainer flag token, docstrings left out."""
-    docstrings = _docstring_nodes(tree)
-    return sorted(
-        (node.lineno, node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and id(node) not in docstrings
-        and TRAINER_FLAGS.match(node.value)
-    )
-
-
-def test_only_the_trainer_parser_spells_the_topology_flags():
-    """Workflows and analysis read the decision (plan.json), never scan argv for these flags."""
+def test_only_the_planner_reads_engine_and_layout_flags_from_argv():
+    """Everyone else reads the plan (plan.json's engine, layout and trainer settings)."""
     found = []
     for module in MODULES.values():
-        if module.rel == FLAG_PARSER:
+        if module.rel in PLANNER:
             continue
-        for line, value in _flag_literals(ast.parse(module.path.read_text())):
-            found.append(f"{module.rel}:{line}: {value!r}")
-    assert not found, f"trainer flags spelt outside {FLAG_PARSER}:\n" + "\n".join(found)
+        for line, flag in argv_reads(ast.parse(module.path.read_text())):
+            found.append(f"{module.rel}:{line}: {flag!r}")
+    assert not found, f"engine/layout flags read from argv outside {PLANNER}:\n" + "\n".join(found)
 
 
-def test_the_flag_search_sees_scanning_and_composing():
+def test_the_flag_search_sees_reads_and_not_commands_or_messages():
+    assert {"--tp", "--topology", "--global-batch", "--deepspeed", "--elastic"} <= LAYOUT_FLAGS
     source = (
-        "def f(t, v):\n"
-        '    """--topology in a docstring is prose."""\n'
-        '    ok = t == "--topology" or t.startswith("--ps-servers=")\n'
-        '    return ok, f"--topology={v}", f"--topology {v} given in ARGS"\n'
+        "def f(argv, t, v):\n"
+        '    """argv.index("--tp") in a docstring is prose."""\n'
+        '    g = argv[argv.index("--global-batch") + 1]\n'
+        '    ok = t == "--topology" or t.startswith("--ps-servers=") or "--fsdp" in argv\n'
+        '    cmd = ["--tp", str(v), "--elastic"]\n'
+        '    return g, ok, cmd, f"--pp {v}: too many stages", last_value(argv, "--deepspeed")\n'
     )
-    assert _flag_literals(ast.parse(source)) == [
-        (3, "--ps-servers="),
-        (3, "--topology"),
-        (4, "--topology="),
+    assert argv_reads(ast.parse(source)) == [
+        (3, "--global-batch"),
+        (4, "--fsdp"),
+        (4, "--ps-servers="),
+        (4, "--topology"),
+        (6, "--deepspeed"),
     ]
 
 

@@ -164,9 +164,14 @@ def test_sbatch_job_bind_doctor_and_container_lines_run_nothing_hostile(tmp_path
     calls = _calls(env)
     train = [c for c in calls if c[0] == "srun" and str(run_dir / "bind.sh") in c]
     assert len(train) == 1, calls
-    # the ranks' argv reaches srun byte for byte: bind.sh, the hostile data path, ARGS
+    # the ranks' argv reaches srun byte for byte: bind.sh and the plan at the hostile run path;
+    # ARGS reach the ranks through plan.json, and the script's log shows them (the echo lines)
     assert train[0][-len(plan.launch.argv) :] == list(plan.launch.argv)
-    assert train[0][-1] == HOSTILE and f"--container-workdir={root}/code" in train[0]
+    assert train[0][-1] == str(run_dir / runfiles.PLAN)
+    assert f"--container-workdir={root}/code" in train[0]
+    assert plan.decision.trainer.run["wandb_name"] == HOSTILE
+    log = next((run_dir / runfiles.LOGS).glob("sbatch-*.log")).read_text()
+    assert f'"wandb_name": "{HOSTILE}"' in log
     doctor = [c for c in calls if "--job-name=vitpod-doctor" in c]
     assert doctor and f"{root}/runs" in doctor[0]  # the doctor's --run-root
     assert (run_dir / runfiles.CONTAINER_START).is_file()  # written to the hostile path
@@ -199,9 +204,10 @@ def test_local_script_runs_nothing_hostile(tmp_path):
     (run_dir / "run.sh").write_text(plan.script)
     assert _run(run_dir / "run.sh", env) == 0
     (call,) = _calls(env)
-    assert call[0] == "python" and call[-1] == HOSTILE
+    assert call[0] == "python" and call[-1] == str(run_dir / runfiles.PLAN)
     assert call[1:4] == ["-m", "torch.distributed.run", "--standalone"]
-    assert call[5:] == list(plan.spec.command[1:])
+    assert call[5:] == list(plan.spec.rank_command[1:])
+    assert plan.decision.trainer.run["wandb_name"] == HOSTILE
 
 
 def test_scaling_array_and_report_job_with_hostile_study_dir_run_nothing(tmp_path):
@@ -221,7 +227,8 @@ def test_scaling_array_and_report_job_with_hostile_study_dir_run_nothing(tmp_pat
     point = sweep.points[1]
     train = [c for c in _calls(env) if c[0] == "srun" and point.argv[1] in c]
     assert len(train) == 1 and train[0][-len(point.argv) :] == list(point.argv)
-    assert HOSTILE in train[0] and f"--wandb-name={HOSTILE}" not in train[0]
+    assert train[0][-1] == str(Path(point.run_dir) / runfiles.PLAN)
+    assert point.decision.trainer.run["wandb_name"] == HOSTILE
 
     # the report job: the study path in its echo line and its srun argv; a hostile array id too
     for array_id in ("40", f"40{HOSTILE}"):

@@ -32,7 +32,7 @@ def test_zero2_trains_checkpoints_and_resumes_exactly(digits_dir: Path, tmp_path
                       tmp_path / "l1", timeout=420)  # fmt: skip
     assert codes == [0, 0], logs(tmp_path / "l1")
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["topology"] == "deepspeed" and summary["steps"] == 6
+    assert summary["engine"] == "deepspeed" and summary["steps"] == 6
     losses = [r["loss"] for r in steps(run, 0)]
     assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses)  # one per step
     # Each rank wrote its own ZeRO partition beside the per-rank state files.

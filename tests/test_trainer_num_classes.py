@@ -16,9 +16,9 @@ from vitpod.trainer.data import DataConfig
 from vitpod.trainer.data.sources import SYNTHETIC_CLASSES, count_classes
 from vitpod.trainer.exitcodes import OK
 from vitpod.trainer.flags import parse_args
+from vitpod.workflows.exchange import grad_bytes
 from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.recipe import load_recipe
-from vitpod.workflows.topology import grad_bytes
 
 # One optimizer step of the tiny VOLO on digits: the command, made cheap.
 QUICK = [

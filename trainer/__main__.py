@@ -40,17 +40,17 @@ def _count_classes_if_readable(cfg) -> None:
 def main(argv: list[str] | None = None) -> int:
     preemption = Preemption()
     preemption.install()  # first: a SIGUSR2/SIGTERM from here on sets a flag instead of killing
-    from vitpod.registry.decision import RecordError
+    from vitpod.registry.trainsections import TrainerSettings
     from vitpod.trainer import dist as tdist
     from vitpod.trainer.checks import problems
     from vitpod.trainer.config import ConfigError
-    from vitpod.trainer.decision import DecisionConflict, with_decision
+    from vitpod.trainer.decision import read_plan
     from vitpod.trainer.flags import parse_args
 
     env = tdist.detect()
     try:
-        cfg, decision = with_decision(parse_args(argv, world_size=env.world_size))
-    except (ConfigError, DecisionConflict, RecordError) as exc:
+        cfg = parse_args(argv, world_size=env.world_size)
+    except ConfigError as exc:
         return usage_error([str(exc)])
     if cfg.print_config:
         _count_classes_if_readable(cfg)
@@ -62,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         return usage_error(found)
     setup_logging(env.rank)
-    if decision is not None:
-        logging.getLogger("vitpod.trainer").info("plan.json %s", decision.log_line())
+    log = logging.getLogger("vitpod.trainer")
+    if cfg.plan is not None:  # parse_args read it; the record's engine line for the log
+        log.info("plan %s: %s", cfg.plan, read_plan(cfg.plan).log_line())
+    for line in TrainerSettings.of(cfg).lines():
+        log.info("configuration %s", line)
     from vitpod.trainer.checkpoint import ResumeError
     from vitpod.trainer.components import startup_errors
     from vitpod.trainer.train import Trainer

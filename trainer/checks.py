@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 from vitpod.registry import models, runfiles
-from vitpod.trainer.checkpoint_every import AUTO, AUTO_BY_HAND
+from vitpod.registry.checkpoint_every import AUTO, AUTO_BY_HAND
+from vitpod.registry.engines import DDP_ENGINES, MESH_ENGINES
+from vitpod.registry.paralleldims import ParallelDims
 from vitpod.trainer.config import SCHEDULES, TrainConfig
 
 
@@ -115,7 +117,7 @@ def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
     if cfg.deepspeed and not cfg.deepspeed_config and cfg.opt != "adamw":
         out.append(f"--opt {cfg.opt} with --deepspeed: the generated DeepSpeed config runs AdamW;"
                    " pass --opt adamw or a --deepspeed-config naming your optimizer")  # fmt: skip
-    if cfg.layer_decay is not None and (cfg.deepspeed or cfg.uses_mesh):
+    if cfg.layer_decay is not None and cfg.engine not in DDP_ENGINES:
         out.append("--layer-decay: DDP (ring/ps) only (DeepSpeed and the mesh engine build their "
                    "own parameter groups); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
     if cfg.grad_checkpointing and cfg.pp > 1:
@@ -127,9 +129,12 @@ def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
     if cfg.mixup_active and cfg.batch_size % 2:
         out.append(f"--mixup/--cutmix: -b {cfg.batch_size} is odd (timm's Mixup pairs the batch "
                    "with its flip); pass an even -b")  # fmt: skip
-    if cfg.model_ema and (cfg.deepspeed or cfg.uses_mesh):
+    if cfg.model_ema and cfg.engine not in DDP_ENGINES:
         out.append("--model-ema: DDP (ring/ps) only (DeepSpeed and the mesh engine shard the "
                    "weights it averages); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
+    if cfg.channels_last and (cfg.fsdp or cfg.engine == "deepspeed"):
+        out.append("--channels-last with --fsdp/--deepspeed: they shard or broadcast contiguous "
+                   "(NCHW) weights only; drop --channels-last")  # fmt: skip
     if cfg.initial_checkpoint and cfg.finetune:
         out.append("--initial-checkpoint and --finetune both load the weights; drop one")
     return out
@@ -144,16 +149,17 @@ def _mesh_problems(cfg: TrainConfig) -> list[str]:
             out.append(f"--{name} {getattr(cfg, name)}: must be at least 1")
     if out:
         return out
-    if cfg.world_size % (cfg.tp * cfg.pp):
-        out.append(
-            f"--tp {cfg.tp} x --pp {cfg.pp} = {cfg.tp * cfg.pp} does not divide the"
-            f" {cfg.world_size} rank(s); pick tp x pp dividing the world size"
-        )
-    if cfg.uses_mesh and cfg.deepspeed:
+    try:
+        ParallelDims.of_world(cfg.world_size, cfg.tp, cfg.pp)
+    except ValueError as exc:
+        out.append(str(exc))
+    claims = set(cfg.engines_claimed)
+    meshed = bool(claims & set(MESH_ENGINES))
+    if meshed and "deepspeed" in claims:
         out.append("--deepspeed and --fsdp/--tp/--pp both shard the model; drop one")
-    if cfg.uses_mesh and cfg.topology == "ps":
+    if meshed and "ps" in claims:
         out.append("--topology ps applies to DDP only; drop it with --fsdp/--tp/--pp")
-    if cfg.uses_mesh and cfg.use_amp and cfg.amp_dtype == "fp16":
+    if meshed and cfg.use_amp and cfg.amp_dtype == "fp16":
         out.append(
             "--amp-dtype fp16 with --fsdp/--tp/--pp: the mesh engine has no loss scaling (fp16 "
             "needs it); use --deepspeed or DDP (ring/ps) on GPUs without bf16, or bf16 GPUs"

@@ -10,7 +10,7 @@ How an operation is timed is how the trainer's DDP comm hook times a gradient bu
 the callback of its future, so the per-call software cost (enqueue, worker-thread hand-off,
 callback) is in both. Before each timed call the group meets at a barrier; the call of the rank
 that leaves the barrier last has no peer to wait for, so each iteration's time is the minimum
-over the group's ranks (the same per-step statistic `vitpod.workflows.topology` reads from the
+over the group's ranks (the same per-step statistic `vitpod.workflows.exchange` reads from the
 trainer's metrics). Levels, after Thakur, Rabenseifner & Gropp (2005), "Optimization of
 collective communication operations in MPICH", whose cost formulas analysis/commcost.py uses:
 

@@ -20,7 +20,7 @@ def data_config(cfg: TrainConfig):
         token_label_data=cfg.token_label_data or "",
         token_label_size=cfg.token_label_size or cfg.img_size // 16,
         ground_truth=cfg.ground_truth, corrupt=cfg.corrupt, seed=cfg.seed,
-        drop_last=cfg.drop_last or cfg.pp > 1 or cfg.mixup_active,  # Mixup pairs the batch
+        drop_last=cfg.drop_last,
     )  # fmt: skip
 
 

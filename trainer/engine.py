@@ -23,7 +23,7 @@ class Engine(Protocol):
 
     @property
     def name(self) -> str:
-        """The engine as the summary names it: ring | ps | deepspeed | mesh."""
+        """The engine as plan.json and the summary name it: ring | ps | deepspeed | fsdp | mesh."""
         ...
 
     @property

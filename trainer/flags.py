@@ -1,5 +1,5 @@
-"""The trainer's command line: one flag per TrainConfig field, a config file (trainer/configfile.py)
-and the one order in which they and a recipe's flags win (layered_argv)."""
+"""The trainer's command line: one flag per TrainConfig field, a config file (configfile.py), a
+run's plan (--plan) and the one order in which they and a recipe's flags win (layered_argv)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
 from vitpod.trainer.configfile import read_config
+from vitpod.trainer.decision import read_plan, refuse_overrides
 
 
 def flag_name(f: dataclasses.Field) -> str:
@@ -78,7 +79,7 @@ def _long_flag(f: dataclasses.Field) -> str:
 
 def config_keys() -> set[str]:
     """The keys a config file may set: every flag's field but the file itself."""
-    return {f.name for f in _cli_fields()} - {"config", "print_config"}
+    return {f.name for f in _cli_fields()} - {"config", "plan", "print_config"}
 
 
 def _arity(action: argparse.Action, rest: list[str]) -> int:
@@ -112,21 +113,21 @@ def _chunks(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[tuple[
     return out
 
 
-def _as_flags(values: dict[str, Any], path: str) -> list[str]:
-    """A config file's values as flags (the data dir first), checked by the trainer's parser:
-    a wrong type or choice is refused naming the file and the flag."""
+def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> list[str]:
+    """A config file's (or plan's) values as flags (the data dir first), checked by the
+    trainer's parser: a wrong type or choice is refused naming the file and the flag."""
     fields = {f.name: f for f in _cli_fields()}
     positional, flags = [], []
     for name, value in values.items():
         f, flag = fields[name], _long_flag(fields[name])
         if value is None:
             if f.default is not None:
-                raise ConfigError(f"--config {path}: {name}: null; give a value or drop the key")
+                raise ConfigError(f"{source} {path}: {name}: null; give a value or drop the key")
         elif name == "data_dir":
             positional = [str(value)]
         elif _field_type(f) is bool:
             if not isinstance(value, bool):
-                raise ConfigError(f"--config {path}: {name}: {value!r}; write true or false")
+                raise ConfigError(f"{source} {path}: {name}: {value!r}; write true or false")
             flags.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, list | tuple):
             flags += [flag, *map(_text, value)]
@@ -135,7 +136,7 @@ def _as_flags(values: dict[str, Any], path: str) -> list[str]:
     try:
         build_parser().parse_args([*positional, *flags])
     except ConfigError as exc:
-        raise ConfigError(f"--config {path}: {exc}") from None
+        raise ConfigError(f"{source} {path}: {exc}") from None
     return [*positional, *flags]
 
 
@@ -143,11 +144,11 @@ def _text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def config_path(argv: Sequence[str]) -> str | None:
-    """The last -c/--config FILE of argv."""
+def config_path(argv: Sequence[str], dest: str = "config") -> str | None:
+    """The last -c/--config FILE of argv (or the last value of another single-value flag)."""
     path = None
-    for dest, tokens in _chunks(build_parser(), argv):
-        if dest == "config":
+    for name, tokens in _chunks(build_parser(), argv):
+        if name == dest:
             path = tokens[0].partition("=")[2] if len(tokens) == 1 else tokens[-1]
     return path
 
@@ -178,14 +179,33 @@ def layered_argv(
 
 
 def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainConfig:
-    """Parse flags and a config file (layered_argv's precedence), fill model defaults; raises
-    ConfigError on bad input. cfg.requested keeps the parsed flags for args.yaml."""
+    """Parse flags and a config file over a run's plan (layered_argv's precedence), fill model
+    defaults; raises ConfigError on bad input. cfg.requested keeps the parsed flags for args.yaml.
+
+    With --plan RUN/plan.json (how the planner starts ranks) the plan's resolved configuration is
+    the base layer; argv overrides it, but not its engine or layout. The plan's rules that
+    depend on the world size (--elastic's accumulation, --global-batch's per-rank batch) are
+    applied again for the world size this job got (a node range, a resume elsewhere)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    ns = build_parser().parse_args(layered_argv(argv))
+    plan_path = config_path(argv, "plan")
+    base: list[str] = []
+    decision = None
+    if plan_path is not None:
+        decision = read_plan(plan_path)
+        assert decision.trainer is not None  # read_plan refuses a plan without one
+        base = _as_flags(decision.trainer.values(), plan_path, "--plan")
+    ns = build_parser().parse_args(layered_argv(argv, base=base))
     ns.config = config_path(argv)
     for f in _cli_fields():  # argparse gives nargs values as a list: the field's tuple
         if str(f.type).startswith("tuple") and isinstance(getattr(ns, f.name), list):
             setattr(ns, f.name, tuple(getattr(ns, f.name)))
-    requested = {k: v for k, v in vars(ns).items() if k not in ("config", "print_config")}
-    cfg = TrainConfig(**vars(ns), world_size=world_size, requested=requested)
-    return resolve(cfg)
+    if decision is not None:
+        refuse_overrides(vars(ns), decision, plan_path or "")
+    requested = {k: v for k, v in vars(ns).items() if k not in ("config", "plan", "print_config")}
+    cfg = resolve(TrainConfig(**vars(ns), world_size=world_size, requested=requested))
+    if decision is not None and cfg.engine != decision.engine.name:
+        raise ConfigError(
+            f"--plan {plan_path}: its trainer settings run engine {cfg.engine!r} but its engine is "
+            f"{decision.engine.name!r} (edited by hand?); plan the run again"
+        )
+    return cfg

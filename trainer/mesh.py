@@ -10,20 +10,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vitpod.registry.paralleldims import ParallelDims
+
 if TYPE_CHECKING:  # imported when a mesh is built: DTensor's import costs ~0.7 s of startup
     from torch.distributed.device_mesh import DeviceMesh
-
-
-@dataclass(frozen=True, slots=True)
-class MeshShape:
-    """Ranks along each mesh dimension; dp x pp x tp = world size."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-
-    def as_dict(self) -> dict[str, int]:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}
 
 
 @dataclass(frozen=True)
@@ -31,7 +21,7 @@ class Mesh:
     """The mesh and this rank's coordinates (tp innermost: a tp group is consecutive ranks,
     so with ranks placed node by node it stays inside one node's NVLink domain)."""
 
-    shape: MeshShape
+    shape: ParallelDims
     device_mesh: DeviceMesh
     dp_rank: int
     pp_rank: int
@@ -50,12 +40,9 @@ class Mesh:
 
 def build_mesh(device: torch.device, tp: int, pp: int) -> Mesh:
     """DeviceMesh of the whole job, shape (dp, pp, tp) with dp = world / (tp x pp)."""
-    world = dist.get_world_size()
-    if world % (tp * pp):
-        raise ValueError(f"--tp {tp} x --pp {pp} does not divide the {world} ranks")
+    shape = ParallelDims.of_world(dist.get_world_size(), tp, pp)
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape = MeshShape(dp=world // (tp * pp), tp=tp, pp=pp)
     device_mesh = init_device_mesh(
         device.type, (shape.dp, shape.pp, shape.tp), mesh_dim_names=("dp", "pp", "tp")
     )

@@ -76,7 +76,7 @@ class MeshEngine:
     def __init__(self, model: nn.Module, optimizer_factory, precision: Precision, cfg: Any,
                  mesh: Mesh, loss_fn: Any) -> None:  # fmt: skip
         self.cfg, self.mesh, self.precision = cfg, mesh, precision
-        self.name = "mesh"
+        self.name = cfg.engine  # fsdp, or mesh (tensor or pipeline stages)
         self.model = parallelize_mesh(model, mesh, cfg)
         del optimizer_factory  # its fused AdamW does not take DTensors mixed with tensors
         self.optimizer = _optimizer(self.model, cfg)

@@ -63,11 +63,9 @@ class Trainer:
         seed_everything(cfg.seed)
         resolve_num_classes(cfg)
         self.model = self._build_model()
-        # FSDP2 shards contiguous parameters only: fully_shard refuses channels_last conv weights
-        # (found on an H100), and DeepSpeed broadcasts each parameter viewed as bytes, which a
-        # channels_last weight cannot be ("stride(-1) must be 1"): both keep NCHW.
-        nhwc = False if (cfg.fsdp or cfg.deepspeed) else cfg.channels_last
-        self.precision = make_precision(self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, nhwc)
+        self.precision = make_precision(
+            self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, cfg.channels_last
+        )
         self.attention = choose_kernel(self.model, cfg.attn, self.device, self.precision.dtype)
         compile_model = apply_speedups(self.model, cfg, self.device, self.run_dir)
         self.model = prepare_model(self.model, self.precision, compile_model)
@@ -360,7 +358,7 @@ class Trainer:
                     "top1": self.last_eval.get("top1"), "top5": self.last_eval.get("top5"),
                     "steps": self.step, "images_per_s": ips,
                     "world_size": self.env.world_size, "global_batch": cfg.global_batch_size,
-                    "topology": self.engine.name, "attention": self.attention,
+                    "engine": self.engine.name, "attention": self.attention,
                     "corrupt_images": corrupt,
                     "token_labels": getattr(self.train_loader, "token_label_info", None),
                     "mesh": self.mesh_shape, "param_bytes_per_rank": int(param_bytes),

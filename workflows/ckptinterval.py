@@ -9,8 +9,8 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from vitpod.registry.checkpoint_every import AUTO
 from vitpod.registry.decision import CheckpointInterval
-from vitpod.trainer.checkpoint_every import AUTO
 from vitpod.trainer.config import TrainConfig
 from vitpod.workflows import runmeasure
 from vitpod.workflows.interruptions import History, HistoryError, partition_history

@@ -62,7 +62,7 @@ def make_executor(job: JobPlan, dependency: str | None) -> submitit.Executor:
 def trainer_task(job: JobPlan) -> TrainerTask:
     spec = job.spec
     return TrainerTask(
-        command=list(spec.command),
+        command=list(spec.rank_command),
         log_dir=spec.log_dir,
         cwd=spec.code_dir,
         local=spec.profile.scheduler == "local",

@@ -32,8 +32,6 @@ from vitpod.workflows.rundir import new_run_path, runs_root, write_json
 from vitpod.workflows.sbatchopts import SbatchOptions
 from vitpod.workflows.submission import materialize, sbatch_run
 
-LABELER_ARGV_START = 3  # command = (python, -m, vitpod.trainer.label, DATA_DIR, flags...)
-
 
 @dataclass(frozen=True)
 class LabelJob:
@@ -167,7 +165,7 @@ def prepare(
     return LabelJob(
         plan=plan, tasks=tasks, shards=wanted, label_dir=Path(labeler.label_dir).absolute(),
         img_size=labeler.img_size, teacher=teacher, script=array_script(plan, tasks),
-        data_dir=plan.spec.command[LABELER_ARGV_START], teacher_sha256=digest,
+        data_dir=labeler.data_dir, teacher_sha256=digest,
     )  # fmt: skip
 
 
@@ -176,7 +174,7 @@ def _parse_labeler(plan: JobPlan) -> argparse.Namespace:
     from vitpod.trainer.label import build_parser
 
     parser = build_parser()
-    argv = list(plan.spec.command[LABELER_ARGV_START:])
+    argv = list(plan.spec.args)
     try:
         ns = parser.parse_args(argv)
     except SystemExit:

@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 
 
 def pinned_flags(batch_size: int, global_batch: int) -> tuple[str, ...]:
-    """Trainer flags that keep a plan's global batch on any node count (trainer/elastic.py)."""
+    """Trainer flags that keep a global batch on any node count: the ranks take the
+    accumulation G / (dp x -b) for the world size they get (trainer/elastic.py)."""
     return ("-b", str(batch_size), "--global-batch", str(global_batch), "--elastic")
 
 

@@ -13,18 +13,18 @@ from vitpod.registry.decision import (
     Data,
     Decision,
     Engine,
-    Layout,
     Precision,
     Resources,
     Scheduling,
-    engine_named_by_flags,
+    TrainerSettings,
 )
+from vitpod.registry.engines import DDP_ENGINES
 from vitpod.trainer import labellayout
 from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.flags import parse_args
-from vitpod.workflows import ckptinterval, noderange, preflight, sbatchopts, topology
+from vitpod.workflows import ckptinterval, exchange, noderange, preflight, sbatchopts
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import NodeType, Profile, load_profile, profile_path
 from vitpod.workflows.quantities import slurm_minutes
@@ -38,8 +38,6 @@ from vitpod.workflows.rundir import (
 )
 from vitpod.workflows.spec import Entry, JobSpec, Launch, build_spec, launch_for
 from vitpod.workflows.templating import render
-
-TRAINER_ARGV_START = 3  # command = (python, -m, trainer, DATA_DIR, flags...)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,8 +81,6 @@ class JobPlan:
     recipe: Recipe
     spec: JobSpec
     launch: Launch
-    trainer: dict[str, Any] | None
-    """The trainer's resolved configuration from its own parser (None: ranks run no trainer)."""
     decision: Decision | None
     """plan.json: engine, layout, costs, image, data (None: ranks run no trainer)."""
     memory: dict[str, Any]
@@ -95,6 +91,13 @@ class JobPlan:
     @property
     def run_dir(self) -> Path:
         return Path(self.spec.run_dir)
+
+    @property
+    def trainer(self) -> dict[str, Any] | None:
+        """plan.json's trainer settings by name, with the global batch (None: no trainer)."""
+        if self.decision is None or self.decision.trainer is None:
+            return None
+        return {**self.decision.trainer.values(), "global_batch_size": self.decision.global_batch}
 
     @property
     def script_path(self) -> Path:
@@ -139,7 +142,6 @@ class JobPlan:
                 "srun_args": list(self.launch.srun_args),
                 "env": self.launch.env,
             },
-            "trainer": self.trainer,
             "decision": runfiles.PLAN if self.decision else None,
             "git": git_info(),
             "image": self.decision.image if self.decision else image_info(self.profile),
@@ -172,7 +174,7 @@ def plan_job(req: Request) -> JobPlan:
     """Validate everything that needs no cluster and render the job in memory.
 
     Raises ConfigError naming the field and the fix; nothing is written. The trainer's final
-    argv is parsed with the trainer's own parser, the topology is decided once (and its flags
+    argv is parsed with the trainer's own parser, the engine is decided once (and its flags
     are part of the argv), and the memory planner checks the micro-batch against the stage's GPU.
     """
     profile = load_profile(req.cluster)
@@ -202,10 +204,10 @@ def plan_job(req: Request) -> JobPlan:
     cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
     precision, checkpoint = None, None
     if req.entry == "trainer":
-        cfg = _parse_trainer(spec.command, world)
-        precision, dtype_flags = decide_precision(cfg, spec.command, node, partition.node_type)
+        cfg = _parse_trainer(spec.args, world)
+        precision, dtype_flags = decide_precision(cfg, spec.args, node, partition.node_type)
         checkpoint, every_flags = ckptinterval.decide(
-            profile, partition.name, cfg, spec.command[TRAINER_ARGV_START:], run_dir,
+            profile, partition.name, cfg, spec.args, run_dir,
             ask_slurm=profile.scheduler == "slurm" and not req.offline,
         )  # fmt: skip
         if dtype_flags or every_flags:  # the chosen dtype and interval go after ARGS
@@ -215,11 +217,11 @@ def plan_job(req: Request) -> JobPlan:
                 tool_args=req.tool_args, finetune_from=req.finetune_from or None,
                 dependency=req.dependency or None, entry=req.entry,
             )  # fmt: skip
-            cfg = _parse_trainer(spec.command, world)
+            cfg = _parse_trainer(spec.args, world)
     if cfg is not None and partition.nodes_max and req.nodes in (None, ""):
         # A node range and no NODES: Slurm gives MIN..MAX nodes. The global batch is planned
         # at MAX; on fewer nodes the ranks take the accumulation that keeps it.
-        cfg = _parse_trainer(spec.command, partition.nodes_max * node.ranks_per_node)
+        cfg = _parse_trainer(spec.args, partition.nodes_max * node.ranks_per_node)
         noderange.check_range(cfg, nodes, partition.nodes_max, node.ranks_per_node)
         pinned = noderange.pinned_flags(cfg.batch_size, cfg.global_batch_size)
         spec = build_spec(
@@ -227,7 +229,7 @@ def plan_job(req: Request) -> JobPlan:
             tool_args=(*req.tool_args, *pinned), nodes_max=partition.nodes_max,
             finetune_from=req.finetune_from or None, dependency=req.dependency or None,
         )  # fmt: skip
-        cfg = _parse_trainer(spec.command, world)
+        cfg = _parse_trainer(spec.args, world)
     spec = sbatchopts.apply(dataclasses.replace(spec, time=time_limit), sbatch)
     if cfg is not None:
         preflight.check_layout(cfg, node, world)
@@ -235,15 +237,18 @@ def plan_job(req: Request) -> JobPlan:
         engine, costs = _decide_engine(
             profile, req.stage, cfg, nodes, world, _calibration(req, partition.name)
         )
+        if engine.name in DDP_ENGINES:  # the ranks run the decided exchange, not auto
+            cfg = dataclasses.replace(cfg, topology=engine.name, ps_servers=engine.ps_servers)
         decision = Decision(
             created=_now(), stage=req.stage, model=recipe.model,
             resources=Resources(
                 cluster=profile.name, partition=partition.name, node_type=partition.node_type,
                 nodes=nodes, tasks_per_node=spec.tasks_per_node, world_size=world, time=spec.time,
             ),
-            layout=Layout(dp=cfg.dp_size, tp=cfg.tp, pp=cfg.pp),
+            layout=cfg.dims,
             engine=engine, costs=costs, image=image_info(profile), memory=memory,
             precision=precision, scheduling=_scheduling(spec), checkpoint=checkpoint,
+            trainer=TrainerSettings.of(cfg),
             data=Data(
                 data_dir=spec.data_dir, token_label_data=cfg.token_label_data,
                 finetune_from=spec.finetune_from,
@@ -258,10 +263,11 @@ def plan_job(req: Request) -> JobPlan:
         if profile.scheduler == "slurm"
         else ("local.sh.j2", runfiles.LOCAL_SCRIPT)
     )
-    script = render(template, {"spec": spec, "launch": launch})
+    configuration = decision.trainer.lines() if decision and decision.trainer else []
+    script = render(template, {"spec": spec, "launch": launch, "configuration": configuration})
     return JobPlan(
-        request=req, profile=profile, recipe=recipe, spec=spec, launch=launch,
-        trainer=_config_record(cfg) if cfg else None, decision=decision, memory=memory,
+        request=req, profile=profile, recipe=recipe, spec=spec, launch=launch, decision=decision,
+        memory=memory,
         script_name=script_name, script=script,
     )  # fmt: skip
 
@@ -296,7 +302,7 @@ def _flag_value(argv: tuple[str, ...], flag: str) -> str | None:
 
 
 def decide_precision(
-    cfg: TrainConfig, command: tuple[str, ...], node: NodeType, node_type: str
+    cfg: TrainConfig, argv: tuple[str, ...], node: NodeType, node_type: str
 ) -> tuple[Precision, tuple[str, ...]]:
     """The autocast dtype from the node type's GPU (bf16 where native, fp16 with dynamic loss
     scaling before compute capability 8.0), and the trainer flags that pass it on. An explicit
@@ -304,7 +310,7 @@ def decide_precision(
     names the GPU and the fix."""
     if not cfg.use_amp:
         return Precision(dtype="fp32", source="default", reason="no --amp: fp32"), ()
-    explicit = _flag_value(command[TRAINER_ARGV_START:], "--amp-dtype")
+    explicit = _flag_value(argv, "--amp-dtype")
     gpu = node.gpu.model if node.gpu is not None and node.gpus_per_node else None
 
     def kept(reason: str) -> tuple[Precision, tuple[str, ...]]:
@@ -343,9 +349,9 @@ def decide_precision(
     return Precision(dtype="bf16", gpu=gpu, reason=why), ("--amp-dtype", "bf16")
 
 
-def _parse_trainer(command: tuple[str, ...], world: int) -> TrainConfig:
+def _parse_trainer(args: tuple[str, ...], world: int) -> TrainConfig:
     """The trainer's own parser and consistency checks on the exact argv the ranks will run."""
-    argv = list(command[TRAINER_ARGV_START:])
+    argv = list(args)
     try:
         cfg = parse_args(argv, world_size=world)
     except TrainerConfigError as exc:
@@ -359,7 +365,7 @@ def _parse_trainer(command: tuple[str, ...], world: int) -> TrainConfig:
 def _calibration(req: Request, partition: str) -> Any:
     """The fit `make calibrate` stored beside the profile for this partition, or None."""
     try:
-        return topology.calibration_for(profile_path(req.cluster), partition)
+        return exchange.calibration_for(profile_path(req.cluster), partition)
     except ValueError as exc:
         fix = f"rerun `make calibrate CLUSTER={req.cluster}` or delete it"
         raise ConfigError(f"{exc}; {fix}") from None
@@ -370,15 +376,13 @@ def _decide_engine(
 ) -> tuple[Engine, Any]:
     """The engine the flags name (DeepSpeed, FSDP, the mesh), or ring / parameter server from
     the cost model (a --topology ring|ps in the flags is kept, and priced)."""
-    named = engine_named_by_flags(
-        topology=cfg.topology, deepspeed=cfg.deepspeed, fsdp=cfg.fsdp, tp=cfg.tp, pp=cfg.pp
-    )
+    named = cfg.engine if cfg.engines_claimed else None
     if named in ("deepspeed", "fsdp", "mesh"):
         zero = cfg.zero_stage if named == "deepspeed" else None
         record = {"name": named, "zero_stage": zero, "reason": "named by the flags"}
         return Engine.model_validate(record), None
     try:
-        return topology.choose_engine(
+        return exchange.choose_engine(
             profile.node_type(stage).fabric, cfg.model, nodes, gpus=world,
             topology=cfg.topology, ps_servers=cfg.ps_servers,
             # --num-classes not given: the job counts its data; an ImageNet head here
@@ -386,7 +390,3 @@ def _decide_engine(
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _config_record(cfg: TrainConfig) -> dict[str, Any]:
-    return {**cfg.record(), "global_batch_size": cfg.global_batch_size}

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vitpod.analysis import layout, memory
-from vitpod.analysis.mesh import Mesh
 from vitpod.registry import models, runfiles
+from vitpod.registry.engines import MESH_ENGINES
 from vitpod.trainer import labellayout, labelset
 from vitpod.workflows import containerpreflight, sharedfs, slurm, slurmchecks
 from vitpod.workflows.container import check_container_paths, host_path
@@ -73,18 +73,18 @@ def memory_fit(
         return {"checked": False, "reason": f"partition {partition} has no GPU memory to fit"}
     if not models.known(cfg.model):
         return {"checked": False, "reason": f"{cfg.model} is not in the model registry"}
-    mesh = Mesh(dp=cfg.dp_size, tp=cfg.tp, pp=cfg.pp)
+    mesh = cfg.dims
     settings: dict[str, Any] = {
         "model": cfg.model,
         "img_size": cfg.img_size,
         "precision": _precision(cfg),
         "amp_dtype": cfg.amp_dtype if cfg.use_amp else None,
-        "zero": cfg.zero_stage if cfg.deepspeed else 0,
+        "zero": cfg.zero_stage if cfg.engine == "deepspeed" else 0,
         "gpus": world,
         "num_classes": cfg.num_classes or 1000,
         "token_label": cfg.token_label,
     }
-    if cfg.fsdp or mesh.tp > 1 or mesh.pp > 1:
+    if cfg.engine in MESH_ENGINES:
         settings.update(mesh=mesh, fsdp=cfg.fsdp, micro_batches=cfg.accum_steps)
     need = memory.estimate(batch=cfg.batch_size, **settings).total * PLAN_MARGIN
     capacity = node.gpu.memory_bytes
@@ -141,7 +141,7 @@ def _layout_hint(cfg: TrainConfig, node: NodeType, world: int, capacity: float) 
 
 
 def _precision(cfg: TrainConfig) -> str:
-    if cfg.deepspeed and cfg.use_amp:
+    if cfg.engine == "deepspeed" and cfg.use_amp:
         return "half"  # DeepSpeed bf16/fp16: half weights and gradients, fp32 master copy
     return "amp" if cfg.use_amp else "fp32"
 

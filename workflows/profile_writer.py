@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vitpod.workflows import topo
+from vitpod.workflows import binding
 from vitpod.workflows.discover import NodeInfo, PartitionInfo
 from vitpod.workflows.probe import NOT_FOUND
 from vitpod.workflows.quantities import slurm_minutes
@@ -89,30 +89,30 @@ def node_type(
     return out
 
 
-def _lscpu(facts: dict[str, Any], unknown: list[str], where: str) -> topo.CpuTopology | None:
+def _lscpu(facts: dict[str, Any], unknown: list[str], where: str) -> binding.CpuTopology | None:
     try:
-        cpu = topo.parse_lscpu(str(facts.get("lscpu", "")))
+        cpu = binding.parse_lscpu(str(facts.get("lscpu", "")))
     except ValueError:
         unknown.append(f"{where}: lscpu {_short(facts.get('lscpu'))}; no NUMA binding")
         return None
     if not cpu.numa_cpus:
-        numa = topo.parse_numactl(str(facts.get("numactl", "")))
-        cpu = topo.CpuTopology(cpu.cpus, cpu.sockets, cpu.threads_per_core, numa, cpu.model)
+        numa = binding.parse_numactl(str(facts.get("numactl", "")))
+        cpu = binding.CpuTopology(cpu.cpus, cpu.sockets, cpu.threads_per_core, numa, cpu.model)
     return cpu
 
 
 def _gpu_binding(
-    facts: dict[str, Any], cpu: topo.CpuTopology | None, hcas: dict[str, int],
+    facts: dict[str, Any], cpu: binding.CpuTopology | None, hcas: dict[str, int],
     unknown: list[str], where: str,
 ) -> list[dict[str, Any]]:  # fmt: skip
     try:
-        gpu_topo = topo.parse_topo(str(facts.get("topo", "")))
+        gpu_topo = binding.parse_topo(str(facts.get("topo", "")))
     except ValueError:
         unknown.append(f"{where}: nvidia-smi topo -m {_short(facts.get('topo'))}; no binding")
         return []
     if not hcas:
         unknown.append(f"{where}: no compute HCA with an active port; binding has no hca")
-    return topo.derive_binding(gpu_topo, cpu, hcas)
+    return binding.derive_binding(gpu_topo, cpu, hcas)
 
 
 def gpu_list(text: Any) -> list[tuple[str, int]]:
@@ -145,7 +145,7 @@ def compute_hcas(
     return out
 
 
-def cpu_binding(cpu: topo.CpuTopology, tasks: int) -> list[dict[str, Any]]:
+def cpu_binding(cpu: binding.CpuTopology, tasks: int) -> list[dict[str, Any]]:
     """CPU-only ranks: rank i on NUMA node i mod nodes, with that node's CPUs."""
     nodes = sorted(cpu.numa_cpus)
     if not nodes:

@@ -13,14 +13,13 @@ it has left the queue (workflows/runjobs.py).
 from __future__ import annotations
 
 import argparse
-import shlex
 import shutil
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import write_decision
-from vitpod.workflows import preflight, runjobs
+from vitpod.registry.decision import Decision, RecordError, read_decision, write_decision
+from vitpod.workflows import noderange, preflight, runjobs
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.plan import JobPlan, Request, plan_job
 from vitpod.workflows.profile import load_profile
@@ -46,16 +45,14 @@ def parser() -> argparse.ArgumentParser:
 def resume_request(run: Path, nodes: str) -> Request:
     """The run's own request (cluster, stage, model, ARGS) on `nodes`, global batch pinned."""
     manifest = _manifest(run)
-    trainer = manifest.get("trainer") or {}
-    if "global_batch_size" not in trainer:
-        raise ConfigError(f"{run}/manifest.json records no trainer: only training runs resume")
+    decision = _decision(run)
     overrides = manifest["overrides"]
-    pinned = f"-b {trainer['batch_size']} --global-batch {trainer['global_batch_size']} --elastic"
+    assert decision.trainer is not None and decision.global_batch is not None  # _decision's
+    pinned = noderange.pinned_flags(decision.trainer.optim["batch_size"], decision.global_batch)
     return Request(
         cluster=manifest["profile"]["name"], model=manifest["model"], stage=manifest["stage"],
-        nodes=nodes or manifest["resolved"]["nodes"],
-        args=f"{overrides.get('args') or ''} {pinned}".strip(),
-        finetune_from=overrides.get("finetune_from") or "", run_dir=run,
+        nodes=nodes or manifest["resolved"]["nodes"], args=overrides.get("args") or "",
+        tool_args=pinned, finetune_from=overrides.get("finetune_from") or "", run_dir=run,
         slurm=SbatchOptions(**overrides.get("sbatch", {})),
     )  # fmt: skip
 
@@ -68,26 +65,39 @@ def _manifest(run: Path) -> dict[str, Any]:
         raise ConfigError(msg) from None
 
 
+def _decision(run: Path) -> Decision:
+    """The run's plan.json: what it trained with (its batch, global batch and layout)."""
+    try:
+        decision = read_decision(run)
+    except RecordError as exc:
+        raise ConfigError(str(exc)) from None
+    if decision.trainer is None:
+        raise ConfigError(f"{run}/plan.json: its ranks ran no trainer; only training runs resume")
+    return decision
+
+
 def plan_resume(run: Path, nodes: str) -> JobPlan:
     """The new plan, or ConfigError naming the node counts the global batch splits over."""
     req = resume_request(run, nodes)
     try:
         return plan_job(req)
     except ConfigError as exc:
-        if "--elastic" not in str(exc):
+        fits = _fitting_nodes(req, _decision(run))
+        if str(req.nodes) in map(str, fits):  # the batch splits: another problem
             raise
-        raise ConfigError(f"{exc}; NODES that work: {_fitting_nodes(req)}") from None
+        named = ", ".join(map(str, fits)) or "none"
+        raise ConfigError(f"{exc}; NODES that work: {named}") from None
 
 
-def _fitting_nodes(req: Request) -> str:
+def _fitting_nodes(req: Request, decision: Decision) -> list[int]:
     """Node counts of the stage's partition whose data-parallel size splits the global batch."""
     profile = load_profile(req.cluster)
     part, node = profile.partition(req.stage), profile.node_type(req.stage)
-    argv = shlex.split(req.args)
-    batch = int(argv[argv.index("--global-batch") + 1]) // int(argv[argv.index("-b") + 1])
-    ranks = node.ranks_per_node
-    fits = [n for n in range(1, part.node_limit + 1) if batch % (n * ranks) == 0]
-    return ", ".join(map(str, fits)) or "none (mind tp x pp)"
+    assert decision.trainer is not None and decision.global_batch is not None
+    per_rank = decision.global_batch // decision.trainer.optim["batch_size"]
+    replica = decision.layout.tp * decision.layout.pp
+    worlds = {n: n * node.ranks_per_node for n in range(1, part.node_limit + 1)}
+    return [n for n, w in worlds.items() if w % replica == 0 and per_rank % (w // replica) == 0]
 
 
 def archive(run: Path, script_name: str) -> int:
@@ -118,7 +128,7 @@ def main(argv: list[str]) -> int:
     checks = preflight.check(plan)
     spec = plan.spec
     size = f"{spec.nodes} node(s) x {spec.tasks_per_node} rank(s)"
-    accum = (plan.trainer or {}).get("accum_steps")
+    accum = (plan.trainer or {}).get("accum_steps")  # the plan's, for this world size
     print(f"resume {run} on {size}, accumulation {accum}")
     if plan.profile.scheduler == "slurm":
         runjobs.refuse_or_cancel(

@@ -73,9 +73,12 @@ class JobSpec:
     or when the trainer generates the data set itself: digits, synthetic)."""
     finetune_from: str | None
     """The model the finetune starts from (absolute path; may not exist yet in a pipeline)."""
-    command: tuple[str, ...]
-    """The per-rank command after the binding step (python -m vitpod.trainer DATA_DIR flags...)."""
+    module: str
+    """The entry's module (python -m MODULE): vitpod.trainer, vitpod.trainer.label, ..."""
+    args: tuple[str, ...]
+    """The entry's own argv, its parser's input (the trainer's: DATA_DIR --model M flags...)."""
     extra_args: tuple[str, ...]
+    entry: Entry = "trainer"
     requeue_exit: int = REQUEUE
     nodes_max: int | None = None
     """A node range nodes..nodes_max (profile `nodes: MIN-MAX`): Slurm picks, the job adapts."""
@@ -98,6 +101,18 @@ class JobSpec:
         return self.nodes * self.tasks_per_node
 
     @property
+    def command(self) -> tuple[str, ...]:
+        return (self.python, "-m", self.module, *self.args)
+
+    @property
+    def rank_command(self) -> tuple[str, ...]:
+        """What each rank runs after the binding step: a trainer starts from the run's plan.json
+        (`args` resolved by the planner); the other entries run `command`."""
+        if self.entry != "trainer":
+            return self.command
+        return (self.python, "-m", self.module, "--plan", str(Path(self.run_dir) / runfiles.PLAN))
+
+    @property
     def bind_path(self) -> str:
         return str(Path(self.run_dir) / "bind.sh")
 
@@ -116,14 +131,8 @@ class JobSpec:
 class Launch:
     """How each rank is started, for both the sbatch template and submitit.
 
-    Submitit use (the orchestrator):
-        launch = launch_for(spec); launch.write_bind_script()
-        SlurmExecutor(folder, python=launch.python_command)
-        executor.update_parameters(
-            srun_args=list(launch.srun_args),
-            setup=list(launch.setup_lines),
-            teardown=list(launch.teardown_lines),
-        )
+    Submitit (workflows/executor.py): SlurmExecutor(folder, python=launch.python_command) with
+    srun_args, setup and teardown from `srun_args`, `setup_lines` and `teardown_lines`.
     `srun_args` are complete single arguments (submitit and the template quote them);
     `setup_lines` are shell lines run once in the batch script before srun (environment,
     MASTER_ADDR/PORT); `teardown_lines` run right after srun (they start with `rc=$?`): the one
@@ -191,27 +200,20 @@ def build_spec(
     finetune = _finetune_source(stage, stage_recipe.finetune, entry, finetune_from)
     python = _python(profile)
     data_dir: str | None = None
+    data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
+    argv: tuple[str, ...] = ()
     if entry == "rankinfo":
-        command: tuple[str, ...] = (python, "-m", "vitpod.workflows.rankinfo")
+        module = "vitpod.workflows.rankinfo"
     elif entry == "commbench":  # collective timings for `make calibrate`; ARGS go to it
-        command = (
-            python,
-            "-m",
-            "vitpod.trainer.commbench",
-            "--out",
-            str(run_dir / COMMBENCH_OUT),
-            *extra,
-        )
+        module, argv = "vitpod.trainer.commbench", ("--out", str(run_dir / COMMBENCH_OUT), *extra)
     elif entry == "labels":  # token labels for this stage's data (workflows/labels.py)
-        data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
         generated = stage_recipe.dataset in GENERATED_DATASETS
         dataset = ["--dataset", stage_recipe.dataset] if generated else []
-        command = (python, "-m", "vitpod.trainer.label", data_path, *dataset, *extra)
+        module, argv = "vitpod.trainer.label", (data_path, *dataset, *extra)
         data_dir = None if generated else data_path
     else:
         flags = trainer_flags(profile, stage_recipe, run_dir, finetune, extra)
-        data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
-        command = (python, "-m", "vitpod.trainer", data_path, "--model", recipe.model, *flags)
+        module, argv = "vitpod.trainer", (data_path, "--model", recipe.model, *flags)
         if stage_recipe.dataset not in GENERATED_DATASETS:
             data_dir = data_path
     return JobSpec(
@@ -239,8 +241,10 @@ def build_spec(
         code_dir=str(resolve_path(profile.storage.code)),
         data_dir=data_dir,
         finetune_from=finetune,
-        command=command,
+        module=module,
+        args=tuple(argv),
         extra_args=tuple(extra),
+        entry=entry,
     )
 
 
@@ -366,7 +370,7 @@ def launch_for(spec: JobSpec) -> Launch:
         bind_script=bind,
         bind_path=spec.bind_path,
         python=spec.python,
-        argv=("bash", spec.bind_path, *spec.command),
+        argv=("bash", spec.bind_path, *spec.rank_command),
         container_env=tuple(env_names),
     )
 

@@ -13,10 +13,10 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision
 from vitpod.workflows import goodput
+from vitpod.workflows.exchange import calibration_for
 from vitpod.workflows.profile import Profile, profile_path
 from vitpod.workflows.recipe import Recipe
 from vitpod.workflows.rundir import write_json
-from vitpod.workflows.topology import calibration_for
 
 STAGE = "pretrain"
 SCRIPT_NAME = "sweep.sbatch"

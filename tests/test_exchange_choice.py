@@ -3,7 +3,7 @@
 import pytest
 
 from vitpod.analysis.fabric import DGX_A100, Fabric
-from vitpod.workflows import topology
+from vitpod.workflows import exchange
 
 VIT_S = 22_050_664 * 4  # gradient bytes of vit_small_patch16_224
 VOLO_D5 = 295_455_584 * 4
@@ -23,8 +23,8 @@ SIMPLE = Fabric(
 
 
 def decide(fabric, model, nodes, topology_flag="auto", ps_servers=None):
-    fab = topology.as_fabric(fabric)
-    return topology.choose_engine(
+    fab = exchange.as_fabric(fabric)
+    return exchange.choose_engine(
         fab, model, nodes, gpus=nodes * fab.gpus_per_node, topology=topology_flag,
         ps_servers=ps_servers,
     )  # fmt: skip
@@ -76,7 +76,7 @@ def test_topology_flag_is_kept_and_priced():
 
 def test_unknown_model():
     with pytest.raises(ValueError, match="not in the model registry"):
-        topology.grad_bytes("resnet50")
+        exchange.grad_bytes("resnet50")
 
 
 def test_fabric_from_profile_mapping():

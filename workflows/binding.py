@@ -1,4 +1,5 @@
-"""Node topology from tool output (nvidia-smi topo -m, lscpu, numactl -H) -> the binding map."""
+"""The hardware binding: node topology from tool output (nvidia-smi topo -m, lscpu, numactl -H)
+-> the per-rank CPU, NUMA and NIC binding map. Not the gradient exchange (workflows/exchange.py)."""
 
 from __future__ import annotations
 

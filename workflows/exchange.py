@@ -1,4 +1,5 @@
-"""Ring or parameter server per job: the cost model's choice from the fabric, or the flags'."""
+"""The gradient exchange, ring or parameter server, per job: the cost model's choice from the
+fabric, or the flags' (--topology). Not the hardware binding: that is workflows/binding.py."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def grad_bytes(model: str, num_classes: int = 1000, img_size: int = 224) -> int:
     try:
         return models.param_count(model, img_size, num_classes) * GRAD_BYTES_PER_PARAM
     except ValueError as exc:
-        raise ValueError(f"{exc} (the topology cost model needs its parameter count)") from None
+        raise ValueError(f"{exc} (the exchange cost model needs its parameter count)") from None
 
 
 def as_fabric(fabric: Fabric | Mapping[str, Any] | Any) -> Fabric:

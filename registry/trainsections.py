@@ -1,0 +1,87 @@
+"""plan.json's `trainer` section: the resolved TrainConfig in its flag groups, checked by type.
+
+Each section holds exactly the fields of one flag group (registry/trainconfig.py's `group`),
+and the values are validated against TrainConfig's own annotations, so a hand-edited or foreign
+plan.json is refused naming the section and key before any rank starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
+
+from vitpod.registry.trainconfig import TrainConfig
+
+NOT_PLANNED = ("config", "plan", "print_config")
+"""Flags that say where a configuration comes from or what to do with it, not what it is."""
+
+
+@cache
+def groups() -> dict[str, str]:
+    """Every planned TrainConfig field -> its flag group (data, model, precision, ...)."""
+    return {
+        f.name: f.metadata["group"]
+        for f in dataclasses.fields(TrainConfig)
+        if not f.metadata.get("derived") and f.name not in NOT_PLANNED
+    }
+
+
+@cache
+def _adapter() -> TypeAdapter[TrainConfig]:
+    return TypeAdapter(TrainConfig)
+
+
+class TrainerSettings(BaseModel):
+    """The trainer's resolved configuration, one mapping per flag group."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data: dict[str, Any]
+    model: dict[str, Any]
+    precision: dict[str, Any]
+    optim: dict[str, Any]
+    parallel: dict[str, Any]
+    run: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _typed(self) -> TrainerSettings:
+        for section, values in self.sections().items():
+            want = {name for name, group in groups().items() if group == section}
+            for key in sorted(set(values) ^ want):
+                missing = key in want
+                raise ValueError(
+                    f"{section}.{key}: {'missing' if missing else 'not a trainer setting'}"
+                )
+        try:
+            _adapter().validate_python({**self.values(), "world_size": 1})
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            key = str(err["loc"][0]) if err["loc"] else "?"
+            raise ValueError(f"{groups().get(key, '?')}.{key}: {err['msg']}") from None
+        return self
+
+    def sections(self) -> dict[str, dict[str, Any]]:
+        return {name: getattr(self, name) for name in type(self).model_fields}
+
+    def values(self) -> dict[str, Any]:
+        """Every setting by field name, as stored (JSON types: lists for tuples)."""
+        return {k: v for section in self.sections().values() for k, v in section.items()}
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> TrainerSettings:
+        """The sections of a resolved configuration."""
+        record = cfg.record()
+        sections: dict[str, dict[str, Any]] = {name: {} for name in cls.model_fields}
+        for name, group in groups().items():
+            value = record[name]
+            sections[group][name] = list(value) if isinstance(value, tuple) else value
+        return cls(**sections)
+
+    def lines(self) -> list[str]:
+        """One readable line per section, for the job script and the rank log."""
+        import json
+
+        return [f"{name}: {json.dumps(values)}" for name, values in self.sections().items()]
