@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_trainer_launch import (
+from tests.helpers import (
     last_step,
     logs,
     preempt_at,
