@@ -11,11 +11,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import yaml
 
 from tests.zygote import LOAD_TIME_ENV, ForkedRank, zygote
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import REQUEUE
+from vitpod.workflows.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 Rank = subprocess.Popen | ForkedRank
@@ -141,3 +144,28 @@ def preempted(
     preempt_at(run, step, procs, rank, timeout=timeout)
     assert wait_ranks(procs, log_dir, timeout) == [REQUEUE] * nproc, logs(log_dir)
     return last_step(run)
+
+
+def make(
+    *argv: str, runs: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`make -s ARGV` in the checkout as a user types it: a calling make's flags (`make test`)
+    left out, run directories under `runs` when given, `env` on top."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    if runs is not None:
+        base["VITPOD_RUN_ROOT"] = str(runs)
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", *argv], cwd=REPO, env={**base, **(env or {})},
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def profile_copy(tmp_path: Path, base: str = "localslurm", name: str = "", **changes: Any) -> Path:
+    """The bundled profile `base` with `changes` (a dict merges into the field's own), written
+    under tmp_path (as `name`.yaml, default `base`) for CLUSTER=FILE."""
+    data = yaml.safe_load((PROFILE_DIR / f"{base}.yaml").read_text())
+    for key, value in changes.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / f"{name or base}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from tests.fixtures_container import BUILD
-from tests.test_container_jobs import rank_logs, wait
+from tests.fixtures_slurm import wait_job
+from tests.test_container_jobs import rank_logs
 from vitpod.workflows import containerpreflight, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import PROFILE_DIR, load_profile
@@ -223,7 +224,7 @@ def test_every_rank_runs_in_the_image_pulled_by_digest_started_once_per_node(
     assert out.returncode == 0, out.stderr
     job = re.search(r"submitted batch job (\d+)", out.stdout)[1]  # type: ignore[index]
     run_dir = Path(out.stdout.strip().splitlines()[-1]).parent
-    assert wait(job, timeout=900) == "COMPLETED", (run_dir / "logs").iterdir()
+    assert wait_job(job, timeout=900) == "COMPLETED", (run_dir / "logs").iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     provenance = manifest["image"]["digest"]
     assert manifest["image"]["manifest_digest"] == pushed.rsplit("@", 1)[1]
@@ -255,7 +256,7 @@ def test_a_node_that_cannot_pull_stops_the_job_before_any_rank(pushed, registry_
         ["sbatch", "--parsable", str(script)],
         env=registry_env, capture_output=True, text=True, check=True, cwd=script.parent,
     ).stdout.strip()  # fmt: skip
-    assert wait(job, timeout=600) == "FAILED"
+    assert wait_job(job, timeout=600) == "FAILED"
     log = (script.parent / "logs" / f"sbatch-{job}-restart0.log").read_text()
     assert "vitpod: error: the container did not start on every node" in log
     assert not list((script.parent / "logs").glob("train-*"))

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tests import measured_comm
+from tests.helpers import last_step, wait_until
 from vitpod.workflows.chain import Chain, ChainError
 from vitpod.workflows.profile import PROFILE_DIR
 
@@ -26,22 +27,6 @@ def _localslurm(tmp_path: Path, data: Path) -> str:
     path = tmp_path / "localslurm.yaml"
     path.write_text(yaml.safe_dump(profile))
     return str(path)
-
-
-def _last_step(run_dir: Path) -> int:
-    path = run_dir / "metrics" / "rank0.jsonl"
-    if not path.is_file():
-        return 0
-    steps = [json.loads(x).get("step", 0) for x in path.read_text().splitlines() if '"step"' in x]
-    return max(steps, default=0)
-
-
-def _wait_until(what: str, check, timeout: float = 150) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 def _preempt(job_id: str) -> None:
@@ -71,12 +56,12 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
 
     pre = run.stages["pretrain"]
     job = pre.job_ids[0]
-    _wait_until("pretrain step 8", lambda: _last_step(pre.run_dir) >= 8)
+    wait_until("pretrain step 8", lambda: last_step(pre.run_dir) >= 8, 150, interval=0.5)
     _preempt(job)
-    first = _last_step(pre.run_dir)
+    first = last_step(pre.run_dir)
     restart1 = pre.run_dir / "logs" / f"train-{job}-restart1-rank0.log"
-    _wait_until("the first restart", restart1.is_file)
-    _wait_until("progress after the restart", lambda: _last_step(pre.run_dir) >= first + 12)
+    wait_until("the first restart", restart1.is_file, 150, interval=0.5)
+    wait_until("progress after", lambda: last_step(pre.run_dir) >= first + 12, 150, interval=0.5)
     _preempt(job)
 
     report = run.wait(timeout=240, poll_s=1)
@@ -138,11 +123,7 @@ def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_di
         # slurmctld cancels the dependent finetune (kill_invalid_depend) at its next dependency
         # check, which may come a few seconds after wait() has seen the pretrain end.
         expected = {"pretrain": "CANCELLED", "finetune": "CANCELLED"}
-        deadline = time.monotonic() + 30
-        while (shown := {s.stage: s.state for s in run.status()}) != expected:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        assert shown == expected
+        states = lambda: {s.stage: s.state for s in run.status()}  # noqa: E731
+        wait_until(f"both stages {expected}", lambda: states() == expected, 30, interval=1)
     finally:
         _restart_slurm()
