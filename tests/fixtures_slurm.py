@@ -135,3 +135,31 @@ def kill_rank(job: str, rank: int) -> int:
     pid = trainer_pid(job, rank)
     os.kill(pid, signal.SIGKILL)
     return pid
+
+
+def stop_slurmdbd() -> None:
+    """Accounting gone, as when a site's slurmdbd is down (restart_slurm brings it back)."""
+    pid = int((STATE / "run" / "slurmdbd.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    try:
+        wait_until(f"slurmdbd {pid} to exit", gone, 10)
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+
+
+def restart_slurm() -> None:
+    subprocess.run(["bash", str(UP)], check=True)
+
+
+def rank_logs(run_dir: Path, job: str, restart: int = 0) -> list[str]:
+    """The 4 ranks' logs of `job`'s start `restart` in a run directory."""
+    logs = run_dir / "logs"
+    return [(logs / f"train-{job}-restart{restart}-rank{r}.log").read_text() for r in range(4)]

@@ -160,12 +160,19 @@ def make(
     )  # fmt: skip
 
 
-def profile_copy(tmp_path: Path, base: str = "localslurm", name: str = "", **changes: Any) -> Path:
-    """The bundled profile `base` with `changes` (a dict merges into the field's own), written
-    under tmp_path (as `name`.yaml, default `base`) for CLUSTER=FILE."""
-    data = yaml.safe_load((PROFILE_DIR / f"{base}.yaml").read_text())
-    for key, value in changes.items():
-        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+def profile_copy(
+    tmp_path: Path,
+    base: str = "localslurm",
+    name: str = "",
+    data: Path | None = None,
+    **changes: Any,
+) -> Path:
+    """The bundled profile `base` with `changes` (each replaces a field) and storage.data set to
+    `data` when given, written under tmp_path (as `name`.yaml, default `base`) for CLUSTER=FILE."""
+    profile = yaml.safe_load((PROFILE_DIR / f"{base}.yaml").read_text())
+    profile.update(changes)
+    if data is not None:
+        profile["storage"] = {**profile["storage"], "data": str(data)}
     path = tmp_path / f"{name or base}.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump(profile))
     return path

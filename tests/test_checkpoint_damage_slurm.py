@@ -38,7 +38,7 @@ def _flip_one_byte(path: Path) -> None:
 def test_a_flipped_byte_in_the_newest_shard_resumes_from_the_one_before_exactly(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = profile_copy(tmp_path, storage={"data": str(digits_dir.parent)})
+    profile = profile_copy(tmp_path, data=digits_dir.parent)
     ref_job, reference = submit(tmp_path, profile, ARGS)
     job, run = submit(tmp_path, profile, ARGS)
     wait_until("two committed checkpoints", lambda: len(_committed(run)) >= 2, timeout=600)

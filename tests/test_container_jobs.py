@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.fixtures_container import unprivileged_user
-from tests.fixtures_slurm import preempted_once_python, wait_job
+from tests.fixtures_slurm import preempted_once_python, rank_logs, wait_job
 from vitpod.workflows import cli
 from vitpod.workflows.plan import plan_job
 from vitpod.workflows.profile import PROFILE_DIR
@@ -51,11 +51,6 @@ def submit(tmp_path: Path, profile: Path, entry: str = "rankinfo") -> tuple[str,
     job = re.search(r"submitted batch job (\d+)", out.stdout)
     assert job, out.stdout
     return job[1], Path(out.stdout.strip().splitlines()[-1]).parent
-
-
-def rank_logs(run_dir: Path, job: str, restart: int = 0) -> list[str]:
-    logs = run_dir / "logs"
-    return [(logs / f"train-{job}-restart{restart}-rank{r}.log").read_text() for r in range(4)]
 
 
 def srun_in_container(srun_args: list[str], command: str, **env: str) -> str:

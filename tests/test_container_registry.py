@@ -16,8 +16,7 @@ import pytest
 import yaml
 
 from tests.fixtures_container import BUILD
-from tests.fixtures_slurm import wait_job
-from tests.test_container_jobs import rank_logs
+from tests.fixtures_slurm import rank_logs, wait_job
 from vitpod.workflows import containerpreflight, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import PROFILE_DIR, load_profile

@@ -59,7 +59,7 @@ def _batch_logs(run: Path) -> str:
 def test_preempted_jobs_continue_on_another_node_count(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = profile_copy(tmp_path, storage={"data": str(digits_dir.parent)})
+    profile = profile_copy(tmp_path, data=digits_dir.parent)
     # The local nodes are shared: the reference and the stopped jobs run side by side.
     ref_job, reference = submit(tmp_path, profile, ARGS, "NODES=2")
     resumed = []

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.test_pipeline_local import TINY, _profile
+from tests.helpers import profile_copy
+from tests.test_pipeline_local import TINY
 from vitpod.workflows import follow
 from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
@@ -71,7 +72,7 @@ def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_pipeline_follow_live_view_ends_with_the_report(tmp_path, digits_dir):
-    cluster = _profile(tmp_path, storage={"data": str(digits_dir.parent)})
+    cluster = str(profile_copy(tmp_path, "local", data=digits_dir.parent))
     run = Chain(cluster, "volo_tiny", args=TINY, run_root=str(tmp_path / "runs")).submit()
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=150, color_system=None)

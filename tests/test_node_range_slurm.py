@@ -20,7 +20,7 @@ ARGS = ("-b 8 --workers 0 --loader torch --epochs 1 --max-steps 6 --log-interval
 def test_a_node_range_job_runs_on_what_slurm_gives_with_the_same_samples(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = profile_copy(tmp_path, storage={"data": str(digits_dir.parent)}, nodes="1-2")
+    profile = profile_copy(tmp_path, data=digits_dir.parent, nodes="1-2")
     drain = ["scontrol", "update", "nodename=node2", "state=drain", "reason=vitpod-test"]
     try:
         subprocess.run(drain, check=True, timeout=30)

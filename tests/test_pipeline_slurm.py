@@ -107,13 +107,13 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
 
 @pytest.mark.slurm
 def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_dir, tmp_path):
-    from tests.test_jobstate_slurm import _restart_slurm, _stop_slurmdbd
+    from tests.fixtures_slurm import restart_slurm, stop_slurmdbd
 
     cluster = _localslurm(tmp_path, digits_dir.parent)
     run = Chain(
         cluster, "volo_tiny", nodes=1, args="--epochs 50", run_root=str(tmp_path / "runs")
     ).submit()
-    _stop_slurmdbd()
+    stop_slurmdbd()
     try:
         subprocess.run(["scancel", run.stages["pretrain"].job_ids[0]], check=True)
         start = time.monotonic()
@@ -126,4 +126,4 @@ def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_di
         states = lambda: {s.stage: s.state for s in run.status()}  # noqa: E731
         wait_until(f"both stages {expected}", lambda: states() == expected, 30, interval=1)
     finally:
-        _restart_slurm()
+        restart_slurm()

@@ -118,7 +118,7 @@ def _differences(reference: Path, resumed: Path) -> dict[str, list]:
 def test_preempted_jobs_end_bit_identical_to_uninterrupted_ones(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = profile_copy(tmp_path, storage={"data": str(digits_dir.parent)})
+    profile = profile_copy(tmp_path, data=digits_dir.parent)
     jobs = {}
     for loader, (args, events) in JOBS.items():
         jobs[loader] = (

@@ -106,7 +106,7 @@ def _memory_capped_python(path: Path) -> Path:
 
 
 def _variant(tmp_path: Path, data: Path, name: str, **changes) -> Path:
-    return profile_copy(tmp_path, name=name, storage={"data": str(data)}, **changes)
+    return profile_copy(tmp_path, name=name, data=data, **changes)
 
 
 def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits_dir, tmp_path):
