@@ -13,7 +13,7 @@ from rich.console import Console
 
 from tests.helpers import profile_copy
 from tests.test_pipeline_local import TINY
-from vitpod.workflows import follow
+from vitpod.workflows import follow, slurm
 from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail
@@ -95,6 +95,9 @@ def test_a_poll_without_an_answering_squeue_keeps_following(tmp_path, monkeypatc
     shown under the rows and the view goes on with the last states instead of crashing."""
     (tmp_path / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": ["7"]}))
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    # squeue retries a missing slurm.conf for 60 s ("retrying in 1sec up to 60sec"): it is
+    # cut off at its timeout, and 2 s show that as well as the 30 of TIMEOUT_S do.
+    monkeypatch.setitem(slurm.TIMEOUT_S, "squeue", 2)
     target = follow.Target(tmp_path)
     target.poll()
     assert "squeue did not answer" in target.note and not target.ended()
