@@ -1,20 +1,13 @@
-"""The follow view without Slurm: metrics tailing and ETA, and Chain.follow() on the local
-profile (submitit's LocalExecutor, 2 gloo ranks) drawn as rich's live table on a terminal."""
+"""The follow view without Slurm: metrics tailing and ETA (Chain.follow() on the local profile,
+drawn as rich's live table, is followed in tests/test_pipeline_local.py)."""
 
 from __future__ import annotations
 
-import io
 import json
-import re
-from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from tests.helpers import profile_copy
-from tests.test_pipeline_local import TINY
 from vitpod.workflows import follow, slurm
-from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail
 
@@ -68,26 +61,6 @@ def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
     (tmp_path / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": []}))
     with pytest.raises(ConfigError, match="--interval 0.0: must be a positive number"):
         main(["--run", str(tmp_path), "--follow", "--interval", "0"])
-
-
-@pytest.mark.slow
-def test_pipeline_follow_live_view_ends_with_the_report(tmp_path, digits_dir):
-    cluster = str(profile_copy(tmp_path, "local", data=digits_dir.parent))
-    run = Chain(cluster, "volo_tiny", args=TINY, run_root=str(tmp_path / "runs")).submit()
-    out = io.StringIO()
-    console = Console(file=out, force_terminal=True, width=150, color_system=None)
-    assert run.follow(interval=0.5, console=console) == 0
-    text = out.getvalue()
-    # The live table's columns, both stages finished with all their steps, then the report.
-    for column in ("state", "jobs", "restarts", "step", "loss", "images/s", "ETA", "ckpt age"):
-        assert column in text
-    assert text.count("COMPLETED") >= 2 and "6/6" in text
-    found = re.findall(r"report: (\S+)", text)
-    assert found and Path(found[-1]) == run.directory / "report.json", text[-500:]
-    report = Path(found[-1])
-    stages = json.loads(report.read_text())["stages"]
-    assert [stages[s]["state"] for s in ("pretrain", "finetune")] == ["COMPLETED"] * 2
-    assert stages["finetune"]["steps"] == 6
 
 
 def test_a_poll_without_an_answering_squeue_keeps_following(tmp_path, monkeypatch):

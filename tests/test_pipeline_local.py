@@ -1,12 +1,16 @@
-"""The pipeline on the local profile (submitit LocalExecutor, 2 gloo ranks) and its bad input."""
+"""The pipeline on the local profile (submitit LocalExecutor, 2 gloo ranks), followed live as
+rich's table on a terminal, and its bad input."""
 
+import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from tests.helpers import profile_copy
 from vitpod.registry import runfiles
@@ -20,10 +24,38 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = "--max-steps 6 --epochs 1 --workers 0 --loader torch --log-interval 1 -b 8"
 
 
+@pytest.fixture(scope="module")
+def followed(tmp_path_factory, digits_dir) -> tuple[Chain, int, str]:
+    """One pipeline (pretrain, then finetune) followed live to its end, as on a terminal:
+    the chain, follow()'s exit status and what it drew. The tests below read it."""
+    tmp = tmp_path_factory.mktemp("pipeline")
+    cluster = str(profile_copy(tmp, "local", data=digits_dir.parent))
+    run = Chain(cluster, "volo_tiny", args=TINY, run_root=str(tmp / "runs")).submit()
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=150, color_system=None)
+    code = run.follow(interval=0.5, console=console)
+    return run, code, out.getvalue()
+
+
 @pytest.mark.slow
-def test_local_pipeline_runs_both_stages(tmp_path, digits_dir):
-    cluster = str(profile_copy(tmp_path, "local", data=digits_dir.parent))
-    run = Chain(cluster, "volo_tiny", args=TINY, run_root=str(tmp_path / "runs")).submit()
+def test_pipeline_follow_live_view_ends_with_the_report(followed):
+    run, code, text = followed
+    assert code == 0
+    # The live table's columns, both stages finished with all their steps, then the report.
+    for column in ("state", "jobs", "restarts", "step", "loss", "images/s", "ETA", "ckpt age"):
+        assert column in text
+    assert text.count("COMPLETED") >= 2 and "6/6" in text
+    found = re.findall(r"report: (\S+)", text)
+    assert found and Path(found[-1]) == run.directory / "report.json", text[-500:]
+    report = Path(found[-1])
+    stages = json.loads(report.read_text())["stages"]
+    assert [stages[s]["state"] for s in ("pretrain", "finetune")] == ["COMPLETED"] * 2
+    assert stages["finetune"]["steps"] == 6
+
+
+@pytest.mark.slow
+def test_local_pipeline_runs_both_stages(followed):
+    run = followed[0]
     report = run.wait(timeout=300, poll_s=1)
 
     pre, fin = (Path(report["stages"][s]["run_dir"]) for s in ("pretrain", "finetune"))
