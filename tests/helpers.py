@@ -23,6 +23,14 @@ from vitpod.workflows.profile import PROFILE_DIR
 REPO = Path(__file__).resolve().parents[1]
 Rank = subprocess.Popen | ForkedRank
 T = TypeVar("T")
+HOSTILE = "x$(touch $P)`touch $P`;touch $P;'q'&&touch $P|touch $P y"
+"""A path part or value that runs `touch $P` if any shell evaluates it (the injection tests)."""
+QUICK = [
+    "--model", "volo_tiny", "--img-size", "32", "-b", "16", "--workers", "0", "--loader", "torch",
+    "--epochs", "1", "--warmup-epochs", "0", "--max-steps", "1", "--checkpoint-every", "0",
+    "--no-eval", "--aa", "", "--reprob", "0",
+]  # fmt: skip
+"""Trainer flags for one step of volo_tiny at 32 px, nothing else (no eval, no checkpoint)."""
 
 
 def wait_until(what: str, check: Callable[[], T], timeout: float, interval: float = 0.1) -> T:
@@ -176,3 +184,14 @@ def profile_copy(
     path = tmp_path / f"{name or base}.yaml"
     path.write_text(yaml.safe_dump(profile))
     return path
+
+
+def hostile_profile(tmp_path: Path, base: str, **changes: Any) -> tuple[Path, Path]:
+    """A copy of a bundled profile whose every path lies under a HOSTILE directory: (the
+    profile, that directory)."""
+    root = tmp_path / f"root{HOSTILE}"
+    (root / "code").mkdir(parents=True)
+    storage = {"data": f"{root}/data", "runs": f"{root}/runs", "code": f"{root}/code"}
+    env = {"OMP_NUM_THREADS": "1", "VITPOD_HOSTILE": HOSTILE}
+    changes = {"storage": storage, "env": env, **changes}
+    return profile_copy(tmp_path, base, f"{base}-hostile", **changes), root

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_trainer_num_classes import QUICK
+from tests.helpers import QUICK
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.checks import problems
 from vitpod.trainer.config import SCHEDULES, ConfigError, TrainConfig
