@@ -26,7 +26,7 @@ REGISTRY_SH = REPO / "workflows" / "localslurm" / "registry.sh"
 DIGEST = "sha256:" + "ab" * 32
 
 
-def profile_copy(tmp_path: Path, name: str = "lr.yaml", **container: object) -> Path:
+def registry_profile(tmp_path: Path, name: str = "lr.yaml", **container: object) -> Path:
     data = yaml.safe_load((PROFILE_DIR / "localregistry.yaml").read_text())
     data["container"].update(container)
     path = tmp_path / name
@@ -193,7 +193,7 @@ def test_bad_registry_input_is_refused_before_anything_queues(pushed, registry_e
         image = pushed.rsplit("@", 1)[0] + "@" + DIGEST
     else:
         image = pushed.replace(":15000", ":1")
-    profile = profile_copy(tmp_path, image=image)
+    profile = registry_profile(tmp_path, image=image)
     out = workflows(["submit", "--cluster", str(profile)], env, tmp_path)
     want = {"password": "(HTTP 401)", "digest": "(HTTP 404)", "registry": "is unreachable"}[bad]
     assert out.returncode == 2 and want in out.stderr, out.stderr
@@ -218,7 +218,7 @@ def password_anywhere(root: Path, env: dict[str, str]) -> list[Path]:
 def test_every_rank_runs_in_the_image_pulled_by_digest_started_once_per_node(
     pushed, registry_env, tmp_path
 ):
-    profile = profile_copy(tmp_path, image=pushed)
+    profile = registry_profile(tmp_path, image=pushed)
     out = workflows(["submit", "--cluster", str(profile)], registry_env, tmp_path)
     assert out.returncode == 0, out.stderr
     job = re.search(r"submitted batch job (\d+)", out.stdout)[1]  # type: ignore[index]
@@ -248,7 +248,7 @@ def test_every_rank_runs_in_the_image_pulled_by_digest_started_once_per_node(
 @pytest.mark.slow
 def test_a_node_that_cannot_pull_stops_the_job_before_any_rank(pushed, registry_env, tmp_path):
     """Only the node can tell (preflight skipped: `render`, then sbatch): one line, no rank."""
-    profile = profile_copy(tmp_path, image=pushed.rsplit("@", 1)[0] + "@" + DIGEST)
+    profile = registry_profile(tmp_path, image=pushed.rsplit("@", 1)[0] + "@" + DIGEST)
     out = workflows(["render", "--cluster", str(profile)], registry_env, tmp_path)
     script = Path(out.stdout.strip().splitlines()[-1])
     job = subprocess.run(
