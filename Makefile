@@ -65,7 +65,7 @@ WF := $(PY) -m vitpod.workflows
 FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 # OFFLINE=1: render/preflight without asking Slurm (a submission refuses it).
 OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
-# DRY_RUN=1: pretrain, finetune, pipeline, token-labels print the scripts, write and submit nothing.
+# DRY_RUN=1: pretrain, finetune, pipeline, token-labels, scaling, calibrate print the scripts, write and submit nothing.
 DRY_FLAG = $(if $(filter-out 0,$(DRY_RUN)),--dry-run)
 # make list filters by CLUSTER only when it is given (its default, local, would hide the rest).
 LIST_CLUSTER = $(if $(filter command line environment,$(origin CLUSTER)),--cluster "$$CLUSTER")
@@ -87,7 +87,7 @@ FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; m
 
 help:
 	@echo "targets: setup test lint render preflight pretrain finetune resume pipeline demo status list cancel clean-runs scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too)"
+	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too)"
 
 setup:
 	bash scripts/setup.sh
@@ -153,7 +153,7 @@ token-labels:
 	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS" $(SLURM_ARGS) $(DRY_FLAG)
 
 scaling:
-	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(SLURM_ARGS) $(FOLLOW_FLAG)
+	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(SLURM_ARGS) $(FOLLOW_FLAG) $(DRY_FLAG)
 
 report:
 	$(PY) -m vitpod.analysis report "$$STUDY"
@@ -161,7 +161,7 @@ report:
 # Time collectives on the partition's nodes, fit latency/bandwidth, store <profile>.calibration.json
 # (ARGS: trainer.commbench flags, e.g. ARGS="--sizes '4K 1M 16M' --iters 20").
 calibrate:
-	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES" --args="$$ARGS" $(SLURM_ARGS)
+	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES" --args="$$ARGS" $(SLURM_ARGS) $(DRY_FLAG)
 
 # Discover a site: Slurm's partitions and nodes, one probe job per node type -> a new profile
 # (never overwrites). ARGS: more flags, e.g. ARGS="--base localslurm --storage-hca mlx5_4,mlx5_5",

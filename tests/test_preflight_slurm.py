@@ -157,3 +157,24 @@ def test_run_root_floor(tmp_path):
     with pytest.raises(ConfigError, match="below"):
         preflight.check_run_root(tmp_path / "runs", need=1 << 60)
     assert "writable" in preflight.check_run_root(tmp_path / "runs")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["scaling", "--model", "volo_tiny", "--gpus", "1 2"], ["calibrate"]],
+    ids=["scaling", "calibrate"],
+)
+def test_dry_run_of_a_sweep_or_calibration_preflights_prints_and_writes_nothing(
+    local_slurm, tmp_path, capsys, argv
+):
+    from vitpod.workflows import cli
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    assert cli.main([*argv, "--cluster", "localslurm", "--run-root", str(root), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert list(root.iterdir()) == []
+    assert "#SBATCH --partition=" in out and "nothing written or submitted" in out
+    after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    assert set(after.split()) <= set(queued.split())  # no job submitted

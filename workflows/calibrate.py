@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="", help="message sizes, e.g. '4K 64K 1M 16M'")
     p.add_argument("--iters", default="", help="timed calls per size (default 10)")
     p.add_argument("--out", default="", help="where to store the fit (default: beside the profile)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="preflight the benchmark job, print its script; write nothing",
+    )
     sbatchopts.add_flags(p)
     return p
 
@@ -130,6 +135,14 @@ def run(ns: argparse.Namespace) -> Path:
 
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
+    if ns.dry_run:
+        plan, out = prepare(ns)
+        for line in preflight.check(plan, render_hint="(calibration needs a Slurm login node)"):
+            print(f"ok: {line}")
+        print(f"# dry run: would write {plan.script_path}, submit it and store the fit at {out}; "
+              "nothing written or submitted")  # fmt: skip
+        print(plan.script, end="" if plan.script.endswith("\n") else "\n")
+        return 0
     try:
         path = run(ns)
     except (RuntimeError, fitting.CalibrationError) as exc:

@@ -134,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study-dir", default="", help="new directory for the study")
     p.add_argument("--concurrent", default="1", help="array tasks running at once (%%N)")
     p.add_argument("--render-only", action="store_true", help="write the study, do not submit")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="preflight every point, print the array script; write nothing",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the array, then the report")
     p.add_argument("--follow", action="store_true", help="live view until the report exists")
     p.add_argument("--interval", type=float, default=None, help="seconds between --follow polls")
@@ -270,6 +275,12 @@ def main(argv: list[str]) -> int:
         hint = f"python -m vitpod.workflows scaling --cluster {ns.cluster} ... --render-only"
         for plan in sweep.plans:
             preflight.check(plan, render_hint=hint)
+    if ns.dry_run:
+        print(f"# dry run: would write {sweep.study_dir} and submit this array "
+              f"({len(sweep.points)} points) and its report job; "
+              "nothing written or submitted")  # fmt: skip
+        print(sweep.script, end="" if sweep.script.endswith("\n") else "\n")
+        return 0
     script = materialize(sweep)
     print(f"study directory: {sweep.study_dir}")
     if ns.render_only:
