@@ -6,12 +6,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests import measured_comm
-from tests.helpers import last_step, wait_until
+from tests.helpers import last_step, profile_copy, wait_until
 from vitpod.workflows.chain import Chain, ChainError
-from vitpod.workflows.profile import PROFILE_DIR
 
 # Augmentation that draws no random numbers (kept simple; both loaders now resume exactly with
 # random crops on too: tests/test_resume_slurm.py).
@@ -19,14 +17,6 @@ COMMON = "--workers 0 --loader torch -b 16 --seed 3 --log-interval 10"
 COMMON += " --aa rand-n0-m0 --reprob 0 --hflip 0 --scale 1 1"
 PRETRAIN = "--epochs 3 --warmup-epochs 0 --checkpoint-every 0"
 FINETUNE = "--max-steps 4 --epochs 1"
-
-
-def _localslurm(tmp_path: Path, data: Path) -> str:
-    profile = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
-    profile["storage"] = {**profile["storage"], "data": str(data)}
-    path = tmp_path / "localslurm.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    return str(path)
 
 
 def _preempt(job_id: str) -> None:
@@ -48,7 +38,7 @@ def _sacct_times(job_ids: list[str]) -> dict[str, tuple[str, str]]:
 @pytest.mark.slow
 def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_path):
     torch = pytest.importorskip("torch")
-    cluster = _localslurm(tmp_path, digits_dir.parent)
+    cluster = str(profile_copy(tmp_path, data=digits_dir.parent))
     common = dict(nodes=1, args=COMMON, pretrain_args=PRETRAIN, run_root=str(tmp_path / "runs"))
     run = Chain(cluster, "volo_tiny", finetune_args=FINETUNE, **common).submit()
     # The same pretrain, never interrupted, side by side: the reference for exactness.
@@ -109,7 +99,7 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
 def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_dir, tmp_path):
     from tests.fixtures_slurm import restart_slurm, stop_slurmdbd
 
-    cluster = _localslurm(tmp_path, digits_dir.parent)
+    cluster = str(profile_copy(tmp_path, data=digits_dir.parent))
     run = Chain(
         cluster, "volo_tiny", nodes=1, args="--epochs 50", run_root=str(tmp_path / "runs")
     ).submit()
