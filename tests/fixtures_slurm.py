@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, make, wait_until
+
 UP = REPO / "workflows" / "localslurm" / "up.sh"
 STATE = Path(os.environ.get("VITPOD_SLURM_STATE", REPO / ".slurm"))
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
@@ -24,27 +26,34 @@ class LocalSlurm:
     conf: Path
     state: Path
 
-    def sacct_state(self, job_id: str) -> str | None:
-        """The job's state in accounting ('COMPLETED', ...), or None if not recorded yet."""
-        out = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        lines = out.stdout.split()
-        return lines[0].split()[0] if out.returncode == 0 and lines else None
-
     def wait(self, job_id: str, timeout: float = 120) -> str:
-        """Poll until the job has finished (per sacct); returns its final state."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            state = self.sacct_state(job_id)
-            if state in FINISHED:
-                return state
-            time.sleep(1)
+        return wait_job(job_id, timeout)
+
+
+def sacct_state(job_id: str) -> str | None:
+    """The job's state in accounting ('COMPLETED', ...), or None if not recorded yet (or if
+    sacct did not answer within a minute: a loaded machine)."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
+    lines = out.stdout.split()
+    return lines[0].split()[0] if out.returncode == 0 and lines else None
+
+
+def wait_job(job_id: str, timeout: float) -> str:
+    """The job's final state per sacct, polled; cancelled, and the test failed, after `timeout`."""
+
+    def finished() -> str | None:
+        state = sacct_state(job_id)
+        return state if state in FINISHED else None
+
+    try:
+        return wait_until(f"job {job_id} to finish", finished, timeout, interval=1)
+    except AssertionError:
         subprocess.run(["scancel", job_id], check=False)
-        raise TimeoutError(f"job {job_id} not finished after {timeout} s (last: {state})")
+        raise
 
 
 @pytest.fixture(scope="session")
@@ -103,12 +112,57 @@ def wait_usable(node: str, timeout: float = 60) -> None:
     """After a resume the node answers again within seconds ('idle*' until then)."""
     from vitpod.workflows.partitions import partition_info
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def usable() -> bool:
         info = partition_info("pretrain")
-        if info is not None and all(n.usable for n in info.nodes if n.name == node):
-            return
-        time.sleep(0.5)
+        return info is not None and all(n.usable for n in info.nodes if n.name == node)
+
+    wait_until(f"{node} usable", usable, timeout, 0.5)
+
+
+def submit(tmp_path: Path, profile: Path, args: str, *variables: str) -> tuple[str, Path]:
+    """`make pretrain` of volo_tiny with trainer ARGS on `profile`, run directories under
+    tmp_path/runs: (job id, run directory)."""
+    out = make("pretrain", f"CLUSTER={profile}", "MODEL=volo_tiny", f"ARGS={args}", *variables,
+               runs=tmp_path / "runs", timeout=180)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = re.search(r"submitted batch job (\d+)", out.stdout)
+    assert job, out.stdout
+    return job[1], Path(out.stdout.strip().splitlines()[-1]).parent
+
+
+def kill_rank(job: str, rank: int) -> int:
+    """SIGKILL the trainer process of `rank` of `job` (all nodes are this host)."""
+    pid = trainer_pid(job, rank)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def stop_slurmdbd() -> None:
+    """Accounting gone, as when a site's slurmdbd is down (restart_slurm brings it back)."""
+    pid = int((STATE / "run" / "slurmdbd.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    try:
+        wait_until(f"slurmdbd {pid} to exit", gone, 10)
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+
+
+def restart_slurm() -> None:
+    subprocess.run(["bash", str(UP)], check=True)
+
+
+def rank_logs(run_dir: Path, job: str, restart: int = 0) -> list[str]:
+    """The 4 ranks' logs of `job`'s start `restart` in a run directory."""
+    logs = run_dir / "logs"
+    return [(logs / f"train-{job}-restart{restart}-rank{r}.log").read_text() for r in range(4)]
 
 
 CLUSTER2 = REPO / "workflows" / "localslurm" / "cluster2.sh"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from tests.helpers import wait_until
 from vitpod.trainer.exitcodes import REQUEUE
 
 # The task runs _run_forwarding_signals with its log on a FIFO: opening it blocks (handlers
@@ -47,10 +48,7 @@ def test_signal_before_the_trainer_starts_requeues_without_starting_it(tmp_path)
 def test_signal_that_kills_a_starting_trainer_counts_as_preemption(tmp_path):
     log = tmp_path / "train.log"
     task = _task(log)  # the child installs no handler: USR2 kills it, as during its imports
-    deadline = time.monotonic() + 30
-    while "started" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, "the child did not start"
-        time.sleep(0.1)
+    wait_until("the child to start", lambda: log.exists() and "started" in log.read_text(), 30)
     task.send_signal(signal.SIGUSR2)
     assert task.wait(timeout=30) == REQUEUE
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures_slurm import queue_state
-from tests.test_resume_slurm import REPO, _last_step, _make_env, _profile, _submit, _wait_until
+from tests.fixtures_slurm import queue_state, submit
+from tests.helpers import last_step, make, profile_copy, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ARGS = (
@@ -38,21 +38,19 @@ def _flip_one_byte(path: Path) -> None:
 def test_a_flipped_byte_in_the_newest_shard_resumes_from_the_one_before_exactly(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = _profile(tmp_path, digits_dir.parent)
-    ref_job, reference = _submit(tmp_path, profile, ARGS)
-    job, run = _submit(tmp_path, profile, ARGS)
-    _wait_until("two committed checkpoints", lambda: len(_committed(run)) >= 2, timeout=600)
-    _wait_until("a step past them", lambda: _last_step(run) >= 7, timeout=600)
+    profile = profile_copy(tmp_path, data=digits_dir.parent)
+    ref_job, reference = submit(tmp_path, profile, ARGS)
+    job, run = submit(tmp_path, profile, ARGS)
+    wait_until("two committed checkpoints", lambda: len(_committed(run)) >= 2, timeout=600)
+    wait_until("a step past them", lambda: last_step(run) >= 7, timeout=600)
     subprocess.run(["scancel", "--signal=KILL", "--full", job], check=True)
     assert local_slurm.wait(job, timeout=300) in ("FAILED", "CANCELLED")
-    _wait_until("the killed job to leave the queue", lambda: queue_state(job) == "", timeout=120)
+    wait_until("the killed job to leave the queue", lambda: queue_state(job) == "", timeout=120)
     newest = _committed(run)[-1]
     shard = max((newest / "dcp").glob("*.distcp"), key=lambda p: p.stat().st_size)
     _flip_one_byte(shard)
 
-    out = subprocess.run(["make", "-s", "resume", f"RUN={run}"], cwd=REPO,
-                         env=_make_env(tmp_path), capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    out = make("resume", f"RUN={run}", runs=tmp_path / "runs", timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     resumed_job = out.stdout.split("submitted batch job ")[-1].split()[0]
     assert local_slurm.wait(resumed_job, timeout=900) == "COMPLETED"

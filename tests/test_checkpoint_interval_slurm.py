@@ -8,24 +8,17 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
 from vitpod.registry import runfiles
 from vitpod.workflows.interruptions import partition_history
 
 pytestmark = [pytest.mark.slurm]
 REPO = Path(__file__).resolve().parents[1]
 JOBS = 2
-
-
-def _wait(what: str, done, timeout: float = 40.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
 
 
 def _states(job: str) -> list[str]:
@@ -51,11 +44,11 @@ def test_auto_interval_from_the_partitions_requeue_history(local_slurm, tmp_path
             )  # fmt: skip
             jobs.append(out.stdout.strip().split(";")[0])
         for job in jobs:
-            _wait(f"job {job} to run", lambda job=job: _queue_state(job) == "RUNNING")
+            wait_until(f"job {job} to run", lambda job=job: _queue_state(job) == "RUNNING", 40, 0.5)
             subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
         for job in jobs:
-            _wait(f"sacct to list job {job}'s requeued start",
-                  lambda job=job: "REQUEUED" in _states(job))  # fmt: skip
+            wait_until(f"sacct to list job {job}'s requeued start",
+                       lambda job=job: "REQUEUED" in _states(job), 40, 0.5)  # fmt: skip
     finally:
         if jobs:
             subprocess.run(["scancel", *jobs], check=False, timeout=30)

@@ -10,14 +10,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.fixtures_container import unprivileged_user
-from tests.fixtures_slurm import FINISHED, preempted_once_python
+from tests.fixtures_slurm import preempted_once_python, rank_logs, wait_job
 from vitpod.workflows import cli
 from vitpod.workflows.plan import plan_job
 from vitpod.workflows.profile import PROFILE_DIR
@@ -54,32 +53,6 @@ def submit(tmp_path: Path, profile: Path, entry: str = "rankinfo") -> tuple[str,
     return job[1], Path(out.stdout.strip().splitlines()[-1]).parent
 
 
-def rank_logs(run_dir: Path, job: str, restart: int = 0) -> list[str]:
-    logs = run_dir / "logs"
-    return [(logs / f"train-{job}-restart{restart}-rank{r}.log").read_text() for r in range(4)]
-
-
-def wait(job: str, timeout: float) -> str:
-    """The job's final state per sacct; a slow answer (a loaded machine) is polled again."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            out = subprocess.run(
-                ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            ).stdout.split()
-        except subprocess.TimeoutExpired:
-            out = []
-        state = out[0] if out else None
-        if state in FINISHED:
-            return state
-        time.sleep(2)
-    subprocess.run(["scancel", job], check=False)
-    raise TimeoutError(f"job {job} not finished after {timeout} s")
-
-
 def srun_in_container(srun_args: list[str], command: str, **env: str) -> str:
     """One task on one node with `srun_args`, running `command` in bash; its stdout."""
     out = subprocess.run(
@@ -105,7 +78,7 @@ def test_every_rank_runs_in_the_image_and_logs_its_digest(pyxis_image, tmp_path)
     job, run_dir = submit(tmp_path, profile)
     assert pyxis_image.path.is_file() and not Path("/etc/vitpod-image.json").exists()
     assert pyxis_image  # the image exists; the host has no provenance file: only the image does
-    assert wait(job, timeout=400) == "COMPLETED"
+    assert wait_job(job, timeout=400) == "COMPLETED"
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["image"]["digest"] == pyxis_image.digest
     assert manifest["image"]["path"] == str(pyxis_image.path)
@@ -171,7 +144,7 @@ def test_requeue_after_preemption_starts_a_fresh_container(pyxis_image, tmp_path
     )
     profile, _ = localpyxis_copy(tmp_path, python=str(python))
     job, run_dir = submit(tmp_path, profile, entry="rankinfo")
-    assert wait(job, timeout=600) == "COMPLETED"
+    assert wait_job(job, timeout=600) == "COMPLETED"
     first = (run_dir / "logs" / f"sbatch-{job}-restart0.log").read_text()
     assert f"requeueing job {job}" in first
     for log in rank_logs(run_dir, job, restart=1):
@@ -196,7 +169,7 @@ def test_an_unprivileged_user_runs_a_container(pyxis_image):
         cwd=shared,
         check=True,
     ).stdout.strip()
-    state = wait(job, timeout=300)
+    state = wait_job(job, timeout=300)
     lines = out_file.read_text() if out_file.exists() else ""
     shutil.rmtree(shared, ignore_errors=True)
     assert state == "COMPLETED", lines
@@ -216,7 +189,7 @@ def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
         run_root=str(tmp_path / "runs"),
     ).submit()
     record = run.stages["pretrain"]
-    assert wait(record.job_ids[0], timeout=400) == "COMPLETED"
+    assert wait_job(record.job_ids[0], timeout=400) == "COMPLETED"
     outs = sorted((record.run_dir / "submitit").glob("*_log.out"))
     assert len(outs) == 4
     for out in outs:
@@ -235,7 +208,7 @@ def test_the_python_api_starts_the_container_once_per_node(pyxis_image, tmp_path
                 run_root=str(tmp_path / "runs")).submit()  # fmt: skip
     record = run.stages["pretrain"]
     job = record.job_ids[0]
-    assert wait(job, timeout=600) == "COMPLETED", list((record.run_dir / "submitit").iterdir())
+    assert wait_job(job, timeout=600) == "COMPLETED", list((record.run_dir / "submitit").iterdir())
     start = json.loads((record.run_dir / "container_start.json").read_text())
     assert sorted(start["nodes"]) == ["node1", "node2"]
     assert all(0 < n["warm_s"] < n["cold_s"] for n in start["nodes"].values())

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.fixtures_container import BUILD
-from tests.test_container_jobs import rank_logs, wait
+from tests.fixtures_slurm import rank_logs, wait_job
 from vitpod.workflows import containerpreflight, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.profile import PROFILE_DIR, load_profile
@@ -26,7 +26,7 @@ REGISTRY_SH = REPO / "workflows" / "localslurm" / "registry.sh"
 DIGEST = "sha256:" + "ab" * 32
 
 
-def profile_copy(tmp_path: Path, name: str = "lr.yaml", **container: object) -> Path:
+def registry_profile(tmp_path: Path, name: str = "lr.yaml", **container: object) -> Path:
     data = yaml.safe_load((PROFILE_DIR / "localregistry.yaml").read_text())
     data["container"].update(container)
     path = tmp_path / name
@@ -193,7 +193,7 @@ def test_bad_registry_input_is_refused_before_anything_queues(pushed, registry_e
         image = pushed.rsplit("@", 1)[0] + "@" + DIGEST
     else:
         image = pushed.replace(":15000", ":1")
-    profile = profile_copy(tmp_path, image=image)
+    profile = registry_profile(tmp_path, image=image)
     out = workflows(["submit", "--cluster", str(profile)], env, tmp_path)
     want = {"password": "(HTTP 401)", "digest": "(HTTP 404)", "registry": "is unreachable"}[bad]
     assert out.returncode == 2 and want in out.stderr, out.stderr
@@ -218,12 +218,12 @@ def password_anywhere(root: Path, env: dict[str, str]) -> list[Path]:
 def test_every_rank_runs_in_the_image_pulled_by_digest_started_once_per_node(
     pushed, registry_env, tmp_path
 ):
-    profile = profile_copy(tmp_path, image=pushed)
+    profile = registry_profile(tmp_path, image=pushed)
     out = workflows(["submit", "--cluster", str(profile)], registry_env, tmp_path)
     assert out.returncode == 0, out.stderr
     job = re.search(r"submitted batch job (\d+)", out.stdout)[1]  # type: ignore[index]
     run_dir = Path(out.stdout.strip().splitlines()[-1]).parent
-    assert wait(job, timeout=900) == "COMPLETED", (run_dir / "logs").iterdir()
+    assert wait_job(job, timeout=900) == "COMPLETED", (run_dir / "logs").iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     provenance = manifest["image"]["digest"]
     assert manifest["image"]["manifest_digest"] == pushed.rsplit("@", 1)[1]
@@ -248,14 +248,14 @@ def test_every_rank_runs_in_the_image_pulled_by_digest_started_once_per_node(
 @pytest.mark.slow
 def test_a_node_that_cannot_pull_stops_the_job_before_any_rank(pushed, registry_env, tmp_path):
     """Only the node can tell (preflight skipped: `render`, then sbatch): one line, no rank."""
-    profile = profile_copy(tmp_path, image=pushed.rsplit("@", 1)[0] + "@" + DIGEST)
+    profile = registry_profile(tmp_path, image=pushed.rsplit("@", 1)[0] + "@" + DIGEST)
     out = workflows(["render", "--cluster", str(profile)], registry_env, tmp_path)
     script = Path(out.stdout.strip().splitlines()[-1])
     job = subprocess.run(
         ["sbatch", "--parsable", str(script)],
         env=registry_env, capture_output=True, text=True, check=True, cwd=script.parent,
     ).stdout.strip()  # fmt: skip
-    assert wait(job, timeout=600) == "FAILED"
+    assert wait_job(job, timeout=600) == "FAILED"
     log = (script.parent / "logs" / f"sbatch-{job}-restart0.log").read_text()
     assert "vitpod: error: the container did not start on every node" in log
     assert not list((script.parent / "logs").glob("train-*"))

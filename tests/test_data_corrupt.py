@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_trainer_launch import logs, run_ranks
+from tests.helpers import logs, run_ranks
 from vitpod.trainer.data import CorruptImageError, DataConfig, create_loader
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import REPO, wait_usable
+from tests.helpers import make
 from vitpod.analysis import calibrate as fitting
 from vitpod.workflows.doctor import image_check, read_records, record_lines, volatile_uncorrectable
 from vitpod.workflows.doctor_allreduce import verdict
@@ -22,11 +23,6 @@ from vitpod.workflows.profile import PROFILE_DIR
 # Each "node" reads its own enroot cache path: the doctor expands ${SLURMD_NODENAME} as enroot
 # expands variables in its configuration.
 CACHE = "ENROOT_CACHE_PATH"
-
-
-def make(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-s", *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})  # fmt: skip
 
 
 def scontrol(*argv: str) -> None:

@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_elastic_resume import step_records
-from tests.test_trainer_launch import logs, preempt_at, run_ranks, start_ranks, wait_ranks
+from tests.helpers import launch_logs, logs, preempted, step_records, train
 from vitpod.trainer import ds_universal
 from vitpod.trainer.checkpoint import Checkpointer, ResumeError
 from vitpod.trainer.elastic import Resize
-from vitpod.trainer.exitcodes import OK, REQUEUE
 
 pytest.importorskip("deepspeed")
 
@@ -42,14 +40,6 @@ RESUME_TOLERANCE = 1e-6
 PARAM_TOLERANCE = 1e-6  # max |difference| of any final weight
 
 
-def train(data: Path, tmp: Path, name: str, ranks: int, stage: int) -> Path:
-    run = tmp / name
-    args = [str(data), *ARGS, "--zero-stage", str(stage), "--output", str(run)]
-    codes = run_ranks(ranks, args, tmp / f"{name}.log", timeout=600)
-    assert codes == [OK] * ranks, logs(tmp / f"{name}.log")
-    return run
-
-
 def max_param_diff(a: Path, b: Path) -> float:
     want = torch.load(a / "final" / "model.pt", weights_only=True)
     got = torch.load(b / "final" / "model.pt", weights_only=True)
@@ -64,16 +54,13 @@ def max_param_diff(a: Path, b: Path) -> float:
 def test_preempted_zero_run_continues_on_another_world_size(
     digits_dir: Path, tmp_path: Path, stage: int, before: int, after: int
 ) -> None:
-    straight = train(digits_dir, tmp_path, "straight", before, stage)
+    args = [str(digits_dir), *ARGS, "--zero-stage", str(stage)]
+    straight = train(before, tmp_path / "straight", args, timeout=600)
     stopped = tmp_path / "stopped"
-    args = [str(digits_dir), *ARGS, "--zero-stage", str(stage), "--output", str(stopped)]
-    procs = start_ranks(before, args, tmp_path / "l1")
     at = random.Random(stage * 10 + before).randrange(3, 8)
-    preempt_at(stopped, at, procs, rank=-1, timeout=300)  # the last rank
-    assert wait_ranks(procs, tmp_path / "l1", 600) == [REQUEUE] * before, logs(tmp_path / "l1")
-    stopped_at = max(step_records(stopped))
-    resumed = train(digits_dir, tmp_path, "stopped", after, stage)
-    assert f"step {stopped_at}, epoch 0" in logs(tmp_path / "stopped.log")
+    stopped_at = preempted(before, stopped, args, at, rank=-1, timeout=600)  # the last rank
+    resumed = train(after, stopped, args, timeout=600)
+    assert f"step {stopped_at}, epoch 0" in logs(launch_logs(resumed))
     step_dir = Checkpointer(stopped / "checkpoints", 0, after).step_dir(stopped_at)
     assert (step_dir / ds_universal.UNIVERSAL / "zero").is_dir()  # converted once, kept
 

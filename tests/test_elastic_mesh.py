@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_elastic_resume import step_records, train
-from tests.test_trainer_launch import logs, preempt_at, start_ranks, wait_ranks
-from vitpod.trainer.exitcodes import REQUEUE
+from tests.helpers import preempted, step_records, train
 from vitpod.workflows.runsizes import world_sizes
 
 # vit_micro on digits at 32 px, global batch 96 = dp x -b x accumulation (4 x 8 x 3, 3 x 8 x 4,
@@ -59,15 +57,12 @@ def test_preempted_run_continues_on_another_mesh(
 ) -> None:
     before, after, flags = CASES[case]
     args = [*ARGS, *flags]
-    straight = train(digits_dir, tmp_path, "straight", after, args)
+    straight = train(after, tmp_path / "straight", [str(digits_dir), *args])
     stopped = tmp_path / "stopped"
     signal_at = random.Random(case).randrange(3, 12)  # mid-epoch 0, seeded per case
-    procs = start_ranks(before, [str(digits_dir), *args, "--output", str(stopped)], tmp_path / "l1")
-    preempt_at(stopped, signal_at, procs, rank=1)
-    assert wait_ranks(procs, tmp_path / "l1", 900) == [REQUEUE] * before, logs(tmp_path / "l1")
-    stopped_at = max(step_records(stopped))
+    stopped_at = preempted(before, stopped, [str(digits_dir), *args], signal_at, rank=1)
     assert stopped_at < 14  # mid-epoch 0: the loader position, not an epoch end, carries over
-    resumed = train(digits_dir, tmp_path, "stopped", after, args)
+    resumed = train(after, stopped, [str(digits_dir), *args])
     assert resize_records(resumed) == [
         {"kind": "resize", "step": stopped_at, "from": mesh(before, flags),
          "to": mesh(after, flags), "world_size": after}

@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_trainer_launch import logs, preempt_at, run_ranks, start_ranks, wait_ranks
+from tests.helpers import launch_logs, preempted, step_records, train
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
 from vitpod.trainer.data.sharding import epoch_order, rank_batches
 from vitpod.trainer.elastic import ElasticError, accumulation_for
-from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.workflows.runsizes import world_sizes
 
 # volo_tiny on digits (1433 train images) at 32 px, global batch 32 = 4 ranks x 8 x 1 or
@@ -73,35 +72,17 @@ def test_a_global_batch_that_does_not_split_names_the_sizes_that_do() -> None:
     assert (resolve(cfg).accum_steps, cfg.global_batch_size) == (2, 32)
 
 
-def step_records(run: Path, rank: int = 0) -> dict[int, dict]:
-    lines = (run / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    return {r["step"]: r for r in records if r["kind"] == "step"}  # the resumed run's win
-
-
-def train(data: Path, tmp: Path, name: str, ranks: int, flags: list[str] = ARGS) -> Path:
-    run = tmp / name
-    args = [str(data), *flags, "--output", str(run)]
-    codes = run_ranks(ranks, args, tmp / f"{name}.log", timeout=900)
-    assert codes == [OK] * ranks, logs(tmp / f"{name}.log")
-    return run
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("before,after", [(4, 2), (2, 4)])
 def test_preempted_run_continues_on_another_world_size(
     digits_dir: Path, tmp_path: Path, before: int, after: int
 ) -> None:
-    straight = train(digits_dir, tmp_path, "straight", after)
+    straight = train(after, tmp_path / "straight", [str(digits_dir), *ARGS])
     stopped = tmp_path / "stopped"
     signal_at = random.Random(before).randrange(5, 40)  # mid-epoch 0, a different step per case
-    args = [str(digits_dir), *ARGS, "--output", str(stopped)]
-    procs = start_ranks(before, args, tmp_path / "l1")
-    preempt_at(stopped, signal_at, procs, rank=1)
-    assert wait_ranks(procs, tmp_path / "l1", 900) == [REQUEUE] * before, logs(tmp_path / "l1")
-    stopped_at = max(step_records(stopped))
-    resumed = train(digits_dir, tmp_path, "stopped", after)
-    assert "resumed from" in "".join(p.read_text() for p in (tmp_path / "stopped.log").iterdir())
+    stopped_at = preempted(before, stopped, [str(digits_dir), *ARGS], signal_at, rank=1)
+    resumed = train(after, stopped, [str(digits_dir), *ARGS])
+    assert "resumed from" in "".join(p.read_text() for p in launch_logs(resumed).iterdir())
 
     a, b = step_records(straight), step_records(resumed)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_slurm import queue_state
+from tests.fixtures_slurm import queue_state, submit
+from tests.helpers import last_step, make, profile_copy, wait_until
 from tests.test_elastic_resume import LOSS_TOLERANCE, TOP1_TOLERANCE
-from tests.test_resume_slurm import REPO, _last_step, _make_env, _profile, _wait_until
+from vitpod.registry import runfiles
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # Global batch 32 = 4 ranks x 8 x 1 = 2 ranks x 8 x 2; one epoch of 45 steps on digits.
@@ -25,34 +26,16 @@ ARGS = (
 STEPS = 45
 
 
-def _make(tmp_path: Path, *args: str) -> str:
-    out = subprocess.run(
-        ["make", "-s", *args], cwd=REPO, env=_make_env(tmp_path), capture_output=True,
-        text=True, timeout=180,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
-
-
-def _submit(tmp_path: Path, profile: Path, nodes: int) -> tuple[str, Path]:
-    out = _make(tmp_path, "pretrain", f"CLUSTER={profile}", "MODEL=volo_tiny", f"NODES={nodes}",
-                f"ARGS={ARGS}")  # fmt: skip
-    job = re.search(r"submitted batch job (\d+)", out)
-    assert job, out
-    return job[1], Path(out.strip().splitlines()[-1]).parent
-
-
 def _steps(run: Path) -> dict[int, dict]:
     """step -> rank 0's record (the resumed job's where a step was logged twice); every rank
     must log the same sample digest for a step."""
     out: dict[int, dict] = {}
     digests: dict[int, set[str]] = {}
-    for path in sorted((run / "metrics").glob("rank*.jsonl")):
-        for record in map(json.loads, path.read_text().splitlines()):
-            if record["kind"] == "step":
-                digests.setdefault(record["step"], set()).add(record["sample_digest"])
-                if record["rank"] == 0:
-                    out[record["step"]] = record
+    for record in runfiles.read_metrics(run):
+        if record["kind"] == "step":
+            digests.setdefault(record["step"], set()).add(record["sample_digest"])
+            if record["rank"] == 0:
+                out[record["step"]] = record
     assert all(len(d) == 1 for d in digests.values()), "ranks disagree on a step's samples"
     return out
 
@@ -60,12 +43,12 @@ def _steps(run: Path) -> dict[int, dict]:
 def _stop(job: str, run: Path, step: int) -> int:
     """USR2 at `step`; the job checkpoints, exits 75 and is requeued: cancel the requeued job.
     Returns the newest checkpoint's step."""
-    _wait_until(f"job {job} step {step}", lambda: _last_step(run) >= step)
+    wait_until(f"job {job} step {step}", lambda: last_step(run) >= step, 900)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    _wait_until("the preemption checkpoint", lambda: bool(list(run.glob("checkpoints/step_*"))))
-    _wait_until("the requeue", lambda: "requeueing" in _batch_logs(run))
+    wait_until("the preemption checkpoint", lambda: list(run.glob("checkpoints/step_*")), 900)
+    wait_until("the requeue", lambda: "requeueing" in _batch_logs(run), 900)
     subprocess.run(["scancel", job], check=True)
-    _wait_until(f"job {job} to leave the queue", lambda: not queue_state(job))
+    wait_until(f"job {job} to leave the queue", lambda: not queue_state(job), 900)
     return int(sorted(run.glob("checkpoints/step_*"))[-1].name.split("_")[1])
 
 
@@ -76,14 +59,16 @@ def _batch_logs(run: Path) -> str:
 def test_preempted_jobs_continue_on_another_node_count(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = _profile(tmp_path, digits_dir.parent)
+    profile = profile_copy(tmp_path, data=digits_dir.parent)
     # The local nodes are shared: the reference and the stopped jobs run side by side.
-    ref_job, reference = _submit(tmp_path, profile, 2)
+    ref_job, reference = submit(tmp_path, profile, ARGS, "NODES=2")
     resumed = []
     for nodes in (2, 1):  # 2 -> 1 node, then 1 -> 2
-        job, run = _submit(tmp_path, profile, nodes)
+        job, run = submit(tmp_path, profile, ARGS, f"NODES={nodes}")
         stopped_at = _stop(job, run, random.Random(nodes).randrange(5, 25))
-        out = _make(tmp_path, "resume", f"RUN={run}", f"NODES={3 - nodes}")
+        done = make("resume", f"RUN={run}", f"NODES={3 - nodes}", runs=tmp_path / "runs")
+        assert done.returncode == 0, done.stdout + done.stderr
+        out = done.stdout
         assert "accumulation" in out and (run / "plan.restart1.json").is_file(), out
         assert json.loads((run / "plan.json").read_text())["resources"]["nodes"] == 3 - nodes
         new_job = re.search(r"submitted batch job (\d+)", out)

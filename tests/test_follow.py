@@ -1,19 +1,13 @@
-"""The follow view without Slurm: metrics tailing and ETA, and Chain.follow() on the local
-profile (submitit's LocalExecutor, 2 gloo ranks) drawn as rich's live table on a terminal."""
+"""The follow view without Slurm: metrics tailing and ETA (Chain.follow() on the local profile,
+drawn as rich's live table, is followed in tests/test_pipeline_local.py)."""
 
 from __future__ import annotations
 
-import io
 import json
-import re
-from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from tests.test_pipeline_local import TINY, _profile
-from vitpod.workflows import follow
-from vitpod.workflows.chain import Chain
+from vitpod.workflows import follow, slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.metricstail import MetricsTail
 
@@ -69,31 +63,14 @@ def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
         main(["--run", str(tmp_path), "--follow", "--interval", "0"])
 
 
-@pytest.mark.slow
-def test_pipeline_follow_live_view_ends_with_the_report(tmp_path, digits_dir):
-    cluster = _profile(tmp_path, storage={"data": str(digits_dir.parent)})
-    run = Chain(cluster, "volo_tiny", args=TINY, run_root=str(tmp_path / "runs")).submit()
-    out = io.StringIO()
-    console = Console(file=out, force_terminal=True, width=150, color_system=None)
-    assert run.follow(interval=0.5, console=console) == 0
-    text = out.getvalue()
-    # The live table's columns, both stages finished with all their steps, then the report.
-    for column in ("state", "jobs", "restarts", "step", "loss", "images/s", "ETA", "ckpt age"):
-        assert column in text
-    assert text.count("COMPLETED") >= 2 and "6/6" in text
-    found = re.findall(r"report: (\S+)", text)
-    assert found and Path(found[-1]) == run.directory / "report.json", text[-500:]
-    report = Path(found[-1])
-    stages = json.loads(report.read_text())["stages"]
-    assert [stages[s]["state"] for s in ("pretrain", "finetune")] == ["COMPLETED"] * 2
-    assert stages["finetune"]["steps"] == 6
-
-
 def test_a_poll_without_an_answering_squeue_keeps_following(tmp_path, monkeypatch):
     """squeue failing (here: no slurm.conf to read; on a cluster, a controller restarting) is
     shown under the rows and the view goes on with the last states instead of crashing."""
     (tmp_path / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": ["7"]}))
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    # squeue retries a missing slurm.conf for 60 s ("retrying in 1sec up to 60sec"): it is
+    # cut off at its timeout, and 2 s show that as well as the 30 of TIMEOUT_S do.
+    monkeypatch.setitem(slurm.TIMEOUT_S, "squeue", 2)
     target = follow.Target(tmp_path)
     target.poll()
     assert "squeue did not answer" in target.note and not target.ended()

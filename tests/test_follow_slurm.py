@@ -14,12 +14,12 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from tests.helpers import wait_until
 from vitpod.workflows import follow, scaling
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -42,13 +42,6 @@ def study_argv(study_dir: Path, gpus: str, args: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def wait_for(path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.is_file():
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
-        time.sleep(2)
-
-
 def test_report_appears_by_itself_with_failed_points(local_slurm, tmp_path, capsys):
     study_dir = tmp_path / "failing"
     # Every point's trainer finds 10 classes in the data, not 3, and exits 2 (a mismatch only
@@ -61,7 +54,7 @@ def test_report_appears_by_itself_with_failed_points(local_slurm, tmp_path, caps
     study = json.loads((study_dir / "study.json").read_text())
     assert study["report_job_id"] and (study_dir / "report.sbatch").is_file()
 
-    wait_for(html, timeout=300)
+    wait_until(f"{html} to appear", html.is_file, 300, interval=2)
     assert local_slurm.wait(study["report_job_id"], timeout=120) == "COMPLETED"
     rows = json.loads((study_dir / "report" / "table.json").read_text())["rows"]
     assert [(r["gpus"], r["state"]) for r in rows] == [(1, "failed"), (2, "failed")]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_template_injection import HOSTILE, _profile
+from tests.helpers import HOSTILE, hostile_profile
 from vitpod.workflows import reportjob, scaling
 
 pytestmark = [pytest.mark.slurm]
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slurm]
 def test_a_hostile_study_path_runs_nothing_in_a_real_report_job(local_slurm, tmp_path: Path):
     marker = tmp_path / "PWNED"
     env = {"P": str(marker)}  # sbatch exports the submitting environment to the job
-    cluster, root = _profile(tmp_path, "localslurm")
+    cluster, root = hostile_profile(tmp_path, "localslurm")
     study_dir = root / "runs" / f"st{HOSTILE}dy"
     ns = scaling.build_parser().parse_args(
         ["--cluster", str(cluster), "--gpus", "1", "--study-dir", str(study_dir),

@@ -1,17 +1,13 @@
 """Batched job state against the real local Slurm, with and without accounting (slurmdbd)."""
 
-import os
-import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.fixtures_slurm import restart_slurm, stop_slurmdbd
+from tests.helpers import wait_until
 from vitpod.workflows import jobstate, slurm
-
-REPO = Path(__file__).resolve().parents[1]
-STATE = Path(os.environ.get("VITPOD_SLURM_STATE", REPO / ".slurm"))
 
 
 def _sbatch(*args: str) -> str:
@@ -31,22 +27,6 @@ def _count_calls(monkeypatch) -> list[str]:
     return calls
 
 
-def _stop_slurmdbd() -> None:
-    pid = int((STATE / "run" / "slurmdbd.pid").read_text())
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
-
-
-def _restart_slurm() -> None:
-    subprocess.run(["bash", str(REPO / "workflows/localslurm/up.sh")], check=True)
-
-
 @pytest.mark.slurm
 def test_one_squeue_per_poll_and_completed_state(local_slurm, monkeypatch):
     first = _sbatch("-p", "pretrain", "--wrap", "true")
@@ -64,7 +44,7 @@ def test_one_squeue_per_poll_and_completed_state(local_slurm, monkeypatch):
 def test_cancelled_job_fails_wait_without_accounting(local_slurm, monkeypatch):
     job = _sbatch("-p", "pretrain", "--wrap", "sleep 300")
     dependent = _sbatch("-p", "finetune", f"--dependency=afterok:{job}", "--wrap", "true")
-    _stop_slurmdbd()
+    stop_slurmdbd()
     try:
         with pytest.raises(slurm.SlurmError, match=r"^`sacct .*` failed \(exit"):
             jobstate.sacct([job])  # accounting really is down
@@ -88,9 +68,7 @@ def test_cancelled_job_fails_wait_without_accounting(local_slurm, monkeypatch):
             jobstate.wait_jobs(jobstate.JobStatePoller(["999999"]), timeout=30, poll_s=0.2)
     finally:
         subprocess.run(["scancel", job, dependent], check=False)
-        _restart_slurm()
+        restart_slurm()
     # slurmctld sends the records it kept while slurmdbd was down once they reconnect (seconds)
-    deadline = time.monotonic() + 90
-    while job not in jobstate.sacct([job]) and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_until(f"job {job} in accounting again", lambda: job in jobstate.sacct([job]), 90, 1)
     assert job in jobstate.sacct([job])

@@ -14,12 +14,12 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import wait_until
 from vitpod.trainer import label, labelset
 from vitpod.trainer.checkpoint import save_final
 from vitpod.trainer.data import DataConfig
@@ -59,12 +59,10 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_for(text: str, logs: list[Path], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(log.is_file() and text in log.read_text() for log in logs):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not in every log: {[p.read_text() for p in logs]}")
+    def found() -> bool:
+        return all(log.is_file() and text in log.read_text() for log in logs)
+
+    wait_until(f"{text!r} in every log of {logs}", found, timeout, interval=0.2)
 
 
 def test_two_teachers_racing_for_one_directory_one_is_refused_with_both_digests(

@@ -8,38 +8,28 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.fixtures_slurm import queue_state, wait_usable
-from tests.test_elastic_resume import step_records
-from tests.test_resume_slurm import _profile, _submit, _wait_until
+from tests.fixtures_slurm import queue_state, submit, wait_usable
+from tests.helpers import profile_copy, step_records, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ARGS = ("-b 8 --workers 0 --loader torch --epochs 1 --max-steps 6 --log-interval 1"
         " --checkpoint-every 0 --log-sample-ids --no-eval")  # fmt: skip
 
 
-def _ranged(tmp_path: Path, data: Path) -> Path:
-    path = _profile(tmp_path, data)
-    profile = yaml.safe_load(path.read_text())
-    profile["nodes"] = "1-2"
-    path.write_text(yaml.safe_dump(profile))
-    return path
-
-
 def test_a_node_range_job_runs_on_what_slurm_gives_with_the_same_samples(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = _ranged(tmp_path, digits_dir.parent)
+    profile = profile_copy(tmp_path, data=digits_dir.parent, nodes="1-2")
     drain = ["scontrol", "update", "nodename=node2", "state=drain", "reason=vitpod-test"]
     try:
         subprocess.run(drain, check=True, timeout=30)
-        one, one_run = _submit(tmp_path, profile, ARGS)
-        _wait_until(f"job {one} to start", lambda: queue_state(one) != "PENDING", timeout=300)
+        one, one_run = submit(tmp_path, profile, ARGS)
+        wait_until(f"job {one} to start", lambda: queue_state(one) != "PENDING", timeout=300)
     finally:
         subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], timeout=30)
         wait_usable("node2")
-    two, two_run = _submit(tmp_path, profile, ARGS)
+    two, two_run = submit(tmp_path, profile, ARGS)
     assert local_slurm.wait(one, timeout=900) == "COMPLETED"
     assert local_slurm.wait(two, timeout=900) == "COMPLETED"
     a, b = step_records(one_run), step_records(two_run)

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import LocalSlurm, queue_state
+from tests.helpers import make
 from vitpod.registry import runfiles
 from vitpod.workflows.profile import PROFILE_DIR
 from vitpod.workflows.runjobs import run_job_ids
@@ -27,10 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _make(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
-    env["VITPOD_RUN_ROOT"] = str(tmp_path / "runs")
-    return subprocess.run(["make", "-s", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return make(*args, runs=tmp_path / "runs", timeout=timeout)
 
 
 @pytest.mark.parametrize("resume", ["--resume /x", "--resume=none", "--resume auto"])

@@ -6,11 +6,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests import measured_comm
+from tests.helpers import last_step, profile_copy, wait_until
 from vitpod.workflows.chain import Chain, ChainError
-from vitpod.workflows.profile import PROFILE_DIR
 
 # Augmentation that draws no random numbers (kept simple; both loaders now resume exactly with
 # random crops on too: tests/test_resume_slurm.py).
@@ -18,30 +17,6 @@ COMMON = "--workers 0 --loader torch -b 16 --seed 3 --log-interval 10"
 COMMON += " --aa rand-n0-m0 --reprob 0 --hflip 0 --scale 1 1"
 PRETRAIN = "--epochs 3 --warmup-epochs 0 --checkpoint-every 0"
 FINETUNE = "--max-steps 4 --epochs 1"
-
-
-def _localslurm(tmp_path: Path, data: Path) -> str:
-    profile = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
-    profile["storage"] = {**profile["storage"], "data": str(data)}
-    path = tmp_path / "localslurm.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    return str(path)
-
-
-def _last_step(run_dir: Path) -> int:
-    path = run_dir / "metrics" / "rank0.jsonl"
-    if not path.is_file():
-        return 0
-    steps = [json.loads(x).get("step", 0) for x in path.read_text().splitlines() if '"step"' in x]
-    return max(steps, default=0)
-
-
-def _wait_until(what: str, check, timeout: float = 150) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 def _preempt(job_id: str) -> None:
@@ -63,7 +38,7 @@ def _sacct_times(job_ids: list[str]) -> dict[str, tuple[str, str]]:
 @pytest.mark.slow
 def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_path):
     torch = pytest.importorskip("torch")
-    cluster = _localslurm(tmp_path, digits_dir.parent)
+    cluster = str(profile_copy(tmp_path, data=digits_dir.parent))
     common = dict(nodes=1, args=COMMON, pretrain_args=PRETRAIN, run_root=str(tmp_path / "runs"))
     run = Chain(cluster, "volo_tiny", finetune_args=FINETUNE, **common).submit()
     # The same pretrain, never interrupted, side by side: the reference for exactness.
@@ -71,12 +46,12 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
 
     pre = run.stages["pretrain"]
     job = pre.job_ids[0]
-    _wait_until("pretrain step 8", lambda: _last_step(pre.run_dir) >= 8)
+    wait_until("pretrain step 8", lambda: last_step(pre.run_dir) >= 8, 150, interval=0.5)
     _preempt(job)
-    first = _last_step(pre.run_dir)
+    first = last_step(pre.run_dir)
     restart1 = pre.run_dir / "logs" / f"train-{job}-restart1-rank0.log"
-    _wait_until("the first restart", restart1.is_file)
-    _wait_until("progress after the restart", lambda: _last_step(pre.run_dir) >= first + 12)
+    wait_until("the first restart", restart1.is_file, 150, interval=0.5)
+    wait_until("progress after", lambda: last_step(pre.run_dir) >= first + 12, 150, interval=0.5)
     _preempt(job)
 
     report = run.wait(timeout=240, poll_s=1)
@@ -122,13 +97,13 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
 
 @pytest.mark.slurm
 def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_dir, tmp_path):
-    from tests.test_jobstate_slurm import _restart_slurm, _stop_slurmdbd
+    from tests.fixtures_slurm import restart_slurm, stop_slurmdbd
 
-    cluster = _localslurm(tmp_path, digits_dir.parent)
+    cluster = str(profile_copy(tmp_path, data=digits_dir.parent))
     run = Chain(
         cluster, "volo_tiny", nodes=1, args="--epochs 50", run_root=str(tmp_path / "runs")
     ).submit()
-    _stop_slurmdbd()
+    stop_slurmdbd()
     try:
         subprocess.run(["scancel", run.stages["pretrain"].job_ids[0]], check=True)
         start = time.monotonic()
@@ -138,11 +113,7 @@ def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_di
         # slurmctld cancels the dependent finetune (kill_invalid_depend) at its next dependency
         # check, which may come a few seconds after wait() has seen the pretrain end.
         expected = {"pretrain": "CANCELLED", "finetune": "CANCELLED"}
-        deadline = time.monotonic() + 30
-        while (shown := {s.stage: s.state for s in run.status()}) != expected:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        assert shown == expected
+        states = lambda: {s.stage: s.state for s in run.status()}  # noqa: E731
+        wait_until(f"both stages {expected}", lambda: states() == expected, 30, interval=1)
     finally:
-        _restart_slurm()
+        restart_slurm()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import make
 from vitpod.registry.decision import read_decision
 from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
@@ -21,14 +21,9 @@ from vitpod.workflows.profile import PROFILE_DIR
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make(tmp_path: Path, target: str, *variables: str) -> subprocess.CompletedProcess[str]:
-    """`make TARGET VAR=...` as a user types it, with run directories under tmp_path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
-    env["VITPOD_RUN_ROOT"] = str(tmp_path / "runs")
-    return subprocess.run(
-        ["make", "-s", "-C", str(REPO), target, *variables],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+def _make_in(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`make ARGV` as a user types it, with run directories under tmp_path."""
+    return make(*argv, runs=tmp_path / "runs")
 
 
 def run_dirs(tmp_path: Path) -> list[Path]:
@@ -37,19 +32,19 @@ def run_dirs(tmp_path: Path) -> list[Path]:
 
 
 def test_misspelt_flag_in_args_is_refused_before_anything_is_written(tmp_path):
-    done = make(tmp_path, "render", "CLUSTER=dgxpod", "ARGS=--topologyy ps")
+    done = _make_in(tmp_path, "render", "CLUSTER=dgxpod", "ARGS=--topologyy ps")
     assert done.returncode == 2, done.stdout
     ours = [line for line in done.stderr.splitlines() if not line.startswith("make:")]
     assert len(ours) == 1 and "--topologyy" in ours[0]  # one clear line
     assert run_dirs(tmp_path) == []
     for args, word in (("--topology foo", "'foo'"), ("--epochs -3", "--epochs must be at least 1")):
-        done = make(tmp_path, "render", "CLUSTER=localslurm", f"ARGS={args}")
+        done = _make_in(tmp_path, "render", "CLUSTER=localslurm", f"ARGS={args}")
         assert done.returncode == 2 and word in done.stderr and "Traceback" not in done.stderr
     assert run_dirs(tmp_path) == []
 
 
 def test_render_records_the_decision_once_in_plan_json(tmp_path):
-    done = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5")
+    done = _make_in(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5")
     assert done.returncode == 0, done.stderr
     script = Path(done.stdout.splitlines()[-1])
     decision = read_decision(script.parent)
@@ -70,8 +65,8 @@ def test_render_records_the_decision_once_in_plan_json(tmp_path):
 
 def test_finetune_renders_on_its_own_partition_and_node_type(tmp_path):
     source = "FINETUNE_FROM=/lustre/fsw/vitpod/runs/x"  # exists only on the cluster: OFFLINE=1
-    pre = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5")
-    fin = make(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", source,
+    pre = _make_in(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5")
+    fin = _make_in(tmp_path, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", source,
                "OFFLINE=1")  # fmt: skip
     assert pre.returncode == 0 and fin.returncode == 0, fin.stderr
     pre_text = Path(pre.stdout.splitlines()[-1]).read_text()
@@ -89,16 +84,16 @@ def test_finetune_renders_on_its_own_partition_and_node_type(tmp_path):
 def test_a_batch_that_cannot_fit_in_gpu_memory_is_refused(tmp_path):
     base = ["CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=finetune", "FINETUNE_FROM=/lustre/x",
             "OFFLINE=1"]  # fmt: skip
-    done = make(tmp_path, "render", *base, "ARGS=-b 64")
+    done = _make_in(tmp_path, "render", *base, "ARGS=-b 64")
     assert done.returncode == 2
     assert "-b 64: the batch does not fit in GPU memory" in done.stderr
     assert "V100-SXM3-32GB" in done.stderr and "use -b 12" in done.stderr
     assert run_dirs(tmp_path) == []
-    assert make(tmp_path, "render", *base, "ARGS=-b 4").returncode == 0
+    assert _make_in(tmp_path, "render", *base, "ARGS=-b 4").returncode == 0
 
 
 def test_more_nodes_than_the_partition_has_is_refused_without_slurm(tmp_path):
-    done = make(tmp_path, "render", "CLUSTER=localslurm", "NODES=3")
+    done = _make_in(tmp_path, "render", "CLUSTER=localslurm", "NODES=3")
     assert done.returncode == 2 and "NODES=3" in done.stderr and "NODES=2 or fewer" in done.stderr
     assert run_dirs(tmp_path) == []
 
@@ -117,7 +112,7 @@ def _profile_copy(tmp_path: Path, **partition: object) -> str:
 def test_slurm_refuses_what_the_profile_allows(local_slurm, tmp_path):
     """The profile claims 5 nodes; Slurm's partition has 2: refused before sbatch."""
     cluster = _profile_copy(tmp_path, max_nodes=5)
-    done = make(tmp_path, "pretrain", f"CLUSTER={cluster}", "NODES=3")
+    done = _make_in(tmp_path, "pretrain", f"CLUSTER={cluster}", "NODES=3")
     assert done.returncode == 2, done.stdout
     assert "NODES=3: partition 'pretrain' can give a job at most 2 node(s)" in done.stderr
     assert run_dirs(tmp_path) == []
@@ -126,7 +121,7 @@ def test_slurm_refuses_what_the_profile_allows(local_slurm, tmp_path):
         ({"time": "2-00:00:00"}, None),  # the local partitions have no MaxTime: accepted
     ):
         cluster = _profile_copy(tmp_path, **change)
-        done = make(tmp_path, "preflight", f"CLUSTER={cluster}")
+        done = _make_in(tmp_path, "preflight", f"CLUSTER={cluster}")
         if words is None:
             assert done.returncode == 0, done.stderr
             assert "preflight passed" in done.stdout.splitlines()[-1]
@@ -142,7 +137,7 @@ def test_gpus_the_partition_lacks_are_refused(local_slurm, tmp_path):
     data["tasks_per_node"] = 2
     path = tmp_path / "gpus.yaml"
     path.write_text(yaml.safe_dump(data))
-    done = make(tmp_path, "preflight", f"CLUSTER={path}")
+    done = _make_in(tmp_path, "preflight", f"CLUSTER={path}")
     assert (
         done.returncode == 2
         and "needs 4 gres gpu but partition 'pretrain' offers at most 2" in done.stderr
@@ -171,7 +166,7 @@ def test_preflight_checks_the_paths_the_ranks_will_read(tmp_path, capsys):
 
 def test_scaling_with_bad_input_exits_2_without_a_traceback(tmp_path):
     for extra in ("ARGS=--warmup x", "ARGS=--topology foo"):
-        done = make(tmp_path, "scaling", "CLUSTER=localslurm", "GPUS=1 2", extra)
+        done = _make_in(tmp_path, "scaling", "CLUSTER=localslurm", "GPUS=1 2", extra)
         assert done.returncode == 2, done.stdout
         assert "Traceback" not in done.stderr and "error:" in done.stderr
 

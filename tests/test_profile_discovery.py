@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import REPO
+from tests.helpers import make
 from vitpod.workflows import binding
 from vitpod.workflows.discover import gres_gpu, node_info
 from vitpod.workflows.profile import PROFILE_DIR, load_profile
@@ -144,11 +144,6 @@ def test_check_lists_each_disagreement_with_the_profile():
 
 
 # --------------------------------------------------------------------------- live: local Slurm
-
-
-def make(*argv: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-s", *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
 
 
 @pytest.fixture

@@ -16,8 +16,10 @@ import time
 
 import pytest
 
-from tests.test_resume_slurm import _kill_rank, _last_step, _profile, _submit, _wait_until
+from tests.fixtures_slurm import kill_rank, submit
+from tests.helpers import last_step, profile_copy, wait_until
 from vitpod.analysis.goodput import segments
+from vitpod.registry import runfiles
 from vitpod.workflows import follow, goodput, status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -31,25 +33,24 @@ ETA_TOLERANCE = 0.25
 
 
 def test_eta_at_the_middle_of_a_run_matches_its_real_end(local_slurm, digits_dir, tmp_path):
-    profile = _profile(tmp_path, digits_dir.parent)
-    job, run = _submit(tmp_path, profile, ETA_ARGS)
+    profile = profile_copy(tmp_path, data=digits_dir.parent)
+    job, run = submit(tmp_path, profile, ETA_ARGS)
     target = follow.Target(run)
-    eta, read_at = None, 0.0
-    deadline = time.monotonic() + 600
-    while eta is None:
-        assert time.monotonic() < deadline, "no step written within 600 s"
+
+    def middle():
         target.poll()
         tail = target.rows[0].tail
         assert tail is not None
         # Steps are written every 50 steps and at each epoch's end (23, 46, ...): the middle.
         if tail.step is not None and tail.total and tail.total // 2 - 5 <= tail.step < tail.total:
-            read_at = time.time()
-            eta = tail.eta_s(now=read_at)
-            shown = follow.cells(target.rows[0])["ETA"]
-        time.sleep(0.5)
+            return tail, time.time()
+        return None
+
+    tail, read_at = wait_until("a step written at the middle", middle, 600, interval=0.5)
+    eta = tail.eta_s(now=read_at)
+    shown = follow.cells(target.rows[0])["ETA"]
     assert local_slurm.wait(job, timeout=600) == "COMPLETED"
-    steps = [r for r in map(json.loads, (run / "metrics" / "rank0.jsonl").read_text().splitlines())
-             if r["kind"] == "step"]  # fmt: skip
+    steps = [r for r in runfiles.read_metrics(run, 0) if r["kind"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, 101))
     stamps = [r["wall_time"] for r in steps]
     assert len(set(stamps)) == 100, "every step carries its own end time"
@@ -62,18 +63,18 @@ def test_eta_at_the_middle_of_a_run_matches_its_real_end(local_slurm, digits_dir
 
 
 def test_goodput_ledger_of_a_preempted_and_killed_run(local_slurm, digits_dir, tmp_path):
-    profile = _profile(tmp_path, digits_dir.parent)
+    profile = profile_copy(tmp_path, data=digits_dir.parent)
     args = "--loader torch --workers 0 --epochs 2 --log-interval 1 --checkpoint-every 10"
-    job, run = _submit(tmp_path, profile, args)
-    _wait_until("step 5", lambda: _last_step(run) >= 5, timeout=600)
+    job, run = submit(tmp_path, profile, args)
+    wait_until("step 5", lambda: last_step(run) >= 5, timeout=600)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    _wait_until(
+    wait_until(
         "the requeued start",
         lambda: (run / "logs" / f"train-{job}-restart1-rank0.log").is_file(),
         timeout=600,
     )
-    _wait_until("step 33", lambda: _last_step(run) >= 33, timeout=600)
-    _kill_rank(job, 1)  # after the checkpoint of step 30: the steps after it are redone
+    wait_until("step 33", lambda: last_step(run) >= 33, timeout=600)
+    kill_rank(job, 1)  # after the checkpoint of step 30: the steps after it are redone
     assert local_slurm.wait(job, timeout=600) == "FAILED"
     found = status.run_status(run)[0].diagnosis  # the triage of a killed rank, on the way
     assert found is not None and found.cause == "a rank was killed", found

@@ -17,11 +17,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
+from tests.helpers import wait_until
 from vitpod.registry import runfiles
 from vitpod.workflows import grace, triage
 from vitpod.workflows.plan import Request, plan_job
@@ -169,10 +169,14 @@ def test_usr2_before_the_ranks_start_requeues_without_starting_them(tmp_path):
         tmp.mkdir()
         env = _env(_stubs(tmp, slow_hostnames=3))
         proc = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
-        deadline = time.monotonic() + 20
-        while "scontrol show hostnames node1" not in _calls(tmp):
-            assert time.monotonic() < deadline and proc.poll() is None, _calls(tmp)
-            time.sleep(0.05)
+
+        def started(tmp: Path = tmp, proc: subprocess.Popen = proc) -> bool:
+            if "scontrol show hostnames node1" in _calls(tmp):
+                return True
+            assert proc.poll() is None, _calls(tmp)
+            return False
+
+        wait_until("the script to ask for the hostnames", started, 20, interval=0.05)
         if group:
             os.killpg(proc.pid, signal.SIGUSR2)
         else:
@@ -199,10 +203,14 @@ def test_a_rank_killed_by_the_signal_before_its_handler_leaves_the_marker(tmp_pa
     command = ["bash", "-c", f"touch {started}; sleep 20 & wait"]
     proc = subprocess.Popen(["bash", str(run / "bind.sh"), *command], env=env,
                             start_new_session=True, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 20
-    while not started.exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+
+    def touched() -> bool:
+        if started.exists():
+            return True
+        assert proc.poll() is None
+        return False
+
+    wait_until("the command to start", touched, 20, interval=0.05)
     os.killpg(proc.pid, signal.SIGUSR2)  # Slurm signals every process of the step
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "preempted (exit 75): requeue marker left" in out, out

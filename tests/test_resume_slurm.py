@@ -11,23 +11,18 @@ same script resumes from the last complete checkpoint and still ends bit-identic
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from tests.fixtures_slurm import trainer_pid
-from vitpod.workflows.profile import PROFILE_DIR
+from tests.fixtures_slurm import kill_rank, submit
+from tests.helpers import last_step, make, profile_copy, wait_until
+from vitpod.registry import runfiles
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # volo_tiny on digits at 32 px, 2 epochs of 23 steps (1433 images, 4 ranks x 16): every
 # random augmentation of the recipe on (random resized crop, flip, RandAugment, CutOut).
@@ -52,64 +47,15 @@ JOBS = {
 }
 
 
-def _profile(tmp_path: Path, data: Path) -> Path:
-    profile = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
-    profile["storage"] = {**profile["storage"], "data": str(data)}
-    path = tmp_path / "localslurm.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    return path
-
-
-def _make_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
-    return {**env, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
-
-
-def _submit(tmp_path: Path, profile: Path, args: str) -> tuple[str, Path]:
-    out = subprocess.run(
-        ["make", "-s", "pretrain", f"CLUSTER={profile}", "MODEL=volo_tiny", f"ARGS={args}"],
-        cwd=REPO, env=_make_env(tmp_path), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    job = re.search(r"submitted batch job (\d+)", out.stdout)
-    assert job, out.stdout
-    return job[1], Path(out.stdout.strip().splitlines()[-1]).parent
-
-
-def _last_step(run: Path) -> int:
-    path = run / "metrics" / "rank0.jsonl"
-    if not path.is_file():
-        return 0
-    steps = [json.loads(x)["step"] for x in path.read_text().splitlines() if '"kind": "step"' in x]
-    return max(steps, default=0)
-
-
-def _wait_until(what: str, check, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def _kill_rank(job: str, rank: int) -> int:
-    """SIGKILL the trainer process of `rank` of `job` (all nodes are this host)."""
-    pid = trainer_pid(job, rank)
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
 def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, int]]) -> str:
     """Deliver `events` to the live job; returns the final state of the job that finished it."""
     restart = 0
     for sig, step in events:
-        _wait_until(f"job {job} step {step}", lambda s=step: _last_step(run) >= s)  # type: ignore[misc]
+        wait_until(f"job {job} step {step}", lambda s=step: last_step(run) >= s, 900)  # type: ignore[misc]
         if sig == "KILL":
-            _kill_rank(job, 1)
+            kill_rank(job, 1)
             assert slurm.wait(job, timeout=900) == "FAILED"
-            status = subprocess.run(
-                ["make", "-s", "status", f"RUN={run}"], cwd=REPO, env=_make_env(tmp_path),
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
+            status = make("status", f"RUN={run}", runs=tmp_path / "runs", timeout=120)
             assert "FAILED" in status.stdout, status.stdout + status.stderr
             assert "rank 1" in status.stdout and "SIGKILL" in status.stdout, status.stdout
             # Resubmitting the kept script resumes from the last complete checkpoint.
@@ -120,7 +66,7 @@ def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, i
         subprocess.run(["scancel", f"--signal={sig}", job], check=True)
         restart += 1
         log = run / "logs" / f"train-{job}-restart{restart}-rank0.log"
-        _wait_until(f"restart {restart} of job {job}", log.is_file)
+        wait_until(f"restart {restart} of job {job}", log.is_file, 900)
         landed = _preempted_at(run / "logs" / f"train-{job}-restart{restart - 1}-rank0.log")
         assert landed[0] == f"SIG{sig}" and step <= landed[1] <= step + AGREEMENT_WINDOW, (
             f"{sig} sent once step {step} was recorded; the preemption checkpoint is at step "
@@ -139,12 +85,8 @@ def _preempted_at(log: Path) -> tuple[str, int]:
 def _losses(run: Path) -> dict[tuple[int, int], float]:
     """(rank, step) -> loss; a step redone after a resume from an older checkpoint keeps its
     last record (the one the finished run's parameters came from)."""
-    out = {}
-    for path in sorted((run / "metrics").glob("rank*.jsonl")):
-        for record in map(json.loads, path.read_text().splitlines()):
-            if record["kind"] == "step":
-                out[record["rank"], record["step"]] = record["loss"]
-    return out
+    records = runfiles.read_metrics(run)
+    return {(r["rank"], r["step"]): r["loss"] for r in records if r["kind"] == "step"}
 
 
 def _last_checkpoint(run: Path) -> dict:
@@ -176,12 +118,12 @@ def _differences(reference: Path, resumed: Path) -> dict[str, list]:
 def test_preempted_jobs_end_bit_identical_to_uninterrupted_ones(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = _profile(tmp_path, digits_dir.parent)
+    profile = profile_copy(tmp_path, data=digits_dir.parent)
     jobs = {}
     for loader, (args, events) in JOBS.items():
         jobs[loader] = (
-            _submit(tmp_path, profile, f"{COMMON} {args}"),  # the reference, never stopped
-            _submit(tmp_path, profile, f"{COMMON} {args}"),
+            submit(tmp_path, profile, f"{COMMON} {args}"),  # the reference, never stopped
+            submit(tmp_path, profile, f"{COMMON} {args}"),
             events,
         )
     with ThreadPoolExecutor(len(jobs)) as pool:

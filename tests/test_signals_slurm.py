@@ -16,12 +16,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers import wait_until
 from vitpod.workflows.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,10 +57,11 @@ def test_usr2_before_the_trainer_starts_requeues_and_completes(local_slurm, tmp_
     assert out.returncode == 0, out.stderr
     job = re.search(r"submitted batch job (\d+)", out.stdout)[1]  # type: ignore[index]
     run = Path(out.stdout.strip().splitlines()[-1]).parent
-    deadline = time.monotonic() + 120
-    while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)):
-        assert time.monotonic() < deadline, f"job {job}'s ranks never started"
-        time.sleep(0.2)
+
+    def ready() -> bool:
+        return all((tmp_path / f"ready-{r}").exists() for r in (0, 1))
+
+    wait_until(f"job {job}'s ranks to start", ready, 120, interval=0.2)
     subprocess.run(["scancel", "--full", "--signal=USR2", job], check=True, timeout=30)
     assert local_slurm.wait(job, timeout=120) == "COMPLETED"
 

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import HOSTILE, hostile_profile
 from vitpod.registry import runfiles
 from vitpod.workflows import reportjob, scaling
 from vitpod.workflows.plan import Request, plan_job
@@ -33,7 +34,6 @@ from vitpod.workflows.templating import TEMPLATE_DIR, render
 
 # Every payload touches $P (the marker) if it ever reaches a shell unquoted, in double quotes or
 # past a single quote. No double quote, '%', '\\' or newline: run paths refuse those up front.
-HOSTILE = "x$(touch $P)`touch $P`;touch $P;'q'&&touch $P|touch $P y"
 STUBS = (
     "srun",
     "scontrol",
@@ -108,26 +108,13 @@ def _slurm_job(**over: str) -> dict[str, str]:
     }  # fmt: skip
 
 
-def _profile(tmp_path: Path, base: str, **changes: Any) -> tuple[Path, Path]:
-    """A copy of a bundled profile whose every path lies under a hostile directory ROOT."""
-    root = tmp_path / f"root{HOSTILE}"
-    (root / "code").mkdir(parents=True)
-    data = yaml.safe_load((PROFILE_DIR / f"{base}.yaml").read_text())
-    data["storage"] = {"data": f"{root}/data", "runs": f"{root}/runs", "code": f"{root}/code"}
-    data["env"] = {"OMP_NUM_THREADS": "1", "VITPOD_HOSTILE": HOSTILE}
-    data.update(changes)
-    path = tmp_path / f"{base}-hostile.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path, root
-
-
 def _slurm_profile(tmp_path: Path, **changes: Any) -> tuple[Path, Path]:
     """localregistry (container, start_once, registry credentials) plus doctor: true."""
     root = tmp_path / f"root{HOSTILE}"
     container = yaml.safe_load((PROFILE_DIR / "localregistry.yaml").read_text())["container"]
     container.update(mounts=[{"src": str(root), "dst": str(root)}], workdir=f"{root}/code",
                      python="python3")  # fmt: skip
-    return _profile(tmp_path, "localregistry", container=container, doctor=True, **changes)
+    return hostile_profile(tmp_path, "localregistry", container=container, doctor=True, **changes)
 
 
 def _args() -> str:
@@ -196,7 +183,7 @@ def test_local_script_runs_nothing_hostile(tmp_path):
     python.parent.mkdir()
     python.write_text(STUB)  # the profile's interpreter, at a hostile path, records its argv
     python.chmod(0o755)
-    cluster, root = _profile(tmp_path, "local", python=str(python))
+    cluster, root = hostile_profile(tmp_path, "local", python=str(python))
     run_dir = root / "runs" / f"run{HOSTILE}"
     plan = plan_job(Request(cluster=str(cluster), model="", stage="pretrain", nodes=1,
                             args=_args(), run_dir=run_dir))  # fmt: skip

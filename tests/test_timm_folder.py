@@ -13,7 +13,7 @@ import timm
 import torch
 from timm.utils import CheckpointSaver, ModelEmaV3
 
-from tests.test_trainer_launch import logs, run_ranks
+from tests.helpers import logs, run_ranks
 from vitpod.registry import models as registry
 from vitpod.registry import runfiles
 from vitpod.trainer.checkpoint import save_final

@@ -8,12 +8,12 @@ import json
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import wait_until
 from vitpod.trainer import labelset
 from vitpod.trainer.checkpoint import save_final
 from vitpod.trainer.models import create_model, model_manifest
@@ -117,8 +117,8 @@ def wait_done(job_id: str, timeout: float = 1200) -> list[str]:
     """Final accounting state of each task of a job (array), once squeue no longer lists it.
     Tolerant of a slow controller (the local Slurm is shared): a query that times out is retried.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def done() -> list[str] | None:
         try:
             queue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], timeout=60,
                                    capture_output=True, text=True)  # fmt: skip
@@ -130,6 +130,10 @@ def wait_done(job_id: str, timeout: float = 1200) -> list[str]:
                     return states
         except subprocess.TimeoutExpired:
             pass
-        time.sleep(3)
-    subprocess.run(["scancel", job_id], check=False)
-    raise TimeoutError(f"job {job_id} not finished after {timeout} s")
+        return None
+
+    try:
+        return wait_until(f"job {job_id} to finish", done, timeout, interval=3)
+    except AssertionError:
+        subprocess.run(["scancel", job_id], check=False)
+        raise

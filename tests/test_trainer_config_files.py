@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import QUICK, logs, run_ranks
 from tests.test_trainer_config import PRETRAIN
-from tests.test_trainer_launch import logs, run_ranks
-from tests.test_trainer_num_classes import QUICK
 from vitpod.trainer.config import ConfigError
 from vitpod.trainer.flags import parse_args
 from vitpod.trainer.timmargs import NOT_IMPLEMENTED, TIMM

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_trainer_launch import logs, run_ranks
+from tests.helpers import logs, run_ranks
 
 pytest.importorskip("deepspeed")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_trainer_launch import logs, run_ranks
+from tests.helpers import logs, run_ranks
 
 COMMON = [
     "--model", "volo_tiny", "--num-classes", "10", "-b", "16", "--workers", "0",

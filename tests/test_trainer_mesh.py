@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_trainer_launch import logs, run_ranks
+from tests.helpers import train
 from vitpod.registry.models import stage_bounds
 from vitpod.trainer.tensor_parallel import _head_major, _timm_major, use_head_major_qkv
 
@@ -44,17 +44,15 @@ def summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def train(nproc: int, run: Path, digits: Path, *flags: str, steps: int = STEPS) -> dict:
-    args = [str(digits), *COMMON, "--max-steps", str(steps), "--output", str(run), *flags]
-    codes = run_ranks(nproc, args, run.parent / f"logs-{run.name}", timeout=1500)
-    assert codes == [0] * nproc, logs(run.parent / f"logs-{run.name}")
+def train_summary(nproc: int, run: Path, digits: Path, *flags: str, steps: int = STEPS) -> dict:
+    train(nproc, run, [str(digits), *COMMON, "--max-steps", str(steps), *flags], timeout=1500)
     return summary(run)
 
 
 @pytest.fixture(scope="module")
 def ddp_reference(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("mesh") / "ddp"
-    train(2, run, digits_dir)
+    train_summary(2, run, digits_dir)
     return run
 
 
@@ -98,7 +96,7 @@ def test_layout_loss_curve_matches_ddp(
     digits_dir: Path,
 ) -> None:  # fmt: skip
     run = ddp_reference.parent / name
-    result = train(nproc, run, digits_dir, *flags, steps=steps)
+    result = train_summary(nproc, run, digits_dir, *flags, steps=steps)
     assert losses(run, "sample_digest") == losses(ddp_reference, "sample_digest")[:steps]
     for key in ("global_loss", "loss"):
         reference, got = losses(ddp_reference, key)[:steps], losses(run, key)
@@ -118,7 +116,7 @@ def test_layout_loss_curve_matches_ddp(
 def test_3d_mesh_dp_tp_pp_on_8_processes(ddp_reference: Path, digits_dir: Path) -> None:
     """DP x TP x PP = 2 x 2 x 2: 8 gloo processes (slow on a 2-core machine: 10 steps)."""
     run = ddp_reference.parent / "3d"
-    result = train(8, run, digits_dir, "--tp", "2", "--pp", "2", steps=10)
+    result = train_summary(8, run, digits_dir, "--tp", "2", "--pp", "2", steps=10)
     assert result["mesh"] == {"dp": 2, "tp": 2, "pp": 2}
     worst = max(abs(a - b) for a, b in zip(losses(run), losses(ddp_reference)[:10], strict=True))
     assert worst <= LOSS_TOL

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_trainer_launch import logs, run_ranks
+from tests.helpers import launch_logs, logs, train
 
 COMMON = [
     "--dataset", "digits", "--model", "vit_micro", "--img-size", "32", "--num-classes", "10",
@@ -19,11 +19,8 @@ COMMON = [
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # a shared 2-core machine is slow
 
 
-def train(nproc: int, run: Path, digits: Path, steps: int, *flags: str) -> None:
-    args = [str(digits), *COMMON, "--max-steps", str(steps), "--output", str(run), *flags]
-    log_dir = run.parent / f"logs-{run.name}"
-    codes = run_ranks(nproc, args, log_dir, timeout=1500)
-    assert codes == [0] * nproc, logs(log_dir)
+def train_steps(nproc: int, run: Path, digits: Path, steps: int, *flags: str) -> None:
+    train(nproc, run, [str(digits), *COMMON, "--max-steps", str(steps), *flags], timeout=1500)
 
 
 def final(run: Path) -> dict[str, torch.Tensor]:
@@ -47,15 +44,15 @@ def from_checkpoint(source: Path, step: int, run: Path) -> Path:
 def tp_run(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """dp 2 x tp 2, 10 steps, sharded checkpoints at steps 5 and 10."""
     run = tmp_path_factory.mktemp("dcp") / "tp"
-    train(4, run, digits_dir, 10, "--tp", "2")
+    train_steps(4, run, digits_dir, 10, "--tp", "2")
     assert (run / "checkpoints" / "step_000000005" / "dcp" / ".metadata").is_file()
     return run
 
 
 def test_resume_mid_epoch_is_exact(tp_run: Path, digits_dir: Path) -> None:
     run = from_checkpoint(tp_run, 5, tp_run.parent / "resumed")
-    train(4, run, digits_dir, 10, "--tp", "2")
-    assert "resumed from" in logs(tp_run.parent / "logs-resumed")
+    train_steps(4, run, digits_dir, 10, "--tp", "2")
+    assert "resumed from" in logs(launch_logs(run))
     assert_same(final(run), final(tp_run))
 
 
@@ -73,8 +70,8 @@ def test_a_damaged_newest_sharded_checkpoint_resumes_from_the_one_before(
     else:
         shard = max(dcp_dir.glob("*.distcp"), key=lambda p: p.stat().st_size)
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    train(4, run, digits_dir, 10, "--tp", "2")
-    log = logs(run.parent / f"logs-{run.name}")
+    train_steps(4, run, digits_dir, 10, "--tp", "2")
+    log = logs(launch_logs(run))
     assert "skipping checkpoint" in log and "step_000000005" in log.split("resumed from")[1]
     assert_same(final(run), final(tp_run))
 
@@ -88,15 +85,15 @@ def trained_after_load(
     the samples done are a whole number of the new mesh's global batches (elastic.py)."""
     every = ("--checkpoint-every", "2")
     straight = from_checkpoint(source, 5, work / "straight")
-    train(4, straight, digits, 10, *flags, *every)
-    restarted = "epoch 0 restarts from its first batch" in logs(work / "logs-straight")
+    train_steps(4, straight, digits, 10, *flags, *every)
+    restarted = "epoch 0 restarts from its first batch" in logs(launch_logs(straight))
     assert restarted == loader_restarts
     steps = [r for r in records(straight) if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [6, 7, 8, 9, 10]
     assert all(math.isfinite(r["loss"]) for r in steps)
     reference = from_checkpoint(source, 5, work / "reference")
-    train(4, reference, digits, 8, *flags, *every)
-    train(4, reference, digits, 10, *flags, *every)
+    train_steps(4, reference, digits, 8, *flags, *every)
+    train_steps(4, reference, digits, 10, *flags, *every)
     assert_same(final(straight), final(reference))
     assert [r["loss"] for r in records(reference) if r["kind"] == "step"][-2:] == [
         r["loss"] for r in steps[-2:]
@@ -109,7 +106,9 @@ def records(run: Path) -> list[dict]:
 
 def test_tp2_dp2_checkpoint_loads_into_fsdp_dp4(tp_run: Path, digits_dir: Path) -> None:
     run = from_checkpoint(tp_run, 10, tp_run.parent / "as_dp4")
-    train(4, run, digits_dir, 10, "--fsdp")  # at step 10: the loaded weights are the final ones
+    train_steps(
+        4, run, digits_dir, 10, "--fsdp"
+    )  # at step 10: the loaded weights are the final ones
     assert_same(final(run), final(tp_run))
     # 5 steps x 32 samples is no whole number of dp4's 64-sample steps: epoch 0 starts over.
     trained_after_load(
@@ -119,9 +118,9 @@ def test_tp2_dp2_checkpoint_loads_into_fsdp_dp4(tp_run: Path, digits_dir: Path) 
 
 def test_fsdp_dp4_checkpoint_loads_into_tp2_dp2(tp_run: Path, digits_dir: Path) -> None:
     source = tp_run.parent / "dp4"
-    train(4, source, digits_dir, 10, "--fsdp")
+    train_steps(4, source, digits_dir, 10, "--fsdp")
     run = from_checkpoint(source, 10, tp_run.parent / "as_tp2")
-    train(4, run, digits_dir, 10, "--tp", "2")
+    train_steps(4, run, digits_dir, 10, "--tp", "2")
     assert_same(final(run), final(source))
     # 5 steps x 64 samples are 10 of tp2 dp2's 32-sample steps: the loader goes on from there.
     trained_after_load(
@@ -133,5 +132,5 @@ def test_finetune_starts_from_a_sharded_checkpoint(tp_run: Path, digits_dir: Pat
     """Plain DDP reads the dp 2 x tp 2 shards and timm's qkv order comes back."""
     run = tp_run.parent / "finetune"
     step_dir = tp_run / "checkpoints" / "step_000000010"
-    train(2, run, digits_dir, 0, "--finetune", str(step_dir), "--checkpoint-every", "0")
+    train_steps(2, run, digits_dir, 0, "--finetune", str(step_dir), "--checkpoint-every", "0")
     assert_same(final(run), final(tp_run))

@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+from tests.helpers import logs, run_ranks
 from tests.test_trainer_checkpoint import state
-from tests.test_trainer_launch import logs, run_ranks
 from vitpod.trainer.checkpoint import Checkpointer
 
 

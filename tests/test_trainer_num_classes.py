@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_trainer_launch import logs, run_ranks
+from tests.helpers import QUICK, logs, run_ranks
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.checks import problems
 from vitpod.trainer.data import DataConfig
@@ -21,11 +21,6 @@ from vitpod.workflows.plan import Request, plan_job
 from vitpod.workflows.recipe import load_recipe
 
 # One optimizer step of the tiny VOLO on digits: the command, made cheap.
-QUICK = [
-    "--model", "volo_tiny", "--img-size", "32", "-b", "16", "--workers", "0", "--loader", "torch",
-    "--epochs", "1", "--warmup-epochs", "0", "--max-steps", "1", "--checkpoint-every", "0",
-    "--no-eval", "--aa", "", "--reprob", "0",
-]  # fmt: skip
 
 
 def _three_class_folder(digits_dir: Path, root: Path) -> Path:

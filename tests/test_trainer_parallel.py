@@ -1,19 +1,14 @@
 """Ring all-reduce, parameter-server hook and DDP's built-in reducer give bit-identical training."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.helpers import free_port
+
 STEPS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, servers: int, out: dict) -> None:
@@ -65,7 +60,7 @@ def test_ring_ps_and_builtin_are_bit_identical(world: int, servers: int) -> None
     os.environ["OMP_NUM_THREADS"] = "1"
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(world, _free_port(), servers, out), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), servers, out), nprocs=world, join=True)
         results = dict(out)
     assert torch.equal(results["ring"], results["builtin"])
     assert torch.equal(results["ps"], results["builtin"])

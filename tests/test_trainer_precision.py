@@ -5,19 +5,12 @@ and the scale halves; a finite step updates. bf16 is refused on a GPU without it
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
+from tests.helpers import free_port
 from vitpod.registry import gpus
 from vitpod.trainer.hardware import bf16_problem
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _fp16_steps(port: int, out: dict, device_type: str) -> None:
@@ -86,7 +79,7 @@ def test_fp16_step_with_inf_or_nan_gradient_is_skipped_and_the_scale_drops(
     if device_type == "cpu":
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out: dict = {}
-    _fp16_steps(_free_port(), out, device_type)  # one rank (gloo or NCCL), torn down after
+    _fp16_steps(free_port(), out, device_type)  # one rank (gloo or NCCL), torn down after
     assert (out["scaler"], out["dtype"], out["autocast_dtype"]) == (
         "GradScaler", "torch.float16", "torch.float16",
     )  # fmt: skip

@@ -3,19 +3,19 @@ with random augmentation on; and a SIGUSR2 before the first step still ends in e
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_trainer_launch import (
+from tests.helpers import (
     last_step,
     logs,
     preempt_at,
     run_ranks,
     start_ranks,
     wait_ranks,
+    wait_until,
 )
 from vitpod.trainer.exitcodes import OK, REQUEUE
 
@@ -76,10 +76,14 @@ def test_signal_during_startup_requeues_every_rank(digits_dir: Path, tmp_path: P
     run = tmp_path / "early"
     args = [str(digits_dir), *ARGS, "--output", str(run)]
     procs = start_ranks(2, args, tmp_path / "logs", fresh=True)  # the signal lands mid-imports
-    deadline = time.monotonic() + 60
-    while not handles(procs[1].pid, signal.SIGUSR2):  # as soon as main() starts, mid-imports
-        assert time.monotonic() < deadline and procs[1].poll() is None, logs(tmp_path / "logs")
-        time.sleep(0.005)
+
+    def handler_set() -> bool:  # as soon as main() starts, mid-imports
+        if handles(procs[1].pid, signal.SIGUSR2):
+            return True
+        assert procs[1].poll() is None, logs(tmp_path / "logs")
+        return False
+
+    wait_until("rank 1's SIGUSR2 handler", handler_set, 60, interval=0.005)
     procs[1].send_signal(signal.SIGUSR2)
     assert wait_ranks(procs, tmp_path / "logs") == [REQUEUE, REQUEUE], logs(tmp_path / "logs")
     assert last_step(run) == 0  # no step was taken, so nothing was worth a checkpoint

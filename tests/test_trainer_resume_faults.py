@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_trainer_launch import logs, run_ranks
+from tests.helpers import logs, run_ranks
 from vitpod.trainer.checkpoint import Checkpointer, ResumeError
 from vitpod.trainer.elastic import Resize
 from vitpod.trainer.exitcodes import OK, USAGE

@@ -11,8 +11,8 @@ import torch
 import yaml
 from torch import nn
 
+from tests.helpers import QUICK
 from tests.test_trainer_config_files import timm_args
-from tests.test_trainer_num_classes import QUICK
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.checks import problems
 from vitpod.trainer.components import make_mixup

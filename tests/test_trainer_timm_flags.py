@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from tests.test_trainer_num_classes import QUICK
+from tests.helpers import QUICK
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.checks import problems
-from vitpod.trainer.config import SCHEDULES, ConfigError
+from vitpod.trainer.config import SCHEDULES, ConfigError, TrainConfig
 from vitpod.trainer.exitcodes import OK, USAGE
 from vitpod.trainer.flags import parse_args
 from vitpod.trainer.optim import (
@@ -64,6 +66,20 @@ def test_an_unknown_optimizer_is_one_error_listing_timms_names(tmp_path, capsys)
     assert "adamw, adamwlegacy" in found[0] and "sgd" in found[0]
     assert main([str(tmp_path), "--opt", "adamww", "--output", str(tmp_path / "r")]) == USAGE
     assert "--opt adamww: not an optimizer of timm" in capsys.readouterr().err
+
+
+def test_the_default_optimizer_is_timms_and_checking_it_imports_neither_timm_nor_torch() -> None:
+    """The planner checks every job's flags: with the default --opt it must not pay timm's and
+    torch's imports (some 10 s of CPU a command)."""
+    assert TrainConfig.opt in valid_optimizers()
+    code = (
+        "import sys; from vitpod.trainer.checks import problems; "
+        "from vitpod.trainer.flags import parse_args; "
+        "print(problems(parse_args(['d']), for_training=False), "
+        "sorted({m.split('.')[0] for m in sys.modules} & {'timm', 'torch'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "[]"], out.stdout + out.stderr
 
 
 def test_eps_betas_momentum_reach_the_optimizer_and_the_adamw_fast_path_stays() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_trainer_launch import ROOT, logs, run_ranks
+from tests.helpers import REPO, logs, run_ranks
 
 wandb = pytest.importorskip("wandb", reason="wandb is part of the [train] extra (make setup)")
 
@@ -116,7 +116,7 @@ def test_log_wandb_without_wandb_is_one_clear_error(tmp_path):
     argv = ["--dataset", "synthetic", "--model", "volo_tiny", "--img-size", "32",
             "--output", str(tmp_path / "run"), "--log-wandb"]  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "--log-wandb: the wandb package is not installed" in out.stderr
@@ -144,7 +144,7 @@ def test_online_without_an_api_key_is_one_clear_error(tmp_path):
     argv = ["--dataset", "synthetic", "--model", "volo_tiny", "--img-size", "32", "--workers",
             "0", "--output", str(tmp_path / "run"), "--log-wandb"]  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "vitpod.trainer", *argv], cwd=ROOT, env=env,
+        [sys.executable, "-m", "vitpod.trainer", *argv], cwd=REPO, env=env,
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]

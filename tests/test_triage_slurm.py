@@ -18,18 +18,15 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.fixtures_slurm import trainer_pid
-from tests.test_resume_slurm import _last_step, _make_env, _profile, _submit, _wait_until
+from tests.fixtures_slurm import submit, trainer_pid
+from tests.helpers import last_step, make, profile_copy, wait_until
 from vitpod.workflows import follow, status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[1]
 TINY = "--loader torch --workers 0 --epochs 3"
 
 
@@ -45,17 +42,24 @@ def _sbatch(run: Path, *args: str) -> str:
 
 
 def _status(tmp_path: Path, run: Path) -> str:
-    out = subprocess.run(["make", "-s", "status", f"RUN={run}"], cwd=REPO, env=_make_env(tmp_path),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = make("status", f"RUN={run}", runs=tmp_path / "runs", timeout=120)
     return out.stdout + out.stderr
 
 
 def _status_when_ended(tmp_path: Path, run: Path, timeout: float = 120) -> str:
-    """`make status` once squeue no longer shows the job COMPLETING (sacct may say FAILED first)."""
-    deadline = time.monotonic() + timeout
-    while "COMPLETING" in (shown := _status(tmp_path, run)) and time.monotonic() < deadline:
-        time.sleep(2)
-    return shown
+    """`make status` once squeue no longer shows the job COMPLETING (sacct may say FAILED first);
+    after `timeout` s, what it shows then (the caller's asserts say what is wrong)."""
+    shown = [""]
+
+    def ended() -> bool:
+        shown[0] = _status(tmp_path, run)
+        return "COMPLETING" not in shown[0]
+
+    try:
+        wait_until("the job to leave COMPLETING", ended, timeout, interval=2)
+    except AssertionError:
+        pass
+    return shown[0]
 
 
 def _tiny_image(tmp_path: Path) -> Path:
@@ -102,11 +106,7 @@ def _memory_capped_python(path: Path) -> Path:
 
 
 def _variant(tmp_path: Path, data: Path, name: str, **changes) -> Path:
-    profile = yaml.safe_load(_profile(tmp_path, data).read_text())
-    profile.update(changes)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(profile))
-    return path
+    return profile_copy(tmp_path, name=name, data=data, **changes)
 
 
 def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits_dir, tmp_path):
@@ -127,37 +127,37 @@ def test_failures_provoked_on_slurm_are_named_with_their_fix(local_slurm, digits
     no_requeue = _variant(
         tmp_path, data, "norequeue", preemption={"signal": "USR2", "grace_s": 30, "requeue": False}
     )
-    hang_job, hang_run = _submit(tmp_path, no_requeue, "--loader torch --workers 0 --epochs 20 "
+    hang_job, hang_run = submit(tmp_path, no_requeue, "--loader torch --workers 0 --epochs 20 "
                                  "--log-interval 1")  # fmt: skip
     # The causes found at startup need no second node: 2 ranks start, not 4 (each rank's
     # imports cost ~10 s of CPU on the 2 shared cores).
     one_node = _variant(tmp_path, data, "onenode", nodes=1)
-    config_job, config_run = _submit(tmp_path, one_node, f"{TINY} --num-classes 3")
+    config_job, config_run = submit(tmp_path, one_node, f"{TINY} --num-classes 3")
     memory = _variant(
         tmp_path, data, "memory", nodes=1, python=str(_memory_capped_python(tmp_path / "py"))
     )
     # 256 images a rank: the first forward needs far more than the 16 MiB the rank has left.
-    memory_job, memory_run = _submit(tmp_path, memory, f"{TINY} --batch-size 256")
+    memory_job, memory_run = submit(tmp_path, memory, f"{TINY} --batch-size 256")
 
     # The hung rank: stopped, the stage shows as stuck; continued, it trains on.
-    _wait_until("step 5", lambda: _last_step(hang_run) >= 5, timeout=600)
+    wait_until("step 5", lambda: last_step(hang_run) >= 5, timeout=600)
     pid = trainer_pid(hang_job, 1)
     os.kill(pid, signal.SIGSTOP)
     try:
-        stopped_at = time.monotonic()
-        found = None
-        while found is None or not found.cause.startswith("stuck"):
-            assert time.monotonic() - stopped_at < 300, "a stopped rank was never called stuck"
-            time.sleep(2)
+
+        def stuck() -> bool:
             found = status.run_status(hang_run)[0].diagnosis
+            return found is not None and found.cause.startswith("stuck")
+
+        wait_until("a stopped rank to be called stuck", stuck, 300, interval=2)
         assert "stuck: no step for" in _status(tmp_path, hang_run)
         view = follow.Target(hang_run)  # the follow view's row says so too
         view.poll()
         assert view.rows[0].reason.startswith("stuck: no step for"), view.rows[0]
     finally:
         os.kill(pid, signal.SIGCONT)
-    step = _last_step(hang_run)
-    _wait_until("a step after SIGCONT", lambda: _last_step(hang_run) > step + 2, timeout=300)
+    step = last_step(hang_run)
+    wait_until("a step after SIGCONT", lambda: last_step(hang_run) > step + 2, timeout=300)
     assert status.run_status(hang_run)[0].diagnosis is None
 
     # Preempted without requeue: the trainer checkpoints and exits 75.

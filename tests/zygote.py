@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PRELOAD = "vitpod.trainer.train"
 # Read by libraries when they load (libgomp at import torch, Python at startup): the zygote's
-# must be what every rank is given (start_ranks in tests/test_trainer_launch.py).
+# must be what every rank is given (start_ranks in tests/helpers.py).
 LOAD_TIME_ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 

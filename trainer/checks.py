@@ -94,16 +94,21 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
     return out + _timm_flag_problems(cfg)
 
 
-def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
-    """timm's optimizer, schedule and regularisation flags an engine or model cannot honour."""
-    out: list[str] = []
+def _opt_problem(opt: str) -> str | None:
+    """--opt against timm's optimizers. The default, timm's adamw, needs no look: importing
+    timm and torch costs some 10 s of CPU, which every planner command would pay."""
+    if opt == TrainConfig.opt:
+        return None
     try:
         from vitpod.trainer.optim import opt_problem, valid_optimizers
     except ImportError:  # a login node without torch/timm: the job's own check names it
-        pass
-    else:
-        if problem := opt_problem(cfg.opt, valid_optimizers()):
-            out.append(problem)
+        return None
+    return opt_problem(opt, valid_optimizers())
+
+
+def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
+    """timm's optimizer, schedule and regularisation flags an engine or model cannot honour."""
+    out = [problem] if (problem := _opt_problem(cfg.opt)) else []
     if cfg.sched not in SCHEDULES:
         why = (
             (

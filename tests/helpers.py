@@ -1,0 +1,197 @@
+"""What the tests share: one deadline loop, a run's metrics read back, and the local launcher
+that starts trainer ranks the way torchrun does (tests import these, not each other's names)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from tests.zygote import LOAD_TIME_ENV, ForkedRank, zygote
+from vitpod.registry import runfiles
+from vitpod.trainer.exitcodes import REQUEUE
+from vitpod.workflows.profile import PROFILE_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+Rank = subprocess.Popen | ForkedRank
+T = TypeVar("T")
+HOSTILE = "x$(touch $P)`touch $P`;touch $P;'q'&&touch $P|touch $P y"
+"""A path part or value that runs `touch $P` if any shell evaluates it (the injection tests)."""
+QUICK = [
+    "--model", "volo_tiny", "--img-size", "32", "-b", "16", "--workers", "0", "--loader", "torch",
+    "--epochs", "1", "--warmup-epochs", "0", "--max-steps", "1", "--checkpoint-every", "0",
+    "--no-eval", "--aa", "", "--reprob", "0",
+]  # fmt: skip
+"""Trainer flags for one step of volo_tiny at 32 px, nothing else (no eval, no checkpoint)."""
+
+
+def wait_until(what: str, check: Callable[[], T], timeout: float, interval: float = 0.1) -> T:
+    """Poll `check` until it returns something true, and return that; after `timeout` seconds
+    the test fails naming `what`. `check` may raise (an assert) to stop waiting at once."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(interval)
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def step_records(run: Path, rank: int = 0) -> dict[int, dict]:
+    """step -> `rank`'s record of it (a step logged twice, as after a resume: the later one),
+    read as every consumer reads metrics (registry.runfiles: a torn last line is not there yet)."""
+    return {r["step"]: r for r in runfiles.read_metrics(run, rank) if r["kind"] == "step"}
+
+
+def last_step(run: Path) -> int:
+    """The newest step rank 0 has logged (0 before the first)."""
+    return max(step_records(run), default=0)
+
+
+def logs(log_dir: Path) -> str:
+    return "\n".join(p.read_text()[-3000:] for p in sorted(log_dir.glob("rank*.log")))
+
+
+def start_ranks(nproc: int, args: list[str], log_dir: Path, fresh: bool = False) -> list[Rank]:
+    """`python -m vitpod.trainer ARGS` once per rank with torchrun-style variables (gloo on CPU),
+    forked from the session's zygote (tests/zygote.py says why); `fresh`: new interpreters."""
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fresh = fresh or os.environ.get("VITPOD_TEST_FRESH_RANKS") == "1"
+    procs: list[Rank] = []
+    for rank in range(nproc):
+        env = {
+            **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **LOAD_TIME_ENV,
+        }  # fmt: skip
+        if not fresh:
+            procs.append(zygote().start(args, env, REPO, log_dir / f"rank{rank}.log"))
+            continue
+        log = open(log_dir / f"rank{rank}.log", "a")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "vitpod.trainer", *args],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        )
+    return procs
+
+
+def wait_ranks(procs: list[Rank], log_dir: Path, timeout: float = 240) -> list[int]:
+    codes = []
+    try:
+        for proc in procs:
+            codes.append(proc.wait(timeout=timeout))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return codes
+
+
+def run_ranks(nproc: int, args: list[str], log_dir: Path, timeout: float = 240) -> list[int]:
+    return wait_ranks(start_ranks(nproc, args, log_dir), log_dir, timeout)
+
+
+def preempt_at(
+    run: Path,
+    step: int,
+    procs: list[Rank],
+    rank: int,
+    signum: int = signal.SIGUSR2,
+    timeout: float = 600,
+) -> None:
+    """`signum` to `rank` alone once rank 0 logged `step`: the others must learn it from it."""
+
+    def reached() -> bool:
+        if last_step(run) >= step:
+            return True
+        assert all(p.poll() is None for p in procs), f"a rank ended before step {step}"
+        return False
+
+    wait_until(f"step {step} of {run}", reached, timeout, interval=0.02)
+    procs[rank].send_signal(signum)
+
+
+def launch_logs(run: Path) -> Path:
+    """Where `train` puts the ranks' logs of `run`: beside it, one folder a run."""
+    return run.parent / f"logs-{run.name}"
+
+
+def train(nproc: int, run: Path, args: list[str], timeout: float = 900) -> Path:
+    """The trainer with `args` on `nproc` local ranks, writing `run` (a run trained again
+    resumes); fails with the ranks' logs unless every rank exits 0."""
+    log_dir = launch_logs(run)
+    codes = run_ranks(nproc, [*args, "--output", str(run)], log_dir, timeout)
+    assert codes == [0] * nproc, logs(log_dir)
+    return run
+
+
+def preempted(
+    nproc: int, run: Path, args: list[str], step: int, rank: int, timeout: float = 900
+) -> int:
+    """The trainer with `args` on `nproc` local ranks, `rank` alone sent SIGUSR2 once step
+    `step` is logged: every rank must exit REQUEUE. Returns the newest step logged then."""
+    log_dir = run.parent / f"logs-{run.name}-preempted"
+    procs = start_ranks(nproc, [*args, "--output", str(run)], log_dir)
+    preempt_at(run, step, procs, rank, timeout=timeout)
+    assert wait_ranks(procs, log_dir, timeout) == [REQUEUE] * nproc, logs(log_dir)
+    return last_step(run)
+
+
+def make(
+    *argv: str, runs: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`make -s ARGV` in the checkout as a user types it: a calling make's flags (`make test`)
+    left out, run directories under `runs` when given, `env` on top."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    if runs is not None:
+        base["VITPOD_RUN_ROOT"] = str(runs)
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", *argv], cwd=REPO, env={**base, **(env or {})},
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def profile_copy(
+    tmp_path: Path,
+    base: str = "localslurm",
+    name: str = "",
+    data: Path | None = None,
+    **changes: Any,
+) -> Path:
+    """The bundled profile `base` with `changes` (each replaces a field) and storage.data set to
+    `data` when given, written under tmp_path (as `name`.yaml, default `base`) for CLUSTER=FILE."""
+    profile = yaml.safe_load((PROFILE_DIR / f"{base}.yaml").read_text())
+    profile.update(changes)
+    if data is not None:
+        profile["storage"] = {**profile["storage"], "data": str(data)}
+    path = tmp_path / f"{name or base}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def hostile_profile(tmp_path: Path, base: str, **changes: Any) -> tuple[Path, Path]:
+    """A copy of a bundled profile whose every path lies under a HOSTILE directory: (the
+    profile, that directory)."""
+    root = tmp_path / f"root{HOSTILE}"
+    (root / "code").mkdir(parents=True)
+    storage = {"data": f"{root}/data", "runs": f"{root}/runs", "code": f"{root}/code"}
+    env = {"OMP_NUM_THREADS": "1", "VITPOD_HOSTILE": HOSTILE}
+    changes = {"storage": storage, "env": env, **changes}
+    return profile_copy(tmp_path, base, f"{base}-hostile", **changes), root
