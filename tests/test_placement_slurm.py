@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures_slurm import queue_state
-from tests.test_node_range_slurm import _ranged
-from tests.test_resume_slurm import REPO, _make_env, _wait_until
+from tests.helpers import make, profile_copy, wait_until
 from vitpod.registry.decision import read_decision
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -22,10 +21,8 @@ ARGS = ("-b 8 --workers 0 --loader torch --epochs 1 --max-steps 20 --log-interva
 
 
 def _make(tmp_path: Path, target: str, profile: Path, *extra: str) -> str:
-    out = subprocess.run(
-        ["make", "-s", target, f"CLUSTER={profile}", "MODEL=volo_tiny", f"ARGS={ARGS}", *extra],
-        cwd=REPO, env=_make_env(tmp_path), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    out = make(target, f"CLUSTER={profile}", "MODEL=volo_tiny", f"ARGS={ARGS}", *extra,
+               runs=tmp_path / "runs")  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -33,12 +30,12 @@ def _make(tmp_path: Path, target: str, profile: Path, *extra: str) -> str:
 def test_a_ranged_job_is_placed_on_one_node_beside_a_busy_node_and_on_two_when_free(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = _ranged(tmp_path, digits_dir.parent)
+    profile = profile_copy(tmp_path, data=digits_dir.parent, nodes="1-2")
     hold = ["sbatch", "--parsable", "-p", "pretrain", "-w", "node2", "--exclusive", "-t", "10",
             "-o", "/dev/null", "--wrap", "sleep 600"]  # fmt: skip
     blocker = subprocess.run(hold, capture_output=True, text=True, check=True).stdout.strip()
     try:
-        _wait_until("node2 held", lambda: queue_state(blocker) == "RUNNING", timeout=120)
+        wait_until("node2 held", lambda: queue_state(blocker) == "RUNNING", timeout=120)
         out = _make(tmp_path, "place", profile)
         script = Path(out.strip().splitlines()[-1])
         first = read_decision(script.parent).placement
@@ -50,7 +47,7 @@ def test_a_ranged_job_is_placed_on_one_node_beside_a_busy_node_and_on_two_when_f
         assert local_slurm.wait(job, timeout=600) == "COMPLETED"
     finally:
         subprocess.run(["scancel", blocker], timeout=30)
-    _wait_until("node2 free", lambda: queue_state(blocker) == "", timeout=120)
+    wait_until("node2 free", lambda: queue_state(blocker) == "", timeout=120)
     out = _make(tmp_path, "pretrain", profile, "PLACE=1")
     second = Path(out.strip().splitlines()[-1]).parent
     placed = read_decision(second).placement
@@ -58,10 +55,7 @@ def test_a_ranged_job_is_placed_on_one_node_beside_a_busy_node_and_on_two_when_f
     assert "compute scaled to 1 micro-batch(es)" in placed.prediction.step_time_source
     job = re.search(r"submitted batch job (\d+)", out)[1]
     assert local_slurm.wait(job, timeout=600) == "COMPLETED"
-    status = subprocess.run(
-        ["make", "-s", "status", f"RUN={second}"], cwd=REPO, env=_make_env(tmp_path),
-        capture_output=True, text=True, timeout=120,
-    ).stdout  # fmt: skip
+    status = make("status", f"RUN={second}", runs=tmp_path / "runs", timeout=120).stdout
     line = next(ln.strip() for ln in status.splitlines() if "placement (" in ln)
     assert "placement (2 node(s) on pretrain)" in line and "(error " in line, status
     print(f"\nprediction against sacct: {line}")
