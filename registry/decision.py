@@ -137,6 +137,19 @@ class CheckpointInterval(_Record):
         return (f"checkpoint {every}: sqrt(2 x {self.save_cost_s:.3g} s x {self.mtbi_hours:.3g} h)"
                 f" = {self.interval_s:.0f} s; {self.reason}")  # fmt: skip
 
+    def expected_lost_s(self, restarts: int) -> float:
+        """Work an interruption without warning loses on average: half the interval the ranks
+        run (Young 1974); a preemption with its signal saves first and loses about none."""
+        run_s = self.steps * self.step_time_s if self.steps and self.step_time_s else None
+        return restarts * (run_s or self.interval_s) / 2
+
+    def against(self, lost_s: float, restarts: int) -> str:
+        """The goodput ledger's lost work against what the interval lets one expect."""
+        return (
+            f"checkpoint interval: expected lost <= {self.expected_lost_s(restarts):.1f} s "
+            f"({restarts} restart(s) x half an interval, none warned), lost {lost_s:.1f} s"
+        )
+
 
 class PlacedCandidate(_Record):
     """One placement candidate: where and on how many nodes, and what was predicted for it."""

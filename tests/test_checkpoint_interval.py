@@ -218,3 +218,41 @@ def test_the_history_query_is_one_function_in_one_module():
     source = Path(interruptions.__file__).read_text()
     assert source.count('slurm.run(["sacct"') == 1 and "subprocess" not in source
     assert '"sacct"' not in Path(ckptinterval.__file__).read_text()
+
+
+def test_expected_lost_work_against_the_ledgers_in_status_and_report(tmp_path):
+    """Half an interval per restart without warning (the interval the ranks run: steps x step
+    time), shown under the goodput line and in report.json beside the ledger's lost seconds."""
+    from vitpod.analysis.goodput import Ledger
+    from vitpod.registry.decision import CheckpointInterval
+    from vitpod.workflows import status
+
+    record = CheckpointInterval(
+        save_cost_s=10.0, save_cost_source="test", mtbi_hours=2.0, mtbi_source="test",
+        step_time_s=0.5, step_time_source="test", interval_s=379.5, steps=700,
+    )  # fmt: skip
+    assert record.expected_lost_s(0) == 0.0
+    assert record.expected_lost_s(2) == pytest.approx(2 * 700 * 0.5 / 2)  # the steps it runs
+    epoch_ends = record.model_copy(update={"steps": 0})
+    assert epoch_ends.expected_lost_s(1) == pytest.approx(379.5 / 2)
+
+    plan = _plan(tmp_path)
+    run = Path(plan.spec.run_dir)
+    run.mkdir(parents=True)
+    decision = plan.decision.model_copy(update={"checkpoint": record})
+    write_decision(run, decision)
+    ledger = Ledger(wall=900.0, attempts=3)
+    ledger.parts["lost"] = 42.0
+    shown = status.format_status(
+        [
+            status.StageStatus(
+                "pretrain", str(run), "COMPLETED", ["1"], 2, 10, None, None, None, ledger=ledger
+            )
+        ]  # fmt: skip
+    )
+    assert "checkpoint interval: expected lost <= 350.0 s (2 restart(s)" in shown, shown
+    assert shown.rstrip().endswith("lost 42.0 s"), shown
+    report = status.stage_report({"run_dir": str(run), "job_ids": ["1"]}, "COMPLETED", ledger)
+    assert report["checkpoint_interval"] == {
+        "steps": 700, "restarts": 2, "expected_lost_s": 350.0, "lost_s": 42.0
+    }  # fmt: skip

@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import Placement, RecordError, engine_fields, find_decision
+from vitpod.registry.decision import (
+    Decision,
+    RecordError,
+    engine_fields,
+    find_decision,
+)
 from vitpod.trainer import labelset
 from vitpod.workflows import goodput, jobstate, multicluster, triage
 from vitpod.workflows.metricstail import MetricsTail, duration, newest_checkpoint_age
@@ -192,19 +197,21 @@ def format_status(statuses: list[StageStatus]) -> str:
             out.extend("  " + line for line in s.diagnosis.text())
         if s.ledger is not None:
             out.append("  " + s.ledger.line())
-            placed = placement_of(Path(s.run_dir))
-            if placed is not None:
-                out.append("  " + placed.against(s.ledger.start, s.ledger.end))
+            decision = decision_of(Path(s.run_dir))
+            if decision is not None and decision.placement is not None:
+                out.append("  " + decision.placement.against(s.ledger.start, s.ledger.end))
+            if decision is not None and decision.checkpoint is not None:
+                restarts = max(0, s.ledger.attempts - 1)
+                out.append("  " + decision.checkpoint.against(s.ledger.parts["lost"], restarts))
     return "\n".join(out)
 
 
-def placement_of(run_dir: Path) -> Placement | None:
-    """The placement plan.json records (None: not placed, or no readable record)."""
+def decision_of(run_dir: Path) -> Decision | None:
+    """The run's plan.json (None: none, or no readable record)."""
     try:
-        decision = find_decision(run_dir)
+        return find_decision(run_dir)
     except RecordError:
         return None  # engine_of shows why on the stage's line
-    return decision.placement if decision else None
 
 
 def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -> dict[str, Any]:
@@ -224,7 +231,15 @@ def stage_report(stage: Mapping[str, Any], state: str, ledger: goodput.Ledger) -
         "logs": str(run_dir / runfiles.LOGS),
         "goodput": ledger.as_dict(),
     }
-    placed = placement_of(run_dir)
+    decision = decision_of(run_dir)
+    if decision is not None and decision.checkpoint is not None:
+        restarts = max(0, ledger.attempts - 1)
+        out["checkpoint_interval"] = {
+            "steps": decision.checkpoint.steps, "restarts": restarts,
+            "expected_lost_s": decision.checkpoint.expected_lost_s(restarts),
+            "lost_s": ledger.parts["lost"],
+        }  # fmt: skip
+    placed = decision.placement if decision else None
     return {**out, "placement": placed.compared(ledger.start, ledger.end)} if placed else out
 
 
