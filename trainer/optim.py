@@ -148,13 +148,14 @@ def create_schedule(
 ):
     """timm's warmup + `sched`, stepped per optimizer update (`step_update(global_step)`): its
     position is the step count, so a resumed run's LR is the uninterrupted run's."""
+    decay: dict[str, Any] = {} if decay_epochs is None else {"decay_epochs": decay_epochs}
     try:
         scheduler, _ = create_scheduler_v2(
             optimizer, sched=sched, num_epochs=epochs, warmup_epochs=warmup_epochs,
             warmup_lr=warmup_lr, min_lr=min_lr, decay_milestones=list(decay_milestones),
             decay_rate=decay_rate, step_on_epochs=False, updates_per_epoch=max(1, steps_per_epoch),
             # unset: timm's own default (timm < 1.0.31 multiplies a None here and fails)
-            **({} if decay_epochs is None else {"decay_epochs": decay_epochs}),
+            **decay,
         )  # fmt: skip
     except ValueError as err:  # wsd/rsqrt: a decay length that does not fit the run
         raise ConfigError(f"--sched {sched}: {err}") from err
