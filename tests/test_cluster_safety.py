@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
 from vitpod.workflows.profile import PROFILE_DIR
 
@@ -119,7 +120,9 @@ def test_header_and_env_part_run_without_evaluating_anything(tmp_path, capsys):
     assert "vitpod: job 4242 restart 0" in sbatch_log.read_text()
 
 
-def test_whole_script_hands_args_to_srun_verbatim_and_requeues_on_75(tmp_path, capsys):
+def test_whole_script_starts_ranks_from_the_plan_holding_args_verbatim_and_requeues_on_75(
+    tmp_path, capsys
+):
     canary = tmp_path / "CANARY"
     script = render_hostile(tmp_path, canary, capsys)
     bin_dir = shims(tmp_path, srun_status=75)
@@ -129,10 +132,14 @@ def test_whole_script_hands_args_to_srun_verbatim_and_requeues_on_75(tmp_path, c
     assert out.returncode == 0, out.stderr
     argv = (tmp_path / "srun.argv").read_text().split("\0")[:-1]
     hostile = hostile_args(canary)
-    start = argv.index(hostile[0])
-    assert argv[start : start + len(hostile)] == hostile  # verbatim; the topology flags follow
     assert argv[argv.index("bash") + 1] == str(script.parent / "bind.sh")
-    assert argv[argv.index("--output") + 1] == str(script.parent)
+    assert argv[argv.index("--plan") + 1] == str(script.parent / "plan.json")
+    assert not set(hostile[1::2]) & set(argv)  # ARGS reach the ranks through plan.json only
+    trainer = read_decision(script.parent).trainer
+    assert trainer is not None  # the last of each repeated flag wins, every character kept
+    sections = {k: v for part in trainer.model_dump().values() for k, v in part.items()}
+    assert sections["token_label_data"] == hostile[-3] and sections["aa"] == hostile[-1]
+    assert sections["output"] == str(script.parent)
     assert (tmp_path / "scontrol.argv").read_text().split("\0")[:-1] == ["requeue", "4242"]
     assert not canary.exists()
 

@@ -54,6 +54,10 @@ def extra_args(args: str) -> list[str]:
     except ValueError as exc:
         raise ConfigError(f"ARGS={args!r}: {exc}; balance the quotes") from None
     for arg in extra:
+        if any(c in arg for c in "\n\r\0"):  # no flag takes one; a log line cannot carry it
+            raise ConfigError(
+                f"ARGS: {arg!r} contains a newline, carriage return or NUL; remove it"
+            )
         flag = arg.split("=", 1)[0]
         if flag in RESERVED:
             raise ConfigError(f"ARGS: {flag} is set by vitpod ({RESERVED[flag]}); remove it")
