@@ -262,10 +262,11 @@ def place(req: Request, deadline: str = "", start_of: StartFn = slurm_start) -> 
 
 def _start(plan: JobPlan, start_of: StartFn, placed_at: dt.datetime) -> dt.datetime:
     """Slurm's start; where it says "at once", the placement's own time: the candidates are
-    asked one after another, and a later "now" must not count against the later ones."""
-    asked = dt.datetime.now().astimezone()
+    asked one after another, and a later "now" must not count against the later ones. Slurm's
+    "now" falls while it is asked, so it is compared with the moment its answer came."""
     start = start_of(plan)
-    return placed_at if start <= asked + dt.timedelta(seconds=1) else start
+    answered = dt.datetime.now().astimezone()
+    return placed_at if start <= answered + dt.timedelta(seconds=1) else start
 
 
 def table(record: Placement) -> Any:
