@@ -4,6 +4,7 @@ tests/test_progress_slurm.py."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
@@ -163,3 +164,24 @@ def test_a_study_records_each_points_gpu_hours_from_one_sacct(tmp_path, monkeypa
 
     monkeypatch.setattr(slurm, "runner", fails)
     assert [p["device_hours"] for p in study.record_ledgers(tmp_path)["points"]] == [None, None]
+
+
+def test_a_reused_job_id_counts_only_the_attempts_since_the_run_was_created(tmp_path, monkeypatch):
+    """A controller whose state was reset hands out id 1000004 again: sacct -D lists both jobs;
+    the ledger keeps the one submitted after the run's manifest was written."""
+    import subprocess
+
+    from vitpod.workflows import goodput, slurm
+
+    day = "2026-01-01T"
+    rows = (f"1000004|{day}00:47:45|{day}00:47:46|{day}00:47:56|cpu=4\n"
+            f"1000004|{day}02:49:14|{day}02:49:14|{day}02:50:03|cpu=4\n")  # fmt: skip
+    monkeypatch.setattr(
+        slurm, "runner", lambda argv, **_: subprocess.CompletedProcess(argv, 0, rows, "")
+    )
+    created = goodput._epoch("2026-01-01T02:48:13")
+    assert created is not None
+    stamp = dt.datetime.fromtimestamp(created).astimezone().isoformat()
+    (tmp_path / "manifest.json").write_text(json.dumps({"created": stamp}))
+    led = goodput.ledger(tmp_path, ["1000004"])
+    assert led.attempts == 1 and led.wall == pytest.approx(49.0)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from vitpod.analysis.goodput import Attempt, Ledger, assemble, container_seconds, read_rank0
+from vitpod.registry import runfiles
 from vitpod.workflows import multicluster, slurm
 
 __all__ = ["Ledger", "allocated_devices", "attempts", "ledger", "ledgers"]
@@ -70,7 +73,7 @@ def ledgers(runs: Sequence[tuple[Path, list[str]]]) -> list[Ledger]:
     out = []
     answers = multicluster.per_cluster(list(runs), ask)
     for (run_dir, job_ids), (found, problem) in zip(runs, answers, strict=True):
-        mine = [a for a in found if _of(a.job_id, job_ids)]
+        mine = since_created(run_dir, [a for a in found if _of(a.job_id, job_ids)])
         result = assemble(read_rank0(run_dir), mine, container_seconds(run_dir))
         if problem is not None and job_ids:
             unknown = "queue wait and requeued attempts unknown, ask again later"
@@ -79,6 +82,20 @@ def ledgers(runs: Sequence[tuple[Path, list[str]]]) -> list[Ledger]:
             result.notes = [note, *rest]
         out.append(result)
     return out
+
+
+def since_created(run_dir: Path, found: list[Attempt]) -> list[Attempt]:
+    """The attempts submitted since the run was created, restarts counted among them alone: a
+    controller whose state was reset (or whose ids wrapped at MaxJobId) hands out an id again,
+    and sacct -D then also lists the older job of that id."""
+    try:
+        created = dt.datetime.fromisoformat(runfiles.read_manifest(run_dir)["created"])
+    except (FileNotFoundError, KeyError, ValueError):
+        return found
+    since = created.timestamp() - 1.0  # sacct's whole seconds
+    kept = [a for a in found if a.submit >= since]
+    return [dataclasses.replace(a, restart=sum(b.job_id == a.job_id for b in kept[:i]))
+            for i, a in enumerate(kept)]  # fmt: skip
 
 
 def _of(job: str, job_ids: list[str]) -> bool:
