@@ -87,7 +87,8 @@ def test_make_pipeline_pretrains_on_cluster_1_and_fine_tunes_on_cluster_2(
     # read it there.
     digest = json.loads((pre / runfiles.FINAL / runfiles.MANIFEST).read_text())["sha256"]
     moved = runfiles.read_manifest(fin)["transfer"]
-    assert moved["sha256"] == digest and moved["to_cluster"] == "vitpod2"
+    assert moved["sha256"] == digest and moved["to_cluster"] == two_clusters.second
+    assert moved["from_cluster"] == two_clusters.first
     assert runfiles.read_manifest(pre)["transfers"][0]["sha256"] == digest
     assert Path(moved["to"]).parent.parent.parent == fin.parent  # <two>/<pipeline>/...
     config = json.loads((fin / runfiles.CONFIG).read_text())
@@ -98,6 +99,9 @@ def test_make_pipeline_pretrains_on_cluster_1_and_fine_tunes_on_cluster_2(
     assert re.search(rf"finetune\s+COMPLETED\s+jobs={fin_job} cluster=vitpod2", shown.stdout), (
         shown.stdout + shown.stderr
     )
+    # each stage's goodput from its own cluster's accounting: no part negative (cluster 2's job
+    # ids restart with its state; an older job of the same id is not this run's)
+    assert shown.stdout.count("goodput:") == 2 and not re.search(r"=-\d", shown.stdout), shown.stdout
 
 
 def test_a_preempted_pretrain_hands_over_only_at_its_end_and_a_damaged_model_is_caught(

@@ -145,9 +145,9 @@ def hand_over(chain: Any, pre: Any, fin: Any) -> None:
         chain._save()
         raise HandoverError(str(exc)) from None
     if moved is not None:
-        moved["to_cluster"] = fin.recorded_cluster or "default"
+        moved["to_cluster"] = _name(fin.recorded_cluster)
         _record(pre.run_dir, "transfers", moved, append=True)
-        fin.manifest_extra["transfer"] = {**moved, "from_cluster": pre.recorded_cluster}
+        fin.manifest_extra["transfer"] = {**moved, "from_cluster": _name(pre.recorded_cluster)}
     chain.handover = {"transfer": moved, "image": image}
     with slurm.on_cluster(fin.recorded_cluster):
         if fin.plan is not None:
@@ -184,3 +184,12 @@ def wait(chain: Any, timeout: float | None, poll_s: float) -> None:
     left = None if deadline is None else max(1.0, deadline - time.monotonic())
     poller = jobstate.JobStatePoller(fin.job_ids, cluster=fin.recorded_cluster)
     jobstate.wait_jobs(poller, timeout=left, poll_s=poll_s)
+
+
+def _name(cluster: str) -> str:
+    """A stage's cluster by name, the default one's asked of Slurm ('default' when unsaid)."""
+    try:
+        with slurm.on_cluster(cluster):
+            return slurm.cluster_name() or "default"
+    except slurm.SlurmError:
+        return cluster or "default"

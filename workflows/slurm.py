@@ -91,6 +91,18 @@ def current_cluster() -> str:
     return _cluster.get()
 
 
+def cluster_name() -> str:
+    """The cluster a block's commands ask: on_cluster's name, else the default controller's
+    ClusterName ('' when it does not say)."""
+    if name := current_cluster():
+        return name
+    for line in run(["scontrol", "show", "config"]).splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip()
+    return ""
+
+
 def call(
     argv: Sequence[str], *, input: str | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
