@@ -1,0 +1,39 @@
+# Sourced by up.sh and cluster2.sh: the slurm.conf lines both local clusters share.
+# slurm_conf_common: print them for cluster $CLUSTER (controller on $HOST:$CTLD_PORT, state under
+# $STATE, accounting through the one slurmdbd on $DBD_PORT).
+slurm_conf_common() {
+  cat <<EOF2
+ClusterName=$CLUSTER
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+AuthType=auth/munge
+AuthInfo=cred_expire=10
+EOF2
+  [ -z "${FIRST_JOB_ID:-}" ] || echo "FirstJobId=$FIRST_JOB_ID"
+  cat <<EOF2
+StateSaveLocation=$STATE/ctld
+SlurmdSpoolDir=$STATE/spool/%n
+SlurmctldPidFile=$STATE/run/slurmctld.pid
+SlurmdPidFile=$STATE/run/slurmd-%n.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+SchedulerParameters=sched_interval=2
+DependencyParameters=kill_invalid_depend
+ReturnToService=2
+KillWait=10
+MinJobAge=600
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+GresTypes=gpu
+PlugStackConfig=$STATE/etc/plugstack.conf
+EOF2
+}
