@@ -9,9 +9,9 @@ from vitpod.analysis.fabric import Fabric
 
 ALLREDUCE = "ring"
 PARAMETER_SERVER = "ps"
-# Each modelled algorithm and the trainer's --topology value that runs it (NCCL picks ring or
+# Each modelled algorithm and the trainer's --exchange value that runs it (NCCL picks ring or
 # tree itself once all-reduce is chosen; the trainer's parameter server is the DDP hook).
-TRAINER_TOPOLOGY = {
+TRAINER_EXCHANGE = {
     "ring": ALLREDUCE,
     "hierarchical": ALLREDUCE,
     "tree": ALLREDUCE,
@@ -30,9 +30,9 @@ class Choice:
     costs: dict[str, float] = field(default_factory=dict)
 
     @property
-    def topology(self) -> str:
-        """The trainer's --topology value (ring|ps) that runs this algorithm."""
-        return TRAINER_TOPOLOGY[self.name]
+    def exchange(self) -> str:
+        """The trainer's --exchange value (ring|ps) that runs this algorithm."""
+        return TRAINER_EXCHANGE[self.name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +176,7 @@ DDP_FIRST_BUCKET_BYTES = 1024**2
 # NCCL picks ring or tree itself (NCCL_ALGO), and a 2-D ring is what its ring does across nodes.
 BACKEND_ALGORITHMS = {
     "gloo": ("ring", "ps_colocated", "ps_dedicated"),
-    "nccl": tuple(TRAINER_TOPOLOGY),
+    "nccl": tuple(TRAINER_EXCHANGE),
 }
 # Collective calls per gradient bucket: one all-reduce, or the parameter-server hook's reduce
 # to the bucket's server followed by its broadcast (trainer/ddp_engine.py ps_hook).

@@ -115,8 +115,9 @@ _STUDY_KEYS = {
     "calibration",
 }  # fmt: skip
 _POINT_KEYS = {
-    "gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index", "topology",
+    "gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index", "engine",
     "algorithm", "predicted_comm_s", "device_kind", "device_hours", "useful_device_hours",
+    "topology",  # an older study's name for "engine"
 }  # fmt: skip
 
 

@@ -73,7 +73,7 @@ class Engine(_Record):
     """ZeRO stage (deepspeed only)."""
     source: Literal["cost model", "flags"] = "flags"
     """'cost model' when the planner chose between ring and ps; 'flags' when ARGS or the
-    recipe named the engine (--topology, --deepspeed, --fsdp/--tp/--pp; registry/engines.py)."""
+    recipe named the engine (--exchange, --deepspeed, --fsdp/--tp/--pp; registry/engines.py)."""
     reason: str = ""
 
 

@@ -20,7 +20,7 @@ MESH_ENGINES: tuple[EngineName, ...] = ("fsdp", "mesh")
 def claimed(*, exchange: str, deepspeed: bool, fsdp: bool, tp: int, pp: int) -> list[EngineName]:
     """Every engine these settings ask for, in the order they win: --deepspeed, then tensor or
     pipeline stages (the mesh engine, FSDP2 over its dp ranks with --fsdp), then --fsdp alone,
-    then --topology ring|ps (auto: none, the planner's cost model chooses). More than one (but
+    then --exchange ring|ps (auto: none, the planner's cost model chooses). More than one (but
     mesh with fsdp) is a conflict the checks refuse."""
     rules: list[tuple[EngineName, bool]] = [
         ("deepspeed", deepspeed),

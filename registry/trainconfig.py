@@ -210,8 +210,16 @@ class TrainConfig:
         default=None, metadata=_arg("optim", "stop after N optimizer steps")
     )
     # Parallelism
-    topology: str = field(
-        default="auto", metadata=_arg("parallel", "gradient path", choices=("ring", "ps", "auto"))
+    exchange: str = field(
+        default="auto",
+        metadata=_arg(
+            "parallel",
+            "gradient exchange: ring all-reduce or parameter server (auto: "
+            "the planner's cost model; --topology: its former name)",
+            "--exchange",
+            "--topology",
+            choices=("ring", "ps", "auto"),
+        ),  # fmt: skip
     )
     ps_servers: int | None = field(
         default=None,
@@ -321,12 +329,12 @@ class TrainConfig:
     def engines_claimed(self) -> list[EngineName]:
         """Every engine the parallel settings ask for (registry/engines.py's one rule)."""
         return claimed(
-            exchange=self.topology, deepspeed=self.deepspeed, fsdp=self.fsdp, tp=self.tp, pp=self.pp
+            exchange=self.exchange, deepspeed=self.deepspeed, fsdp=self.fsdp, tp=self.tp, pp=self.pp
         )
 
     @property
     def engine(self) -> EngineName:
-        """The engine these settings run: the first claimed. A planned run's --topology is the
+        """The engine these settings run: the first claimed. A planned run's --exchange is the
         planner's ring-or-ps choice; by hand, auto runs ring."""
         return next(iter(self.engines_claimed), "ring")
 

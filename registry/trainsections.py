@@ -46,6 +46,16 @@ class TrainerSettings(BaseModel):
     parallel: dict[str, Any]
     run: dict[str, Any]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """A plan written before parallel.topology became parallel.exchange still reads."""
+        parallel = data.get("parallel") if isinstance(data, dict) else None
+        if isinstance(parallel, dict) and "topology" in parallel and "exchange" not in parallel:
+            parallel = {("exchange" if k == "topology" else k): v for k, v in parallel.items()}
+            data = {**data, "parallel": parallel}
+        return data
+
     @model_validator(mode="after")
     def _typed(self) -> TrainerSettings:
         for section, values in self.sections().items():

@@ -43,7 +43,7 @@ def test_five_dgx_a100_hand_computed():
     choice = choose(DGX_A100, 100e6, nodes=5)
     assert choice.name == "tree"
     assert choice.predicted_s == pytest.approx(table["tree"])
-    assert choice.topology == "ring"
+    assert choice.exchange == "ring"
     assert choice.costs == table
 
 
@@ -85,7 +85,7 @@ def test_dedicated_servers_win_when_plentiful_and_fast():
     assert choice.costs["ring"] == pytest.approx(1.75e9 / 10e9)
     assert choice.name == "ps_dedicated"
     assert choice.predicted_s == pytest.approx(1e9 / 10e9)
-    assert choice.topology == "ps"
+    assert choice.exchange == "ps"
     assert "ps_dedicated" in choice.reason and "ms" in choice.reason and "\n" not in choice.reason
 
 
@@ -153,8 +153,8 @@ def test_bad_layouts_raise():
 
 def test_choice_names_the_engine_that_runs_its_algorithm():
     choice = Choice(name="ps_colocated", predicted_s=1.0, reason="r", costs={"ps_colocated": 1.0})
-    assert choice.topology == "ps"
-    assert Choice("tree", 1.0, "r").topology == "ring"
+    assert choice.exchange == "ps"
+    assert Choice("tree", 1.0, "r").exchange == "ring"
 
 
 def test_cost_model_imports_without_torch():

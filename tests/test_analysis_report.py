@@ -41,7 +41,7 @@ def step_line(rank, world, step, batch, times, warmup=False):
     }
 
 
-def write_run(run_dir, world, batch, images_per_s, comm_by_rank, summary=True, topology="ring"):
+def write_run(run_dir, world, batch, images_per_s, comm_by_rank, summary=True, engine="ring"):
     """Each rank: 2 slow warmup steps, then 3 steps of data 10 ms, compute 50 ms, its comm,
     optimizer 5 ms. Returns nothing; the expected means are computed by the tests by hand."""
     (run_dir / "metrics").mkdir(parents=True)
@@ -59,7 +59,7 @@ def write_run(run_dir, world, batch, images_per_s, comm_by_rank, summary=True, t
                     "images_per_s": images_per_s,
                     "world_size": world,
                     "global_batch": batch * world,
-                    "topology": topology,
+                    "engine": engine,
                 }
             )
         text = "".join(json.dumps(line) + "\n" for line in lines)

@@ -1,5 +1,5 @@
 """Calibrated cost model: the fit recovers known latencies and bandwidths, plugs into Fabric,
-prices DDP buckets per step, is stored beside the profile and named in topology decisions."""
+prices DDP buckets per step, is stored beside the profile and named in exchange decisions."""
 
 import dataclasses
 import json
@@ -177,7 +177,7 @@ def test_decide_uses_the_calibration_and_says_so():
     ring_s = costs.per_algorithm_s["ring"]
     assert ring_s == pytest.approx(ring(4, A_INTER, B_WORLD, one_bucket), rel=1e-9)
     _, forced = exchange.choose_engine(
-        PROFILE_FABRIC, "volo_tiny", 2, gpus=4, topology="ring", calibration=cal, **tiny
+        PROFILE_FABRIC, "volo_tiny", 2, gpus=4, exchange="ring", calibration=cal, **tiny
     )
     assert forced.predicted_comm_s == pytest.approx(ring_s)
 

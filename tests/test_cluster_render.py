@@ -147,7 +147,7 @@ def test_local_profile_renders_a_torchrun_script(tmp_path, capsys):
     )
     assert text.rstrip().endswith(f"--plan {script.parent}/plan.json")
     record = read_decision(script.parent)
-    assert record.engine.name == "ring" and record.trainer.parallel["topology"] == "ring"
+    assert record.engine.name == "ring" and record.trainer.parallel["exchange"] == "ring"
     assert (record.trainer.data["dataset"], record.trainer.optim["max_steps"]) == ("digits", 3)
 
 

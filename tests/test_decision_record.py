@@ -75,15 +75,29 @@ def test_the_rendered_ranks_start_from_the_plan_and_the_script_shows_it(tmp_path
 
 
 def test_the_trainer_builds_its_configuration_from_the_plan(tmp_path):
-    plan = planned(tmp_path, args="--topology ps --epochs 3")
+    plan = planned(tmp_path, args="--exchange ps --epochs 3")
     record = plan.decision
-    assert record.engine.name == "ps" and record.trainer.parallel["topology"] == "ps"
+    assert record.engine.name == "ps" and record.trainer.parallel["exchange"] == "ps"
     servers = record.engine.ps_servers
     assert servers == plan.spec.world_size  # the colocated server the cost model priced
     cfg = parse_args(plan_argv(plan), world_size=plan.spec.world_size)
     assert (cfg.engine, cfg.ps_servers, cfg.epochs) == ("ps", servers, 3)
     assert TrainerSettings.of(cfg) == record.trainer  # the plan is what the rank runs
     assert cfg.output == str(plan.run_dir)
+
+
+def test_the_exchange_keeps_its_former_name_in_flags_and_older_plans(tmp_path):
+    """--topology (the flag's name before --exchange) still parses; a plan.json that stores
+    parallel.topology still starts its ranks."""
+    plan = planned(tmp_path, args="--topology ps --epochs 3")
+    assert plan.decision.engine.name == "ps" and plan.decision.trainer.parallel["exchange"] == "ps"
+    path = plan.run_dir / "plan.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    older = json.loads(plan.decision.model_dump_json())
+    older["trainer"]["parallel"]["topology"] = older["trainer"]["parallel"].pop("exchange")
+    path.write_text(json.dumps(older))
+    cfg = parse_args(["--plan", str(path)], world_size=plan.spec.world_size)
+    assert (cfg.exchange, cfg.engine) == ("ps", "ps")
 
 
 def test_an_override_wins_over_the_plan_in_one_layer(tmp_path):
@@ -105,14 +119,14 @@ def test_the_rank_applies_the_plans_elastic_rule_to_the_world_it_got(tmp_path):
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["--topology", "ring"], "--topology ring \\(the plan: ps\\)"),
+        (["--exchange", "ring"], "--exchange ring \\(the plan: ps\\)"),
         (["--deepspeed"], "--deepspeed True \\(the plan: False\\)"),
         (["--ps-servers", "1"], "--ps-servers 1 \\(the plan: 4\\)"),
         (["--tp", "2"], "--tp 2 \\(the plan: 1\\)"),
     ],
 )
 def test_an_override_of_the_engine_or_layout_is_refused(tmp_path, flags, words):
-    plan = planned(tmp_path, args="--topology ps")
+    plan = planned(tmp_path, args="--exchange ps")
     with pytest.raises(ConfigError, match=words + ".*decided the engine and layout"):
         parse_args(plan_argv(plan, *flags), world_size=plan.spec.world_size)
 
@@ -148,16 +162,16 @@ def test_a_plan_whose_trainer_section_is_wrong_names_the_key(tmp_path):
 
 def test_a_rank_started_with_a_disagreeing_flag_exits_2_before_training(tmp_path):
     """As a user meets it: the job's own command line plus one flag, run as a rank runs it."""
-    plan = planned(tmp_path, args="--topology ps")
+    plan = planned(tmp_path, args="--exchange ps")
     env = {"PATH": "/usr/bin:/bin", "RANK": "0", "WORLD_SIZE": str(plan.spec.world_size),
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "vitpod.trainer", *plan_argv(plan, "--topology", "ring")],
+        [sys.executable, "-m", "vitpod.trainer", *plan_argv(plan, "--exchange", "ring")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "plan.json" in lines[0] and "--topology ring" in lines[0], (
+    assert len(lines) == 1 and "plan.json" in lines[0] and "--exchange ring" in lines[0], (
         done.stderr
     )
     assert not (plan.run_dir / "metrics").exists()  # refused before any rank trained
@@ -165,7 +179,7 @@ def test_a_rank_started_with_a_disagreeing_flag_exits_2_before_training(tmp_path
 
 @pytest.mark.parametrize(
     "args, engine",
-    [("--deepspeed", "deepspeed"), ("--fsdp", "fsdp"), ("--topology ring", "ring"), ("", None)],
+    [("--deepspeed", "deepspeed"), ("--fsdp", "fsdp"), ("--exchange ring", "ring"), ("", None)],
 )
 def test_the_planner_and_the_rank_name_the_engine_by_one_rule(tmp_path, args, engine):
     plan = planned(tmp_path, args=args)

@@ -27,7 +27,7 @@ ARGS = [
 # micro-batches: half the micro-steps on dp 1 (6 instead of 12 a step).
 CASES = {
     "ddp_4_to_3": (4, 3, ["-b", "8"]),
-    "ps_4_to_2": (4, 2, ["-b", "8", "--topology", "ps", "--ps-servers", "1"]),
+    "ps_4_to_2": (4, 2, ["-b", "8", "--exchange", "ps", "--ps-servers", "1"]),
     "fsdp_dp4_to_dp2": (4, 2, ["-b", "8", "--fsdp"]),
     "tp2_dp2_to_dp1": (4, 2, ["-b", "16", "--tp", "2"]),
     "pp2_dp2_to_dp1": (4, 2, ["-b", "16", "--pp", "2"]),

@@ -22,10 +22,10 @@ SIMPLE = Fabric(
 )
 
 
-def decide(fabric, model, nodes, topology_flag="auto", ps_servers=None):
+def decide(fabric, model, nodes, exchange_flag="auto", ps_servers=None):
     fab = exchange.as_fabric(fabric)
     return exchange.choose_engine(
-        fab, model, nodes, gpus=nodes * fab.gpus_per_node, topology=topology_flag,
+        fab, model, nodes, gpus=nodes * fab.gpus_per_node, exchange=exchange_flag,
         ps_servers=ps_servers,
     )  # fmt: skip
 
@@ -63,8 +63,8 @@ def test_dgx_a100_node_with_latency():
     assert engine.name == "ring"
 
 
-def test_topology_flag_is_kept_and_priced():
-    engine, costs = decide(SIMPLE, "vit_small_patch16_224", nodes=2, topology_flag="ps")
+def test_exchange_flag_is_kept_and_priced():
+    engine, costs = decide(SIMPLE, "vit_small_patch16_224", nodes=2, exchange_flag="ps")
     assert (engine.name, costs.algorithm) == ("ps", "ps_colocated")  # tie with dedicated: first
     assert costs.predicted_comm_s == pytest.approx(4 * VIT_S / 10e9)
     assert engine.source == "flags" and "would choose ring" in engine.reason

@@ -164,7 +164,7 @@ def test_vitpod_train_help_prints_the_usage(venv, shared_torch):
     assert venv.where("torch").is_relative_to(shared_torch)
     done = venv.run(str(venv.root / "bin" / "vitpod-train"), "--help")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage:") and "--topology" in done.stdout, done.stdout
+    assert done.stdout.startswith("usage:") and "--exchange" in done.stdout, done.stdout
 
 
 def test_vitpod_train_help_needs_no_torch(venv):

@@ -138,7 +138,7 @@ def make_study(root: Path, array: str, report: str) -> Path:
             "run_dir": f"p{i}-{g}gpu",
             "batch_size": 64 // g,
             "global_batch": 64,
-            "topology": "ring",
+            "engine": "ring",
             "state": None,
         }
         for i, g in enumerate((1, 2))

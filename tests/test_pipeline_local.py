@@ -73,7 +73,7 @@ def test_local_pipeline_runs_both_stages(followed):
     assert manifest["job_ids"] == report["stages"]["finetune"]["job_ids"]
     decision = read_decision(fin)
     assert decision.engine.name == "ring" and decision.costs.predicted_comm_s > 0
-    assert "--topology" not in manifest["resolved"]["command"]
+    assert "--exchange" not in manifest["resolved"]["command"]
     assert "engine: ring (cost model)" in (fin / "logs" / fin_logs[0]).read_text()
 
     record = json.loads((run.directory / runfiles.PIPELINE).read_text())

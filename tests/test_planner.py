@@ -32,12 +32,12 @@ def run_dirs(tmp_path: Path) -> list[Path]:
 
 
 def test_misspelt_flag_in_args_is_refused_before_anything_is_written(tmp_path):
-    done = _make_in(tmp_path, "render", "CLUSTER=dgxpod", "ARGS=--topologyy ps")
+    done = _make_in(tmp_path, "render", "CLUSTER=dgxpod", "ARGS=--exchangee ps")
     assert done.returncode == 2, done.stdout
     ours = [line for line in done.stderr.splitlines() if not line.startswith("make:")]
-    assert len(ours) == 1 and "--topologyy" in ours[0]  # one clear line
+    assert len(ours) == 1 and "--exchangee" in ours[0]  # one clear line
     assert run_dirs(tmp_path) == []
-    for args, word in (("--topology foo", "'foo'"), ("--epochs -3", "--epochs must be at least 1")):
+    for args, word in (("--exchange foo", "'foo'"), ("--epochs -3", "--epochs must be at least 1")):
         done = _make_in(tmp_path, "render", "CLUSTER=localslurm", f"ARGS={args}")
         assert done.returncode == 2 and word in done.stderr and "Traceback" not in done.stderr
     assert run_dirs(tmp_path) == []
@@ -54,11 +54,11 @@ def test_render_records_the_decision_once_in_plan_json(tmp_path):
     assert decision.layout.dp == 40 and (decision.layout.tp, decision.layout.pp) == (1, 1)
     assert decision.memory["checked"] and decision.memory["gpu"] == "A100-SXM4-80GB"
     assert decision.data.data_dir == "/lustre/fsw/datasets/imagenet"
-    # The user's argv keeps --topology auto; the ranks start from plan.json, which holds the
+    # The user's argv keeps --exchange auto; the ranks start from plan.json, which holds the
     # engine the cost model chose in its trainer settings, and the manifest points at it.
     manifest = json.loads((script.parent / "manifest.json").read_text())
-    assert "--topology" not in manifest["resolved"]["command"]
-    assert decision.trainer.parallel["topology"] == decision.engine.name
+    assert "--exchange" not in manifest["resolved"]["command"]
+    assert decision.trainer.parallel["exchange"] == decision.engine.name
     assert "trainer" not in manifest and manifest["decision"] == "plan.json"
     assert manifest["stage"] == "pretrain" and manifest["model"] == "volo_d5"
 
@@ -165,7 +165,7 @@ def test_preflight_checks_the_paths_the_ranks_will_read(tmp_path, capsys):
 
 
 def test_scaling_with_bad_input_exits_2_without_a_traceback(tmp_path):
-    for extra in ("ARGS=--warmup x", "ARGS=--topology foo"):
+    for extra in ("ARGS=--warmup x", "ARGS=--exchange foo"):
         done = _make_in(tmp_path, "scaling", "CLUSTER=localslurm", "GPUS=1 2", extra)
         assert done.returncode == 2, done.stdout
         assert "Traceback" not in done.stderr and "error:" in done.stderr

@@ -82,7 +82,7 @@ def test_rendered_array_script(tmp_path, capsys):
         # The sweep's own batch comes after the recipe's, so it wins (argparse: last one).
         assert trainer.optim["batch_size"] == batch and trainer.optim["max_steps"] == 30
         assert trainer.run["warmup_steps_excluded"] == 10 and trainer.data["workers"] == 0
-        assert record.engine.name == "ring" == trainer.parallel["topology"]
+        assert record.engine.name == "ring" == trainer.parallel["exchange"]
         assert (study_dir / f"gpus{gpus}" / "bind.sh").is_file()
     study = json.loads((study_dir / "study.json").read_text())
     assert [p["global_batch"] for p in study["points"]] == [16, 16, 16]
@@ -141,14 +141,14 @@ def test_sweep_shares_the_requeue_rule_and_marker(tmp_path):
 
 
 def test_forced_parameter_server_gets_a_server_on_every_rank(tmp_path):
-    assert run(tmp_path, "--gpus", "1 2 4", "--args", "--topology ps") == 0
+    assert run(tmp_path, "--gpus", "1 2 4", "--args", "--exchange ps") == 0
     script = (tmp_path / "study" / "sweep.sbatch").read_text()
     for index, gpus in enumerate((1, 2, 4)):
         block = script.split(f"  {index})  #")[1].split(";;")[0]
-        assert "--topology" not in block  # the ranks' settings are in the point's plan.json
+        assert "--exchange" not in block  # the ranks' settings are in the point's plan.json
         record = read_decision(tmp_path / "study" / f"gpus{gpus}")
         assert (record.engine.name, record.engine.ps_servers) == ("ps", gpus)
-        assert (record.trainer.parallel["topology"], record.trainer.parallel["ps_servers"]) == (
+        assert (record.trainer.parallel["exchange"], record.trainer.parallel["ps_servers"]) == (
             "ps",
             gpus,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +38,15 @@ PLANNER = ("workflows/plan.py", "trainer/flags.py")
 
 def _layout_flags() -> set[str]:
     """The engine and layout flags: the parallel group's, and the batch split over the ranks."""
+    from vitpod.registry.trainconfig import TrainConfig
     from vitpod.registry.trainsections import groups
 
     names = [n for n, g in groups().items() if g == "parallel"]
     names += ["global_batch", "elastic", "accum_steps"]
-    return {"--" + n.replace("_", "-") for n in names}
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    return {"--" + n.replace("_", "-") for n in names} | {
+        flag for n in names for flag in fields[n].metadata["flags"] if flag.startswith("--")
+    }
 
 
 LAYOUT_FLAGS = _layout_flags()
@@ -344,20 +349,22 @@ def test_only_the_planner_reads_engine_and_layout_flags_from_argv():
 
 
 def test_the_flag_search_sees_reads_and_not_commands_or_messages():
-    assert {"--tp", "--topology", "--global-batch", "--deepspeed", "--elastic"} <= LAYOUT_FLAGS
+    assert {"--tp", "--exchange", "--topology", "--global-batch", "--deepspeed", "--elastic"} <= (
+        LAYOUT_FLAGS
+    )
     source = (
         "def f(argv, t, v):\n"
         '    """argv.index("--tp") in a docstring is prose."""\n'
         '    g = argv[argv.index("--global-batch") + 1]\n'
-        '    ok = t == "--topology" or t.startswith("--ps-servers=") or "--fsdp" in argv\n'
+        '    ok = t == "--exchange" or t.startswith("--ps-servers=") or "--fsdp" in argv\n'
         '    cmd = ["--tp", str(v), "--elastic"]\n'
         '    return g, ok, cmd, f"--pp {v}: too many stages", last_value(argv, "--deepspeed")\n'
     )
     assert argv_reads(ast.parse(source)) == [
         (3, "--global-batch"),
+        (4, "--exchange"),
         (4, "--fsdp"),
         (4, "--ps-servers="),
-        (4, "--topology"),
         (6, "--deepspeed"),
     ]
 

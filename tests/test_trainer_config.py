@@ -113,7 +113,7 @@ def test_yaml_config_is_read_flags_win_and_unknown_keys_list_valid_ones(tmp_path
         (["{tmp}", "--token-label", "--token-label-data", "{tmp}", "--token-label-size", "16"],
          "--token-label-size 16 does not match --img-size 224 / 16 = 14"),
         (["{tmp}", "--model", "volo_d9"], "--model volo_d9: unknown"),
-        (["{tmp}", "--deepspeed", "--topology", "ps"], "drop one"),
+        (["{tmp}", "--deepspeed", "--exchange", "ps"], "drop one"),
         (["{tmp}", "--finetune", "/no/such/run"], "--finetune /no/such/run: no such path"),
         (["{tmp}", "--img-size", "100"], "--img-size 100: must be a positive multiple of 16"),
     ],

@@ -160,8 +160,8 @@ def test_published_volo_d5_pretrain_resolves_alike_through_both_entry_points(tmp
     differ = {k for k in planned if k in by_hand and planned[k] != as_json[k]}
     # Where the planner puts the data and the run, the ring-or-ps choice it made, and dgxpod's
     # `checkpoint: {every: auto}`: no run measured a step yet, so it checkpoints at epoch ends.
-    assert differ == {"data_dir", "output", "topology", "checkpoint_every"}
-    assert planned["topology"] == plan.decision.engine.name
+    assert differ == {"data_dir", "output", "exchange", "checkpoint_every"}
+    assert planned["exchange"] == plan.decision.engine.name
     assert planned["checkpoint_every"] == plan.decision.checkpoint.steps == 0
 
 

@@ -16,12 +16,12 @@ def _worker(rank: int, world: int, port: int, servers: int, out: dict) -> None:
     from vitpod.trainer import dist as tdist
 
     tdist.init(tdist.DistEnv(rank, rank, world, "127.0.0.1", port, "torchrun"))
-    for topology in ("builtin", "ring", "ps"):
-        _train(rank, world, topology, servers, out)
+    for exchange in ("builtin", "ring", "ps"):
+        _train(rank, world, exchange, servers, out)
     tdist.teardown()
 
 
-def _train(rank: int, world: int, topology: str, servers: int, out: dict) -> None:
+def _train(rank: int, world: int, exchange: str, servers: int, out: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from vitpod.trainer.ddp_engine import DDPEngine
@@ -34,15 +34,15 @@ def _train(rank: int, world: int, topology: str, servers: int, out: dict) -> Non
     model = create_model("volo_tiny", 32, 10, 0.0)
     optimizer, _ = create_optimizer(model, "adamw", 1e-2, 0.05, device)
     precision = make_precision(device, False, False, "bf16", False)
-    if topology == "builtin":
+    if exchange == "builtin":
         ddp = DDP(model, find_unused_parameters=True)  # the engine's fixed bucket layout
     else:
-        engine = DDPEngine(model, optimizer, precision, topology, servers, 1, None)
+        engine = DDPEngine(model, optimizer, precision, exchange, servers, 1, None)
     gen = torch.Generator().manual_seed(100 + rank)  # every rank sees different data
     for _ in range(STEPS):
         images = torch.randn(4, 3, 32, 32, generator=gen)
         targets = torch.randint(0, 10, (4,), generator=gen)
-        if topology == "builtin":
+        if exchange == "builtin":
             torch.nn.functional.cross_entropy(ddp(images), targets).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -51,8 +51,8 @@ def _train(rank: int, world: int, topology: str, servers: int, out: dict) -> Non
             engine.step()
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     if rank == 0:
-        out[topology] = flat.clone()
-    out[f"{topology}-comm-{rank}"] = 0.0 if topology == "builtin" else engine.comm_seconds()
+        out[exchange] = flat.clone()
+    out[f"{exchange}-comm-{rank}"] = 0.0 if exchange == "builtin" else engine.comm_seconds()
 
 
 @pytest.mark.parametrize("world,servers", [(2, 1), (3, 2)])

@@ -101,7 +101,9 @@ def test_make_pipeline_pretrains_on_cluster_1_and_fine_tunes_on_cluster_2(
     )
     # each stage's goodput from its own cluster's accounting: no part negative (cluster 2's job
     # ids restart with its state; an older job of the same id is not this run's)
-    assert shown.stdout.count("goodput:") == 2 and not re.search(r"=-\d", shown.stdout), shown.stdout
+    assert shown.stdout.count("goodput:") == 2 and not re.search(r"=-\d", shown.stdout), (
+        shown.stdout
+    )
 
 
 def test_a_preempted_pretrain_hands_over_only_at_its_end_and_a_damaged_model_is_caught(

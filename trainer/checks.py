@@ -60,12 +60,12 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         out.append(f"--lr {cfg.lr}: must be positive")
     if cfg.warmup_epochs < 0 or cfg.warmup_epochs >= cfg.epochs and cfg.warmup_epochs > 0:
         out.append(f"--warmup-epochs {cfg.warmup_epochs}: must be in [0, --epochs {cfg.epochs})")
-    if cfg.topology == "ps" and (cfg.ps_servers or 1) > cfg.world_size:
+    if cfg.exchange == "ps" and (cfg.ps_servers or 1) > cfg.world_size:
         out.append(
             f"--ps-servers {cfg.ps_servers} exceeds the {cfg.world_size} rank(s); use at most that"
         )
-    if cfg.deepspeed and cfg.topology == "ps":
-        out.append("--deepspeed and --topology ps both choose the gradient path; drop one")
+    if cfg.deepspeed and cfg.exchange == "ps":
+        out.append("--deepspeed and --exchange ps both choose the gradient path; drop one")
     if cfg.outlook_kernel != "timm" and not cfg.model.startswith("volo"):
         out.append(
             f"--outlook-kernel {cfg.outlook_kernel}: --model {cfg.model} has no outlook attention;"
@@ -163,7 +163,7 @@ def _mesh_problems(cfg: TrainConfig) -> list[str]:
     if meshed and "deepspeed" in claims:
         out.append("--deepspeed and --fsdp/--tp/--pp both shard the model; drop one")
     if meshed and "ps" in claims:
-        out.append("--topology ps applies to DDP only; drop it with --fsdp/--tp/--pp")
+        out.append("--exchange ps applies to DDP only; drop it with --fsdp/--tp/--pp")
     if meshed and cfg.use_amp and cfg.amp_dtype == "fp16":
         out.append(
             "--amp-dtype fp16 with --fsdp/--tp/--pp: the mesh engine has no loss scaling (fp16 "

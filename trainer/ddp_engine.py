@@ -96,10 +96,10 @@ class DDPEngine(NotPipelined):
     """DDP with a ring or parameter-server comm hook; AMP scaling, clipping, accumulation."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-                 topology: str, ps_servers: int, accum_steps: int, clip_grad: float | None,
+                 exchange: str, ps_servers: int, accum_steps: int, clip_grad: float | None,
                  token_label: bool = False) -> None:  # fmt: skip
         world = dist.get_world_size()
-        self.name = topology
+        self.name = exchange
         self.model = model
         self.optimizer = optimizer
         self.precision = precision
@@ -117,15 +117,15 @@ class DDPEngine(NotPipelined):
         # layout for good (the reducer never rebuilds with it), at the cost of one autograd
         # graph traversal per iteration (PyTorch DDP notes, "Internal Design").
         self.ddp = DDP(wrapped, device_ids=device_ids, find_unused_parameters=True)
-        self.comm = CommState(world, server_ranks(world, ps_servers) if topology == "ps" else ())
-        if topology == "ps":
+        self.comm = CommState(world, server_ranks(world, ps_servers) if exchange == "ps" else ())
+        if exchange == "ps":
             # The broadcast runs in the reduce's completion callback, on a communication thread,
             # while find_unused_parameters makes the reducer all-reduce its used-parameter map
             # on the default group from the backward thread: on one group the two would be
             # issued in different orders on different ranks and hang. A group of its own keeps
             # each stream of collectives in one order.
             self.comm.group = dist.new_group(backend=dist.get_backend())
-        self.ddp.register_comm_hook(self.comm, ps_hook if topology == "ps" else ring_hook)
+        self.ddp.register_comm_hook(self.comm, ps_hook if exchange == "ps" else ring_hook)
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager:
         """Gradients are exchanged only on the last micro-batch of an accumulation."""

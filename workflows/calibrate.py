@@ -5,7 +5,7 @@ One Slurm job (the usual rendered script and bind.sh, entry `commbench`) runs
 `python -m vitpod.trainer.commbench` on every rank; this command waits for it, fits latency and
 bandwidth per level with `vitpod.analysis.calibrate.fit`, and writes `<profile>.calibration.json`
 beside the profile file (bundled profiles: workflows/profiles/<name>.calibration.json) with the
-date, the job id and the raw points. Topology decisions (`vitpod.workflows.exchange.decide`) and
+date, the job id and the raw points. Exchange decisions (`vitpod.workflows.exchange.decide`) and
 scaling studies use it from then on and say so. The fit's path is the last line printed.
 """
 

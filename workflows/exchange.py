@@ -1,5 +1,5 @@
 """The gradient exchange, ring or parameter server, per job: the cost model's choice from the
-fabric, or the flags' (--topology). Not the hardware binding: that is workflows/binding.py."""
+fabric, or the flags' (--exchange). Not the hardware binding: that is workflows/binding.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.analysis.calibrate import Calibration, apply, load_for_profile
-from vitpod.analysis.commcost import TRAINER_TOPOLOGY, choose
+from vitpod.analysis.commcost import TRAINER_EXCHANGE, choose
 from vitpod.analysis.fabric import Fabric
 from vitpod.registry import models
 from vitpod.registry.decision import Costs, Engine
@@ -41,7 +41,7 @@ def choose_engine(
     nodes: int,
     *,
     gpus: int,
-    topology: str = "auto",
+    exchange: str = "auto",
     ps_servers: int | None = None,
     num_classes: int = 1000,
     img_size: int = 224,
@@ -49,7 +49,7 @@ def choose_engine(
 ) -> tuple[Engine, Costs]:
     """Ring or parameter server for `gpus` ranks on `nodes` nodes, priced by the cost model.
 
-    `topology` is the trainer's parsed --topology: ring or ps is kept (priced as the cheapest
+    `exchange` is the trainer's parsed --exchange: ring or ps is kept (priced as the cheapest
     algorithm it can run), auto takes the cheapest of all. With a `calibration` (from
     `make calibrate`) the fitted latencies and bandwidths replace the profile's, and each
     algorithm is priced per optimizer step as the trainer measures it (DDP buckets, per-call
@@ -63,14 +63,14 @@ def choose_engine(
         fab = apply(fab, calibration)
         priced_by, backend = calibration.label, calibration.backend
     choice = choose(fab, nbytes, nodes, gpus=gpus, backend=backend)
-    if topology == "auto":
+    if exchange == "auto":
         algorithm, source, reason = choice.name, "cost model", choice.reason
     else:
-        algos = {a: s for a, s in choice.costs.items() if TRAINER_TOPOLOGY[a] == topology}
+        algos = {a: s for a, s in choice.costs.items() if TRAINER_EXCHANGE[a] == exchange}
         algorithm = min(algos, key=algos.__getitem__)
         source = "flags"
-        reason = f"--topology {topology} given; the cost model would choose {choice.topology}"
-    name = TRAINER_TOPOLOGY[algorithm]
+        reason = f"--exchange {exchange} given; the cost model would choose {choice.exchange}"
+    name = TRAINER_EXCHANGE[algorithm]
     # The colocated parameter server the model prices has every rank serve a shard.
     servers = ps_servers or (gpus if algorithm == "ps_colocated" else 1)
     engine = Engine.model_validate(

@@ -238,7 +238,7 @@ def plan_job(req: Request) -> JobPlan:
             profile, req.stage, cfg, nodes, world, _calibration(req, partition.name)
         )
         if engine.name in DDP_ENGINES:  # the ranks run the decided exchange, not auto
-            cfg = dataclasses.replace(cfg, topology=engine.name, ps_servers=engine.ps_servers)
+            cfg = dataclasses.replace(cfg, exchange=engine.name, ps_servers=engine.ps_servers)
         decision = Decision(
             created=_now(), stage=req.stage, model=recipe.model,
             resources=Resources(
@@ -375,7 +375,7 @@ def _decide_engine(
     profile: Profile, stage: str, cfg: TrainConfig, nodes: int, world: int, calibration: Any
 ) -> tuple[Engine, Any]:
     """The engine the flags name (DeepSpeed, FSDP, the mesh), or ring / parameter server from
-    the cost model (a --topology ring|ps in the flags is kept, and priced)."""
+    the cost model (a --exchange ring|ps in the flags is kept, and priced)."""
     named = cfg.engine if cfg.engines_claimed else None
     if named in ("deepspeed", "fsdp", "mesh"):
         zero = cfg.zero_stage if named == "deepspeed" else None
@@ -384,7 +384,7 @@ def _decide_engine(
     try:
         return exchange.choose_engine(
             profile.node_type(stage).fabric, cfg.model, nodes, gpus=world,
-            topology=cfg.topology, ps_servers=cfg.ps_servers,
+            exchange=cfg.exchange, ps_servers=cfg.ps_servers,
             # --num-classes not given: the job counts its data; an ImageNet head here
             num_classes=cfg.num_classes or 1000, img_size=cfg.img_size, calibration=calibration,
         )  # fmt: skip

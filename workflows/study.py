@@ -77,7 +77,7 @@ def study_record(
                 "run_dir": Path(p.run_dir).name,
                 "batch_size": p.batch_size,
                 "global_batch": p.global_batch,
-                "topology": p.decision.engine.name,
+                "engine": p.decision.engine.name,
                 "algorithm": p.decision.costs.algorithm if p.decision.costs else None,
                 "predicted_comm_s": p.decision.costs.predicted_comm_s if p.decision.costs else None,
                 "state": None,
