@@ -104,7 +104,7 @@ lint:
 	$(PY) -m ruff check vitpod workflows trainer analysis registry tests benchmarks
 	$(PY) -m ruff format --check vitpod workflows trainer analysis registry tests benchmarks
 	@# mypy reads the package as pip installs it (the wheel's layout), not the checkout's folders
-	rm -rf .cache/typecheck && $(PY) -m pip install --quiet --no-deps --no-build-isolation --no-compile --target .cache/typecheck .
+	rm -rf .cache/typecheck build && $(PY) -m pip install --quiet --no-deps --no-build-isolation --no-compile --target .cache/typecheck .
 	$(PY) -m mypy .cache/typecheck/vitpod
 
 render:
