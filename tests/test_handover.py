@@ -183,6 +183,8 @@ def test_the_hand_over_waits_for_the_pretrains_real_end_then_submits_on_cluster_
             return subprocess.CompletedProcess(argv, 0, f"5|{next(states)}|None|1|0:0|\n", "")
         if argv[0] == "sbatch":
             return subprocess.CompletedProcess(argv, 0, "1000001;vitpod2\n", "")
+        if argv[:3] == ["scontrol", "show", "config"]:  # the default cluster's name
+            return subprocess.CompletedProcess(argv, 0, "ClusterName             = vitpod\n", "")
         raise AssertionError(argv)
 
     monkeypatch.setattr(slurm, "runner", fake)
@@ -196,7 +198,11 @@ def test_the_hand_over_waits_for_the_pretrains_real_end_then_submits_on_cluster_
     assert sbatch[:2] == ["sbatch", "--clusters=vitpod2"] and sbatch[-1] == str(fin / "job.sbatch")
     assert all("--clusters" not in a[1] for a in asked if a[0] == "squeue")  # cluster 1: default
     digest = json.loads((pre / runfiles.FINAL / runfiles.MANIFEST).read_text())["sha256"]
-    assert runfiles.read_manifest(fin)["transfer"]["sha256"] == digest
+    moved = runfiles.read_manifest(fin)["transfer"]
+    assert moved["sha256"] == digest and (moved["from_cluster"], moved["to_cluster"]) == (
+        "vitpod",
+        "vitpod2",
+    )
     assert runfiles.read_manifest(fin)["job_ids"] == ["1000001"]
     assert runfiles.read_manifest(pre)["transfers"][0]["sha256"] == digest
     saved = json.loads((directory / runfiles.PIPELINE).read_text())["stages"]["finetune"]

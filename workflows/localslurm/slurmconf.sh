@@ -1,4 +1,5 @@
 # Sourced by up.sh and cluster2.sh: the slurm.conf lines both local clusters share.
+# shellcheck shell=bash
 # slurm_conf_common: print them for cluster $CLUSTER (controller on $HOST:$CTLD_PORT, state under
 # $STATE, accounting through the one slurmdbd on $DBD_PORT).
 slurm_conf_common() {

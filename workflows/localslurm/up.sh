@@ -10,6 +10,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=SCRIPTDIR/slurmconf.sh
 . "$HERE/slurmconf.sh"
 REPO=$(cd "$HERE/../.." && pwd)
 STATE=${VITPOD_SLURM_STATE:-$REPO/.slurm}
