@@ -63,18 +63,19 @@ $(error unknown variable(s) $(unknown); valid variables: $(VALID_VARS))
 endif
 
 WF := $(PY) -m vitpod.workflows
-# FOLLOW=1 (any value but empty or 0): live view until the run ends (workflows/follow.py).
+# FOLLOW=1 (any value but empty or 0): live view until the run ends (workflows/watching/follow.py).
 FOLLOW_FLAG = $(if $(filter-out 0,$(FOLLOW)),--follow)
 # OFFLINE=1: render/preflight without asking Slurm (a submission refuses it).
 OFFLINE_FLAG = $(if $(filter-out 0,$(OFFLINE)),--offline)
 # DRY_RUN=1: pretrain, finetune, pipeline, token-labels, scaling, calibrate print the scripts, write and submit nothing.
 DRY_FLAG = $(if $(filter-out 0,$(DRY_RUN)),--dry-run)
 # PLACE=1: pretrain, finetune, pipeline choose the node count by predicted finish first
-# (workflows/placement.py); DEADLINE= then picks the fewest GPU-hours finishing by it.
+# (workflows/planning/placement.py); DEADLINE= then picks the fewest GPU-hours finishing by it.
 PLACE_FLAG = $(if $(filter-out 0,$(PLACE)),--place) --deadline "$$DEADLINE"
 # make list filters by CLUSTER only when it is given (its default, local, would hide the rest).
 LIST_CLUSTER = $(if $(filter command line environment,$(origin CLUSTER)),--cluster "$$CLUSTER")
-# This submission's sbatch options (workflows/sbatchopts.py); FT_...: a pipeline's fine-tune.
+# This submission's sbatch options (workflows/planning/sbatchopts.py); FT_...: a pipeline's
+# fine-tune.
 SLURM_ARGS = --account="$$ACCOUNT" --qos="$$QOS" --reservation="$$RESERVATION" \
   --constraint="$$CONSTRAINT" --exclude="$$EXCLUDE" --sbatch-extra="$$SBATCH_EXTRA"
 FT_SLURM_ARGS = --finetune-account="$$FT_ACCOUNT" --finetune-qos="$$FT_QOS" \
@@ -125,8 +126,9 @@ pretrain:
 finetune:
 	$(FT_ONLY)$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) $(DRY_FLAG) $(PLACE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
-# RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch (workflows/resume.py).
-# CANCEL=1: cancel the run's job still pending or running first (resume refuses otherwise).
+# RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch
+# (workflows/submit/resume.py). CANCEL=1: cancel the run's job still pending or running first
+# (resume refuses otherwise).
 resume:
 	$(WF) resume --run "$$RUN" --nodes "$$NODES" $(if $(filter-out 0,$(CANCEL)),--cancel-running)
 
@@ -149,10 +151,10 @@ list:
 cancel:
 	$(WF) cancel --run "$$RUN"
 
-# Delete old or ended runs, pipelines and studies under the run root (workflows/runclean.py):
-# OLDER_THAN=7d and/or STATE=FAILED,CANCELLED; prints the plan with sizes, YES=1 deletes. Live
-# jobs' runs, final models (unless INCLUDE_FINALS=1) and what a kept run reads from are kept.
-# (Not `clean`: that name conventionally removes build outputs.)
+# Delete old or ended runs, pipelines and studies under the run root
+# (workflows/watching/runclean.py): OLDER_THAN=7d and/or STATE=FAILED,CANCELLED; prints the plan
+# with sizes, YES=1 deletes. Live jobs' runs, final models (unless INCLUDE_FINALS=1) and what a kept
+# run reads from are kept. (Not `clean`: that name conventionally removes build outputs.)
 clean-runs:
 	$(WF) clean --older-than "$$OLDER_THAN" --state "$$STATE" $(LIST_CLUSTER) \
 	  $(if $(filter-out 0,$(INCLUDE_FINALS)),--include-finals) $(if $(filter-out 0,$(YES)),--yes)
@@ -170,7 +172,7 @@ report:
 	$(PY) -m vitpod.analysis report "$$STUDY"
 
 # Time collectives on the partition's nodes, fit latency/bandwidth, store <profile>.calibration.json
-# (ARGS: trainer.commbench flags, e.g. ARGS="--sizes '4K 1M 16M' --iters 20").
+# (ARGS: trainer.engines.commbench flags, e.g. ARGS="--sizes '4K 1M 16M' --iters 20").
 calibrate:
 	$(WF) calibrate --cluster "$$CLUSTER" --nodes "$$NODES" --args="$$ARGS" $(SLURM_ARGS) $(DRY_FLAG)
 

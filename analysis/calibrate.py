@@ -1,7 +1,7 @@
 """Fit the cost model's latency and bandwidth to a measured collective sweep (pure arithmetic).
 
-`vitpod.trainer.commbench` times all-reduce, reduce and broadcast over message sizes at four levels
-(one rank, the ranks of one node, one rank per node, the whole job). Each all-reduce level is
+`vitpod.trainer.engines.commbench` times all-reduce, reduce and broadcast over message sizes at four
+levels (one rank, the ranks of one node, one rank per node, the whole job). Each all-reduce level is
 fitted with the formula analysis/commcost.py prices it with, the ring of Thakur, Rabenseifner &
 Gropp (2005, "Optimization of collective communication operations in MPICH"), in Hockney's
 alpha-beta form plus LogP's per-call overhead `o`:
@@ -162,7 +162,7 @@ def check_bench(bench: Mapping[str, Any]) -> None:
     if bench.get("format") != BENCH_FORMAT:
         raise CalibrationError(
             f"benchmark format is {bench.get('format')!r}, expected {BENCH_FORMAT!r}: write it "
-            "with `python -m vitpod.trainer.commbench` (make calibrate)"
+            "with `python -m vitpod.trainer.engines.commbench` (make calibrate)"
         )
     for key in ("sizes", "levels", "world_size", "nodes", "backend"):
         if key not in bench:
@@ -177,7 +177,8 @@ def fit(
     date: str | None = None,
     partition: str = "",
 ) -> Calibration:
-    """A Calibration from `vitpod.trainer.commbench`'s JSON (the module docstring has the map)."""
+    """A Calibration from `vitpod.trainer.engines.commbench`'s JSON (the module docstring has the
+    map)."""
     check_bench(bench)
     sizes = [float(s) for s in bench["sizes"]]
     own = _level(bench, "self", "all_reduce")

@@ -179,7 +179,7 @@ BACKEND_ALGORITHMS = {
     "nccl": tuple(TRAINER_EXCHANGE),
 }
 # Collective calls per gradient bucket: one all-reduce, or the parameter-server hook's reduce
-# to the bucket's server followed by its broadcast (trainer/ddp_engine.py ps_hook).
+# to the bucket's server followed by its broadcast (trainer/engines/ddp_engine.py ps_hook).
 CALLS_PER_BUCKET = {"ring": 1, "hierarchical": 1, "tree": 1, "ps_colocated": 2, "ps_dedicated": 2}
 
 
@@ -203,7 +203,7 @@ def ddp_buckets(
 
 def ps_hook_s(fabric: Fabric, bucket_bytes: float, lay: Layout) -> float:
     """The trainer's parameter-server hook on one bucket: reduce to the bucket's server rank,
-    then broadcast from it (trainer/ddp_engine.py ps_hook), each a binomial tree of
+    then broadcast from it (trainer/engines/ddp_engine.py ps_hook), each a binomial tree of
     ceil(log2 n) rounds that each move the whole bucket over a hop: Thakur, Rabenseifner &
     Gropp (2005), short-message reduce and broadcast, ceil(log2 p)(alpha + n beta).
 
@@ -231,7 +231,7 @@ def costs(
     numbers (dedicated PS only when servers exist). With a calibrated `backend`: per
     optimizer step as the trainer measures it. Its DDP comm hook times each gradient bucket
     from the hook call to the completion of the bucket's collective(s) and sums the buckets
-    (trainer/ddp_engine.py), so each bucket pays the algorithm's latency terms and
+    (trainer/engines/ddp_engine.py), so each bucket pays the algorithm's latency terms and
     `call_overhead` per call; buckets are taken not to queue behind one another (a backward
     pass slower than communication). The colocated parameter server is then the trainer's
     hook (`ps_hook_s`: reduce + broadcast of each bucket), and only the algorithms the

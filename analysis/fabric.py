@@ -106,7 +106,9 @@ class Fabric:
         missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
         if missing:
             raise ValueError(f"fabric: missing key(s) {missing}; valid keys: {valid}")
-        network(data)  # what the launch sets (workflows/spec.py); the prices do not depend on it
+        network(
+            data
+        )  # what the launch sets (workflows/planning/spec.py); the prices do not depend on it
         values: dict[str, Any] = {}
         for name, value in data.items():
             if name == "network":

@@ -108,7 +108,7 @@ class Row:
     """(predicted - measured) / measured step time."""
 
 
-# study.json keys (written by workflows/scaling.py); unknown ones are rejected.
+# study.json keys (written by workflows/studies/scaling.py); unknown ones are rejected.
 _STUDY_KEYS = {
     "mode", "points", "model", "batch", "accum", "fabric", "grad_bytes", "cluster", "steps",
     "warmup", "args", "created", "script", "job_id", "report_job_id", "fabric_source",

@@ -4,7 +4,7 @@ For each precision: one attention block's forward + backward at the model's toke
 a whole training step (AdamW, label smoothing, the trainer's channels_last), both kernels
 interleaved round by round, the best of the rounds kept; and the floor of any implementation:
 the step's FLOPs (torch's flop counter) over the rate of a 2048^3 matrix product. The
-trainer's `--attn auto` rule (trainer/attention.py) comes from these figures.
+trainer's `--attn auto` rule (trainer/speed/attention.py) comes from these figures.
 Writes benchmarks/results/attention_cpu.json.
 Run: python benchmarks/attention.py [--model volo_d1] [--batch 8] [--img-size 224]
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from vitpod.registry import models  # noqa: E402
 from vitpod.registry.io import write_json_atomic  # noqa: E402
-from vitpod.trainer.attention import KERNELS, attention_modules, set_kernel  # noqa: E402
+from vitpod.trainer.speed.attention import KERNELS, attention_modules, set_kernel  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": None}
 

@@ -30,7 +30,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "checkpoint_stall.json"
 
 def volo_d5_state() -> tuple[torch.nn.Module, dict]:
     """volo_d5 and its checkpoint state: weights plus AdamW exp_avg/exp_avg_sq per parameter."""
-    from vitpod.trainer.models import create_model, param_count
+    from vitpod.trainer.model.models import create_model, param_count
 
     model = create_model("volo_d5", 224, 1000, 0.0)
     params = dict(model.named_parameters())
@@ -92,7 +92,7 @@ def async_save(ck, model: torch.nn.Module, state: dict, step: int) -> dict:
 
 
 def main() -> None:
-    from vitpod.trainer.checkpoint import Checkpointer
+    from vitpod.trainer.checkpointing.checkpoint import Checkpointer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=None, help="local disk folder (default: a temp dir)")

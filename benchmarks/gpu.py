@@ -58,7 +58,7 @@ def measured_matmul_peak(n: int = 8192, reps: int = 10) -> float:
 
 def measured_peak(model_name: str, img: int, batch: int) -> int:
     """Peak bytes allocated over a steady-state AdamW step (bf16 autocast), beyond the batch."""
-    from vitpod.trainer.models import create_model
+    from vitpod.trainer.model.models import create_model
 
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -150,8 +150,8 @@ def timm_step(name: str, img: int, batch: int) -> tuple[Any, torch.nn.Module]:
 def vitpod_step(name: str, img: int, batch: int, compile_model: bool) -> tuple[Any, Any]:
     """The trainer's pieces: model factory, make_precision (bf16, channels_last on GPU), fused
     AdamW with its parameter groups, and no host sync per step (it logs every N steps)."""
-    from vitpod.trainer.models import create_model
-    from vitpod.trainer.precision import make_precision, prepare_model
+    from vitpod.trainer.model.models import create_model
+    from vitpod.trainer.speed.precision import make_precision, prepare_model
 
     device = torch.device("cuda")
     precision = make_precision(device, True, False, "bf16", None)
@@ -161,7 +161,7 @@ def vitpod_step(name: str, img: int, batch: int, compile_model: bool) -> tuple[A
 
 def trainer_step(model: torch.nn.Module, precision: Any, img: int, batch: int) -> Any:
     """One step as the trainer takes it: autocast forward, backward, its AdamW, no host sync."""
-    from vitpod.trainer.optim import create_optimizer
+    from vitpod.trainer.model.optim import create_optimizer
 
     opt, _ = create_optimizer(model, "adamw", 1e-4, 0.05, precision.device)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)

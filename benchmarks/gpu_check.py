@@ -10,8 +10,8 @@ before device time is spent.
 Levers (one training step on device-resident batches, as `gpu.py`'s steps section): timm's
 train.py loop (timm AdamW, foreach) against the trainer's pieces with one change at a time:
 fused AdamW, channels-last, torch.compile, CUDA graphs (compile mode "reduce-overhead"),
-float8 Linear layers (torchao), VOLO's unfold-free outlook attention (trainer/outlook.py) and
-its Triton kernels (trainer/outlook_triton.py). `--sections kernel` runs only the Triton
+float8 Linear layers (torchao), VOLO's unfold-free outlook attention (trainer/speed/outlook.py) and
+its Triton kernels (trainer/speed/outlook_triton.py). `--sections kernel` runs only the Triton
 kernel's part (under 3 minutes on an H100): its equality with timm's block, then volo_d1 steps
 eager and compiled with it and with timm's (rows already measured in the run are not repeated).
 MFU = FLOPs of the step counted by torch.utils.flop_counter / step time / peak (the datasheet's
@@ -98,10 +98,10 @@ class Record:
 
 def lever_step(name: str, img: int, batch: int, lever: dict[str, Any], device: torch.device):
     """The trainer's pieces with one lever set (bf16 on a GPU, fp32 on the CPU): the step."""
-    from vitpod.trainer.fp8 import apply_fp8
-    from vitpod.trainer.models import create_model
-    from vitpod.trainer.outlook import apply_outlook_kernel
-    from vitpod.trainer.precision import make_precision, prepare_model
+    from vitpod.trainer.model.models import create_model
+    from vitpod.trainer.speed.fp8 import apply_fp8
+    from vitpod.trainer.speed.outlook import apply_outlook_kernel
+    from vitpod.trainer.speed.precision import make_precision, prepare_model
 
     amp = device.type == "cuda"
     precision = make_precision(device, amp, False, "bf16", lever.get("channels_last", True))
@@ -304,7 +304,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
     }  # fmt: skip
     rec = Record(ns.out, ns.budget_s, head)
-    if ns.rehearse:  # the Triton kernels on the CPU: interpreted (trainer/outlook.py)
+    if ns.rehearse:  # the Triton kernels on the CPU: interpreted (trainer/speed/outlook.py)
         os.environ["TRITON_INTERPRET"] = "1"
     for section in ("outlook", "kernel"):
         if section in sections:

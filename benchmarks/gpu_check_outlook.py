@@ -59,7 +59,7 @@ def outlook_section(rec: Any, device: torch.device, rehearse: bool, section: str
     """The rows of OUTLOOK_CHECKS[section] into rec's `outlook` (gpu_check.Record)."""
     import timm
 
-    from vitpod.trainer.outlook import apply_outlook_kernel
+    from vitpod.trainer.speed.outlook import apply_outlook_kernel
 
     torch.manual_seed(0)
     net = timm.create_model("volo_d1_224", num_classes=10)

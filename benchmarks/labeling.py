@@ -1,4 +1,5 @@
-"""Token-labeling throughput per rank: images/s of `python -m vitpod.trainer.label`'s shard loop.
+"""Token-labeling throughput per rank: images/s of `python -m vitpod.trainer.tokenlabels.label`'s
+shard loop.
 
 Each case labels one shard of digits JPEGs (written at the labeling size) with an untrained
 teacher saved as a vitpod run directory: JPEG decode + resize on one core, the teacher's dense
@@ -27,10 +28,10 @@ CASES = [("volo_tiny", 32, 477), ("volo_d1", 224, 48)]  # (teacher, px, images i
 def run_case(model: str, img_size: int, images: int, work: Path) -> dict:
     import torch
 
-    from vitpod.trainer import label
-    from vitpod.trainer.checkpoint import save_final
+    from vitpod.trainer.checkpointing.checkpoint import save_final
     from vitpod.trainer.data.digits import write_digits_jpeg
-    from vitpod.trainer.models import create_model, model_manifest
+    from vitpod.trainer.model.models import create_model, model_manifest
+    from vitpod.trainer.tokenlabels import label
 
     data = write_digits_jpeg(work / f"digits{img_size}", size=img_size)
     teacher = work / f"teacher-{model}-{img_size}"

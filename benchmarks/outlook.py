@@ -23,7 +23,7 @@ from timm.models.volo import OutlookAttention  # noqa: E402
 
 from vitpod.registry.io import write_json_atomic  # noqa: E402
 from vitpod.trainer.hardware import cpu_vector_flags  # noqa: E402
-from vitpod.trainer.outlook import use_fused_outlook  # noqa: E402
+from vitpod.trainer.speed.outlook import use_fused_outlook  # noqa: E402
 
 
 def _timed(step, count: int) -> list[float]:

@@ -1,11 +1,11 @@
 """Slurm calls per poll while watching a scaling study of N array tasks (N = 5, 50, 500).
 
-Every Slurm command goes through workflows/slurm.py's `runner`; here it is replaced by FakeSlurm,
-which counts the calls and answers squeue and sacct as Slurm does for one array job: the first
-`finished` tasks completed and left squeue's memory (only sacct knows them), the next ones run,
-the rest pend on one line (`123_[k-499]`). Each way of watching is measured batched (what vitpod
-does) and per job (one call per job, as a watcher asking job by job does; for the goodput ledger
-that is what `vitpod status` and `follow` did before, one sacct per run). No Slurm is needed.
+Every Slurm command goes through workflows/submit/slurm.py's `runner`; here it is replaced by
+FakeSlurm, which counts the calls and answers squeue and sacct as Slurm does for one array job: the
+first `finished` tasks completed and left squeue's memory (only sacct knows them), the next ones
+run, the rest pend on one line (`123_[k-499]`). Each way of watching is measured batched (what
+vitpod does) and per job (one call per job, as a watcher asking job by job does; for the goodput
+ledger that is what `vitpod status` and `follow` did before, one sacct per run). No Slurm is needed.
 Results: benchmarks/results/slurm_calls.json.
 """
 
@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vitpod.workflows import follow, goodput, jobctl, jobstate, slurm  # noqa: E402
+from vitpod.workflows.submit import jobstate, slurm  # noqa: E402
+from vitpod.workflows.watching import follow, goodput, jobctl  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "slurm_calls.json"
 ARRAY, REPORT = "4200", "4201"  # the sweep's array job and the report job (afterany on it)

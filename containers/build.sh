@@ -41,9 +41,9 @@ sha() { sha256sum | cut -d' ' -f1; }
 read -r IMAGE_DEFAULT STACK VENV_PY PROFILE_NAME PUSH_REF PUSH_BASE PUSH_VAR < <("$PY" - "${CLUSTER:-local}" <<'PYEOF'
 import sys
 from pathlib import Path
-from vitpod.workflows.profile import load_profile
-from vitpod.workflows.container import host_path, sqsh_path
-from vitpod.workflows.registryref import parse
+from vitpod.workflows.site.profile import load_profile
+from vitpod.workflows.containers.container import host_path, sqsh_path
+from vitpod.workflows.containers.registryref import parse
 profile = load_profile(sys.argv[1])
 if profile.container is None:
     profile = load_profile("localpyxis")

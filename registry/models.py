@@ -295,7 +295,8 @@ def param_parts(name: str, img_size: int = 224, num_classes: int = 1000) -> Para
 
 
 def stage_bounds(blocks: int, stages: int) -> list[tuple[int, int]]:
-    """[start, end) blocks of each pipeline stage (trainer/pipeline_parallel.py splits by it)."""
+    """[start, end) blocks of each pipeline stage (trainer/engines/pipeline_parallel.py splits by
+    it)."""
     if stages > blocks:
         raise ValueError(f"--pp {stages}: the model has only {blocks} blocks; use at most that")
     cuts = [round(i * blocks / stages) for i in range(stages + 1)]

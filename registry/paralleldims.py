@@ -12,8 +12,8 @@ class ParallelDims:
     """Ranks along each parallel dimension; the job has dp x tp x pp ranks.
 
     tp is innermost (a tensor-parallel group is consecutive ranks, so with ranks placed node by
-    node it stays inside one node's NVLink domain), then pp, then dp: the order trainer/mesh.py
-    builds its DeviceMesh in.
+    node it stays inside one node's NVLink domain), then pp, then dp: the order
+    trainer/engines/mesh.py builds its DeviceMesh in.
     """
 
     dp: int = 1

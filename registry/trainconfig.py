@@ -17,7 +17,7 @@ from vitpod.registry.paralleldims import ParallelDims
 
 SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
 """timm's schedules that step per optimizer update (its plateau steps on an epoch's metric)."""
-OUTLOOK_KERNELS = ("timm", "fused", "triton")  # --outlook-kernel (trainer/outlook.py)
+OUTLOOK_KERNELS = ("timm", "fused", "triton")  # --outlook-kernel (trainer/speed/outlook.py)
 
 
 class ConfigError(ValueError):
@@ -266,7 +266,8 @@ class TrainConfig:
         default=False,
         metadata=_arg("run", "each step record carries sample_digest (its global sample ids)"),
     )
-    # Experiment tracking (timm train.py's --log-wandb); rank 0 only, see trainer/metrics.py.
+    # Experiment tracking (timm train.py's --log-wandb); rank 0 only, see
+    # trainer/telemetry/metrics.py.
     log_wandb: bool = field(
         default=False,
         metadata=_arg("run", "also log metrics and config to Weights & Biases (rank 0)"),

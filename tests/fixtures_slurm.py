@@ -110,7 +110,7 @@ def queue_state(job: str) -> str:
 
 def wait_usable(node: str, timeout: float = 60) -> None:
     """After a resume the node answers again within seconds ('idle*' until then)."""
-    from vitpod.workflows.partitions import partition_info
+    from vitpod.workflows.submit.partitions import partition_info
 
     def usable() -> bool:
         info = partition_info("pretrain")

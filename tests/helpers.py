@@ -18,7 +18,7 @@ import yaml
 from tests.zygote import LOAD_TIME_ENV, ForkedRank, zygote
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import REQUEUE
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.site.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 Rank = subprocess.Popen | ForkedRank

@@ -8,8 +8,8 @@ import pytest
 from vitpod.analysis import memory
 from vitpod.analysis.memcheck import compare, saved_tensor_bytes, timm_param_count
 from vitpod.registry import models
-from vitpod.workflows.planners import main, profile_numbers
-from vitpod.workflows.preflight import PLAN_MARGIN
+from vitpod.workflows.planning.planners import main, profile_numbers
+from vitpod.workflows.planning.preflight import PLAN_MARGIN
 
 MODELS = [(name, 32 if name == "volo_tiny" else 224) for name in models.MODELS]
 

@@ -111,6 +111,6 @@ def test_timm_model_names_map_to_their_recipe(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("model", ["volo_d5_224", "volo_d1_224"])
 def test_a_timm_name_plans_like_its_recipe(model: str) -> None:
-    from vitpod.workflows.recipe import load_recipe
+    from vitpod.workflows.planning.recipe import load_recipe
 
     assert load_recipe(model).model == model.removesuffix("_224")

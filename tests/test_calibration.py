@@ -8,7 +8,7 @@ import pytest
 
 from vitpod.analysis import calibrate, commcost
 from vitpod.analysis.fabric import Fabric
-from vitpod.workflows import exchange
+from vitpod.workflows.planning import exchange
 
 MiB = 1024**2
 SIZES = [4096 * 4**i for i in range(7)]
@@ -101,7 +101,7 @@ def test_times_that_do_not_grow_with_size_are_refused_with_the_fix():
 
 
 def test_bench_file_of_another_kind_is_refused():
-    with pytest.raises(calibrate.CalibrationError, match="vitpod.trainer.commbench"):
+    with pytest.raises(calibrate.CalibrationError, match="vitpod.trainer.engines.commbench"):
         calibrate.fit({"format": "something-else"})
     one_rank = synthetic_bench()
     one_rank["levels"] = {"self": one_rank["levels"]["self"]}
@@ -183,7 +183,7 @@ def test_decide_uses_the_calibration_and_says_so():
 
 
 def test_commbench_sizes_and_levels():
-    commbench = pytest.importorskip("vitpod.trainer.commbench")
+    commbench = pytest.importorskip("vitpod.trainer.engines.commbench")
     assert commbench.parse_sizes("4K, 1M 16MiB 4096") == [4096, MiB, 16 * MiB]
     with pytest.raises(ValueError, match="'3'"):
         commbench.parse_sizes("3")
@@ -205,12 +205,12 @@ def _mapping(fab: Fabric) -> dict:
 
 
 def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profile(tmp_path):
-    from vitpod.workflows import calibrate as wcal
     from vitpod.workflows.errors import ConfigError
+    from vitpod.workflows.site import calibrate as wcal
 
     profile = tmp_path / "mine.yaml"
     profile.write_text(
-        (exchange.Path(exchange.__file__).parent / "profiles" / "localslurm.yaml").read_text()
+        (exchange.Path(exchange.__file__).parents[1] / "profiles" / "localslurm.yaml").read_text()
     )
     ns = wcal.build_parser().parse_args(
         ["--cluster", str(profile), "--run-root", str(tmp_path), "--sizes", "4K 1M",
@@ -219,7 +219,7 @@ def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profil
     plan, out = wcal.prepare(ns)
     spec = plan.spec
     assert out == tmp_path / "mine.calibration.json"
-    assert spec.command[1:3] == ("-m", "vitpod.trainer.commbench")
+    assert spec.command[1:3] == ("-m", "vitpod.trainer.engines.commbench")
     assert spec.command[3:] == (
         "--out", f"{spec.run_dir}/commbench.json", "--sizes", "4K 1M", "--busy-ms", "0"
     )  # fmt: skip
@@ -240,10 +240,11 @@ def test_calibration_side_of_the_login_node_imports_no_torch():
         "class Block(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] in ('torch', 'numpy') or \\\n"
-        "                name == 'vitpod.trainer.commbench':\n"
+        "                name == 'vitpod.trainer.engines.commbench':\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import vitpod.analysis.calibrate, vitpod.workflows.calibrate, vitpod.workflows.exchange\n"
+        "import vitpod.analysis.calibrate, vitpod.workflows.site.calibrate\n"
+        "import vitpod.workflows.planning.exchange\n"
     )
     # The benchmark (torch) is blocked too: workflows reaches it only as the job's command line.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

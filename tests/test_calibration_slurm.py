@@ -12,7 +12,8 @@ import pytest
 from tests import measured_comm
 from tests.fixtures_slurm import REPO, local_slurm  # noqa: F401  (pytest fixture)
 from vitpod.analysis import calibrate
-from vitpod.workflows import exchange, scaling
+from vitpod.workflows.planning import exchange
+from vitpod.workflows.studies import scaling
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from vitpod.trainer.exitcodes import REQUEUE
 # installed, no child yet) until the test opens the reading end, so a signal lands exactly there.
 TASK = """
 import sys
-from vitpod.workflows.chain_task import _run_forwarding_signals
+from vitpod.workflows.pipeline.chain_task import _run_forwarding_signals
 print("ready", flush=True)
 sys.exit(_run_forwarding_signals(sys.argv[2:], {}, sys.argv[1], "."))
 """

@@ -15,14 +15,15 @@ import yaml
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import read_decision, write_decision
-from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError as TrainerConfigError
-from vitpod.trainer.flags import parse_args
-from vitpod.workflows import ckptinterval, interruptions, slurm
+from vitpod.trainer.settings.checks import problems
+from vitpod.trainer.settings.flags import parse_args
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.interruptions import History, HistoryError, partition_history
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
+from vitpod.workflows.planning import ckptinterval, interruptions
+from vitpod.workflows.planning.interruptions import History, HistoryError, partition_history
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.site.profile import PROFILE_DIR, bundled_profiles, load_profile
+from vitpod.workflows.submit import slurm
 
 SACCT = (
     "101|COMPLETED|7200\n"
@@ -225,7 +226,7 @@ def test_expected_lost_work_against_the_ledgers_in_status_and_report(tmp_path):
     time), shown under the goodput line and in report.json beside the ledger's lost seconds."""
     from vitpod.analysis.goodput import Ledger
     from vitpod.registry.decision import CheckpointInterval
-    from vitpod.workflows import status
+    from vitpod.workflows.watching import status
 
     record = CheckpointInterval(
         save_cost_s=10.0, save_cost_source="test", mtbi_hours=2.0, mtbi_source="test",

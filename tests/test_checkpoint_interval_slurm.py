@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import wait_until
 from vitpod.registry import runfiles
-from vitpod.workflows.interruptions import partition_history
+from vitpod.workflows.planning.interruptions import partition_history
 
 pytestmark = [pytest.mark.slurm]
 REPO = Path(__file__).resolve().parents[1]

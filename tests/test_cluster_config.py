@@ -9,8 +9,8 @@ import yaml
 
 from vitpod.analysis.fabric import Fabric
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import PROFILE_DIR, bundled_profiles, load_profile
-from vitpod.workflows.recipe import RECIPE_DIR, bundled_recipes, load_recipe
+from vitpod.workflows.planning.recipe import RECIPE_DIR, bundled_recipes, load_recipe
+from vitpod.workflows.site.profile import PROFILE_DIR, bundled_profiles, load_profile
 
 MODELS = ["volo_d1", "volo_d2", "volo_d3", "volo_d4", "volo_d5"]
 

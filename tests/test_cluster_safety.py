@@ -16,7 +16,7 @@ import yaml
 
 from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.site.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -304,12 +304,17 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split('.')[0] in ('torch', 'torchvision', 'timm', 'deepspeed', 'numpy'):
             raise ImportError('blocked on a login node: ' + name)
 sys.meta_path.insert(0, Block())
-import vitpod.workflows.cli, vitpod.workflows.errors, vitpod.workflows.profile
-import vitpod.workflows.recipe, vitpod.workflows.rundir, vitpod.workflows.spec
-import vitpod.workflows.templating, vitpod.workflows.rankinfo, vitpod.workflows.submission
-import vitpod.workflows.chain, vitpod.workflows.jobstate, vitpod.workflows.status
-import vitpod.workflows.exchange, vitpod.workflows.scaling, vitpod.workflows.demo
-import vitpod.workflows.follow, vitpod.workflows.reportjob, vitpod.analysis.commcost
+import vitpod.workflows.cli, vitpod.workflows.errors, vitpod.workflows.site.profile
+import vitpod.workflows.planning.recipe, vitpod.workflows.submit.rundir
+import vitpod.workflows.planning.spec
+import vitpod.workflows.planning.templating, vitpod.workflows.site.rankinfo
+import vitpod.workflows.submit.submission
+import vitpod.workflows.pipeline.chain, vitpod.workflows.submit.jobstate
+import vitpod.workflows.watching.status
+import vitpod.workflows.planning.exchange, vitpod.workflows.studies.scaling
+import vitpod.workflows.pipeline.demo
+import vitpod.workflows.watching.follow, vitpod.workflows.studies.reportjob
+import vitpod.analysis.commcost
 assert vitpod.workflows.cli.main(['render', '--cluster', 'dgxpod', '--model', 'volo_d5',
                            '--run-root', sys.argv[1]]) == 0
 assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]

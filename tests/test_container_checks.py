@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vitpod.workflows.container import check_container_paths, check_container_static
+from vitpod.workflows.containers.container import check_container_paths, check_container_static
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 SQSH = "./.cache/images/vitpod-local.sqsh"

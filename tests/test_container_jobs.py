@@ -18,9 +18,9 @@ import yaml
 from tests.fixtures_container import unprivileged_user
 from tests.fixtures_slurm import preempted_once_python, rank_logs, wait_job
 from vitpod.workflows import cli
-from vitpod.workflows.plan import plan_job
-from vitpod.workflows.profile import PROFILE_DIR
-from vitpod.workflows.rankinfo import PREFIX
+from vitpod.workflows.planning.plan import plan_job
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.site.rankinfo import PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
@@ -178,7 +178,7 @@ def test_an_unprivileged_user_runs_a_container(pyxis_image):
 
 
 def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
-    from vitpod.workflows.chain import Chain
+    from vitpod.workflows.pipeline.chain import Chain
 
     profile, _ = localpyxis_copy(tmp_path)
     run = Chain(
@@ -201,7 +201,7 @@ def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
 def test_the_python_api_starts_the_container_once_per_node(pyxis_image, tmp_path):
     """container.start_once on the submitit path: one named container per node, measured cold
     and warm, and every rank's step runs inside it (its root is pyxis_<name> on its node)."""
-    from vitpod.workflows.chain import Chain
+    from vitpod.workflows.pipeline.chain import Chain
 
     profile, _ = localpyxis_copy(tmp_path, start_once=True)
     run = Chain(str(profile), "volo_tiny", stages=("pretrain",), entry="rankinfo",

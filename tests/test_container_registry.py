@@ -17,9 +17,9 @@ import yaml
 
 from tests.fixtures_container import BUILD
 from tests.fixtures_slurm import rank_logs, wait_job
-from vitpod.workflows import containerpreflight, registryref
+from vitpod.workflows.containers import containerpreflight, registryref
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY_SH = REPO / "workflows" / "localslurm" / "registry.sh"
@@ -125,7 +125,7 @@ def test_a_corrupt_sqsh_is_refused_before_submitting(tmp_path):
 
 
 def test_a_missing_digest_is_explicit_with_the_reason(tmp_path, capsys):
-    from vitpod.workflows.rundir import image_info
+    from vitpod.workflows.submit.rundir import image_info
 
     data = yaml.safe_load((PROFILE_DIR / "localpyxis.yaml").read_text())
     data["container"]["image"] = str(tmp_path / "never-built.sqsh")

@@ -16,9 +16,9 @@ from vitpod.registry.decision import (
 )
 from vitpod.registry.trainsections import TrainerSettings
 from vitpod.trainer.config import ConfigError
-from vitpod.trainer.flags import parse_args
+from vitpod.trainer.settings.flags import parse_args
 from vitpod.workflows.errors import ConfigError as WorkflowError
-from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.planning.plan import Request, plan_job
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -192,7 +192,7 @@ def test_the_planner_and_the_rank_name_the_engine_by_one_rule(tmp_path, args, en
 
 def test_the_engine_registry_builds_every_engine_the_rule_names():
     from vitpod.registry.engines import ENGINES
-    from vitpod.trainer.parallel import BUILDERS
+    from vitpod.trainer.engines.parallel import BUILDERS
 
     assert sorted(BUILDERS) == sorted(ENGINES)
 

@@ -15,10 +15,15 @@ import yaml
 from tests.fixtures_slurm import REPO, wait_usable
 from tests.helpers import make
 from vitpod.analysis import calibrate as fitting
-from vitpod.workflows.doctor import image_check, read_records, record_lines, volatile_uncorrectable
-from vitpod.workflows.doctor_allreduce import verdict
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.site.doctor import (
+    image_check,
+    read_records,
+    record_lines,
+    volatile_uncorrectable,
+)
+from vitpod.workflows.site.doctor_allreduce import verdict
+from vitpod.workflows.site.profile import PROFILE_DIR
 
 # Each "node" reads its own enroot cache path: the doctor expands ${SLURMD_NODENAME} as enroot
 # expands variables in its configuration.
@@ -121,7 +126,7 @@ def test_doctor_true_runs_the_checks_on_every_node_before_the_ranks(tmp_path):
         plan = plan_job(Request(cluster=str(path), model="volo_tiny", run_root=str(tmp_path)))
         script = plan.script
         if doctor:
-            assert script.index("workflows/doctor.py") < script.index("-m vitpod.trainer")
+            assert script.index("workflows/site/doctor.py") < script.index("-m vitpod.trainer")
             assert "--ntasks-per-node=1" in script and "exit 3" in script
             (tmp_path / "job.sbatch").write_text(script)
             lint = subprocess.run(["shellcheck", "-s", "bash", str(tmp_path / "job.sbatch")],

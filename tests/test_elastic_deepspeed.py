@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tests.helpers import launch_logs, logs, preempted, step_records, train
-from vitpod.trainer import ds_universal
-from vitpod.trainer.checkpoint import Checkpointer, ResumeError
-from vitpod.trainer.elastic import Resize
+from vitpod.trainer.checkpointing import ds_universal
+from vitpod.trainer.checkpointing.checkpoint import Checkpointer, ResumeError
+from vitpod.trainer.checkpointing.elastic import Resize
 
 pytest.importorskip("deepspeed")
 

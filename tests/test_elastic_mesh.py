@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import preempted, step_records, train
-from vitpod.workflows.runsizes import world_sizes
+from vitpod.workflows.watching.runsizes import world_sizes
 
 # vit_micro on digits at 32 px, global batch 96 = dp x -b x accumulation (4 x 8 x 3, 3 x 8 x 4,
 # 2 x 8 x 6, 2 x 16 x 3, 1 x 16 x 6): 14 steps an epoch, the 15th holds the 89-image tail and

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from tests.helpers import launch_logs, preempted, step_records, train
+from vitpod.trainer.checkpointing.elastic import ElasticError, accumulation_for
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
 from vitpod.trainer.data.sharding import epoch_order, rank_batches
-from vitpod.trainer.elastic import ElasticError, accumulation_for
-from vitpod.workflows.runsizes import world_sizes
+from vitpod.workflows.watching.runsizes import world_sizes
 
 # volo_tiny on digits (1433 train images) at 32 px, global batch 32 = 4 ranks x 8 x 1 or
 # 2 ranks x 8 x 2: 45 steps per epoch (the 45th holds the 25-image tail). Random

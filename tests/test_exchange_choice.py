@@ -3,7 +3,7 @@
 import pytest
 
 from vitpod.analysis.fabric import DGX_A100, Fabric
-from vitpod.workflows import exchange
+from vitpod.workflows.planning import exchange
 
 VIT_S = 22_050_664 * 4  # gradient bytes of vit_small_patch16_224
 VOLO_D5 = 295_455_584 * 4

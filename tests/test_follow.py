@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from vitpod.workflows import follow, slurm
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.metricstail import MetricsTail
+from vitpod.workflows.submit import slurm
+from vitpod.workflows.watching import follow
+from vitpod.workflows.watching.metricstail import MetricsTail
 
 
 def step(rank: int, n: int, wall: float, total: int = 100, loss: float = 1.0) -> str:
@@ -54,7 +55,7 @@ def test_eta_falls_back_to_step_time_without_wall_clock(tmp_path):
 
 
 def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
-    from vitpod.workflows.status_cli import main
+    from vitpod.workflows.watching.status_cli import main
 
     assert main(["--run", str(tmp_path), "--follow"]) == 2
     assert "is not a run directory" in capsys.readouterr().err

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vitpod.workflows import follow
-from vitpod.workflows.metricstail import MetricsTail
+from vitpod.workflows.watching import follow
+from vitpod.workflows.watching.metricstail import MetricsTail
 
 
 def _write(run: Path, records: list[dict]) -> None:

@@ -20,7 +20,8 @@ import pytest
 from rich.console import Console
 
 from tests.helpers import wait_until
-from vitpod.workflows import follow, scaling
+from vitpod.workflows.studies import scaling
+from vitpod.workflows.watching import follow
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]

@@ -123,7 +123,7 @@ def test_device_hours_are_allocated_devices_times_run_time_and_useful_the_kept_s
      ("", (0, "")), ("cpu=0", (0, ""))],
 )  # fmt: skip
 def test_allocated_devices_read_from_sacct_alloctres(tres, expected):
-    from vitpod.workflows.goodput import allocated_devices
+    from vitpod.workflows.watching.goodput import allocated_devices
 
     assert allocated_devices(tres) == expected
 
@@ -138,7 +138,8 @@ def test_a_study_records_each_points_gpu_hours_from_one_sacct(tmp_path, monkeypa
     """study.record_ledgers: one sacct for every array task; a task's GPUs x its run time."""
     import subprocess
 
-    from vitpod.workflows import slurm, study
+    from vitpod.workflows.studies import study
+    from vitpod.workflows.submit import slurm
 
     calls = []
 
@@ -171,7 +172,8 @@ def test_a_reused_job_id_counts_only_the_attempts_since_the_run_was_created(tmp_
     the ledger keeps the one submitted after the run's manifest was written."""
     import subprocess
 
-    from vitpod.workflows import goodput, slurm
+    from vitpod.workflows.submit import slurm
+    from vitpod.workflows.watching import goodput
 
     day = "2026-01-01T"
     rows = (f"1000004|{day}00:47:45|{day}00:47:46|{day}00:47:56|cpu=4\n"

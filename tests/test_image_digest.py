@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from vitpod.registry import runfiles
-from vitpod.workflows import cli, imagecheck
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows import cli
+from vitpod.workflows.containers import imagecheck
+from vitpod.workflows.site.profile import PROFILE_DIR
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import HOSTILE, hostile_profile
-from vitpod.workflows import reportjob, scaling
+from vitpod.workflows.studies import reportjob, scaling
 
 pytestmark = [pytest.mark.slurm]
 

@@ -20,9 +20,9 @@ import pytest
 
 from vitpod.registry import runfiles
 from vitpod.workflows import cli
-from vitpod.workflows.chain import Chain
-from vitpod.workflows.jobctl import Study
-from vitpod.workflows.rundir import write_json
+from vitpod.workflows.pipeline.chain import Chain
+from vitpod.workflows.submit.rundir import write_json
+from vitpod.workflows.watching.jobctl import Study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def make_run(root: Path, job_id: str, step: int, total: int, done: bool = False)
 
 
 def make_study(root: Path, array: str, report: str) -> Path:
-    """study.json with the keys workflows/study.py's study_record writes (two points)."""
+    """study.json with the keys workflows/studies/study.py's study_record writes (two points)."""
     study = root / "studies" / "20260101T000000Z-volo_tiny-strong-abc123"
     study.mkdir(parents=True)
     points = [
@@ -265,7 +265,7 @@ def test_chain_from_dir_in_a_fresh_interpreter_status_and_cancel(tmp_path):
     offline.render()
     submitted = make_pipeline(root, {"pretrain": "101", "finetune": "102"})
     code = (
-        "from vitpod.workflows.chain import Chain\n"
+        "from vitpod.workflows.pipeline.chain import Chain\n"
         "c = Chain.from_dir(PATH)\n"
         "print(*[(s.stage, s.state, s.job_ids) for s in c.status()], sep='\\n')\n"
         "print(sorted(c.report()['stages']))\n"

@@ -16,7 +16,7 @@ from tests.fixtures_slurm import queue_state
 from tests.helpers import last_step, profile_copy, wait_until
 from tests.test_pipeline_slurm import COMMON
 from vitpod.registry import runfiles
-from vitpod.workflows.chain import Chain
+from vitpod.workflows.pipeline.chain import Chain
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_pipeline_listed_reattached_cancelled_and_resumed(local_slurm, digits_di
     }  # fmt: skip
 
     code = (
-        "from vitpod.workflows.chain import Chain\n"
+        "from vitpod.workflows.pipeline.chain import Chain\n"
         f"c = Chain.from_dir({str(chain.directory)!r})\n"
         "print(*[f'{s.stage} {s.state} {s.job_ids}' for s in c.status()], sep='\\n')\n"
         "print('cancelled', sorted(c.cancel()))\n"

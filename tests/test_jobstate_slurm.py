@@ -7,7 +7,7 @@ import pytest
 
 from tests.fixtures_slurm import restart_slurm, stop_slurmdbd
 from tests.helpers import wait_until
-from vitpod.workflows import jobstate, slurm
+from vitpod.workflows.submit import jobstate, slurm
 
 
 def _sbatch(*args: str) -> str:

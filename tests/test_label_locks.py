@@ -1,9 +1,9 @@
 """One teacher per token-label directory, one writer per shard, and shards that name their teacher.
 
-Real labeler processes (`python -m vitpod.trainer.label`) race for one directory: a second teacher
-is refused with both digests (exit 2) and writes nothing; two jobs of one teacher on one shard
-queue on the shard's flock and the second skips it. The trainer's store refuses a shard whose
-recorded teacher digest is not the manifest's, also in a DataLoader worker's copy after the
+Real labeler processes (`python -m vitpod.trainer.tokenlabels.label`) race for one directory: a
+second teacher is refused with both digests (exit 2) and writes nothing; two jobs of one teacher on
+one shard queue on the shard's flock and the second skips it. The trainer's store refuses a shard
+whose recorded teacher digest is not the manifest's, also in a DataLoader worker's copy after the
 directory was relabeled under it.
 """
 
@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from tests.helpers import wait_until
-from vitpod.trainer import label, labelset
-from vitpod.trainer.checkpoint import save_final
+from vitpod.trainer.checkpointing.checkpoint import save_final
 from vitpod.trainer.data import DataConfig
 from vitpod.trainer.data.token_label import TokenLabelError, TokenLabelStore
-from vitpod.trainer.models import create_model, model_manifest
+from vitpod.trainer.model.models import create_model, model_manifest
+from vitpod.trainer.tokenlabels import label, labelset
 from vitpod.workflows.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "vitpod.trainer.label", *argv], cwd=REPO, env=env,
+            [sys.executable, "-m", "vitpod.trainer.tokenlabels.label", *argv], cwd=REPO, env=env,
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -169,7 +169,7 @@ def test_a_workers_reload_refuses_labels_relabeled_by_another_teacher_since_the_
 def test_submitting_another_teacher_into_a_claimed_directory_is_refused_before_writing(
     digits_dir, teachers, tmp_path
 ):
-    from vitpod.workflows import labels as wlabels
+    from vitpod.workflows.pipeline import labels as wlabels
 
     (run_a, digest_a), (run_b, digest_b) = teachers["a"], teachers["b"]
     out = tmp_path / "tl"

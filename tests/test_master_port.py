@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from vitpod.workflows.masterport import master_port, master_port_span
-from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.planning.masterport import master_port, master_port_span
+from vitpod.workflows.planning.plan import Request, plan_job
 
 
 def _launch(tmp_path):

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from vitpod.trainer import ds_universal
-from vitpod.workflows import containerpreflight, goodput, slurm
-from vitpod.workflows.chain import Chain
-from vitpod.workflows.profile import load_profile
+from vitpod.trainer.checkpointing import ds_universal
+from vitpod.workflows.containers import containerpreflight
+from vitpod.workflows.pipeline.chain import Chain
+from vitpod.workflows.site.profile import load_profile
+from vitpod.workflows.submit import slurm
+from vitpod.workflows.watching import goodput
 
 
 def _tool(directory: Path, name: str, text: str) -> Path:

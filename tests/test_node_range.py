@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from vitpod.registry import runfiles
-from vitpod.trainer.flags import parse_args
+from vitpod.trainer.settings.flags import parse_args
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
 
 
 def _ranged_profile(tmp_path: Path, nodes: str) -> str:

@@ -20,8 +20,8 @@ import yaml
 from tests.fixtures_slurm import LocalSlurm, queue_state
 from tests.helpers import make
 from vitpod.registry import runfiles
-from vitpod.workflows.profile import PROFILE_DIR
-from vitpod.workflows.runjobs import run_job_ids
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.submit.runjobs import run_job_ids
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,10 +15,10 @@ from rich.console import Console
 from tests.helpers import profile_copy
 from vitpod.registry import runfiles
 from vitpod.registry.decision import read_decision
-from vitpod.workflows import status
-from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.pipeline.chain import Chain
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.watching import status
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = "--max-steps 6 --epochs 1 --workers 0 --loader torch --log-interval 1 -b 8"
@@ -121,8 +121,8 @@ def test_missing_shared_data_path_fails_before_submission(tmp_path):
 
 
 def test_slurm_pipeline_shares_the_sbatch_requeue_rule_and_submit_check(tmp_path, monkeypatch):
-    from vitpod.workflows.executor import make_executor
-    from vitpod.workflows.plan import Request, plan_job
+    from vitpod.workflows.planning.plan import Request, plan_job
+    from vitpod.workflows.submit.executor import make_executor
 
     data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
     profile = tmp_path / "localslurm.yaml"
@@ -176,9 +176,10 @@ def test_orchestrator_imports_without_torch():
         "    def find_spec(self, name, path, target=None):\n"
         "        if name.split('.')[0] in ('torch', 'timm', 'numpy'): raise ImportError(name)\n"
         "sys.meta_path.insert(0, B())\n"
-        "import vitpod.workflows.chain, vitpod.workflows.demo, vitpod.workflows.status\n"
-        "import vitpod.workflows.jobstate\n"
-        "import vitpod.workflows.exchange\n"
+        "import vitpod.workflows.pipeline.chain, vitpod.workflows.pipeline.demo\n"
+        "import vitpod.workflows.watching.status\n"
+        "import vitpod.workflows.submit.jobstate\n"
+        "import vitpod.workflows.planning.exchange\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))\n"
     )
     out = subprocess.run(

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from vitpod.registry.decision import read_decision
-from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.pipeline.chain import Chain
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM_COMMANDS = ("sbatch", "sinfo", "squeue", "scontrol", "sacct", "srun", "scancel")

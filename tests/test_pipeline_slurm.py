@@ -9,7 +9,7 @@ import pytest
 
 from tests import measured_comm
 from tests.helpers import last_step, profile_copy, wait_until
-from vitpod.workflows.chain import Chain, ChainError
+from vitpod.workflows.pipeline.chain import Chain, ChainError
 
 # Augmentation that draws no random numbers (kept simple; both loaders now resume exactly with
 # random crops on too: tests/test_resume_slurm.py).

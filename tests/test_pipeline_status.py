@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 from vitpod.registry import runfiles
-from vitpod.workflows import jobstate, rootcause, slurm, status, status_cli
+from vitpod.workflows.submit import jobstate, slurm
+from vitpod.workflows.watching import rootcause, status, status_cli
 
 REAL = """\
 Traceback (most recent call last):

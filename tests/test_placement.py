@@ -1,6 +1,6 @@
-"""Placement by predicted finish (workflows/placement.py) against fake Slurm answers: the table,
-the choice, DEADLINE, the step-time model and plan.json's record. No Slurm is run: the client's
-runner (workflows/slurm.runner) answers `sbatch --test-only` per node count and sacct with
+"""Placement by predicted finish (workflows/planning/placement.py) against fake Slurm answers: the
+table, the choice, DEADLINE, the step-time model and plan.json's record. No Slurm is run: the
+client's runner (workflows/slurm.runner) answers `sbatch --test-only` per node count and sacct with
 nothing. The live test is tests/test_placement_slurm.py."""
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ import yaml
 from vitpod.analysis.goodput import Ledger
 from vitpod.analysis.layout import step_flops
 from vitpod.registry.decision import read_decision
-from vitpod.workflows import cli, placement, slurm
+from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.plan import Request
-from vitpod.workflows.profile import PROFILE_DIR
-from vitpod.workflows.profile import REPO_ROOT as REPO
+from vitpod.workflows.planning import placement
+from vitpod.workflows.planning.plan import Request
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.site.profile import REPO_ROOT as REPO
+from vitpod.workflows.submit import slurm
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0).astimezone()
 ARGS = "-b 8 --max-steps 100 --checkpoint-every 0 --workers 0"
@@ -166,7 +168,7 @@ def test_without_a_run_of_the_model_the_flops_of_a_step_at_a_measured_rate(
 
 
 def _comm(profile: Path, root: Path, monkeypatch, nodes: int) -> float:
-    from vitpod.workflows.plan import plan_job
+    from vitpod.workflows.planning.plan import plan_job
 
     plan = plan_job(Request(cluster=str(profile), model="volo_tiny", args=ARGS,
                             run_root=str(root), nodes=nodes))  # fmt: skip
@@ -246,12 +248,12 @@ def test_ledger_keeps_the_first_start_and_the_last_end_open_while_one_runs():
 def test_chain_places_its_first_stage_and_refuses_a_deadline_without_place(
     ranged, tmp_path, monkeypatch, capsys
 ):
-    from vitpod.workflows.chain import Chain
+    from vitpod.workflows.pipeline.chain import Chain
 
     root = tmp_path / "runs"
     earlier_run(root, "20000101T000000Z-volo_tiny-pretrain-aaaaaa")
     fake_slurm(monkeypatch, wait_for_two=3600)
-    monkeypatch.setattr("vitpod.workflows.chain.preflight.check", lambda *a, **k: [])
+    monkeypatch.setattr("vitpod.workflows.pipeline.chain.preflight.check", lambda *a, **k: [])
     chain = Chain(str(ranged), "volo_tiny", args=ARGS, run_root=str(root), place=True)
     stages = chain.plan()
     pretrain, finetune = (stages[s].job_plan for s in ("pretrain", "finetune"))
@@ -295,8 +297,8 @@ def test_without_max_steps_the_steps_come_from_an_earlier_epoch_over_the_same_da
 
 
 def test_make_status_shows_the_placement_under_the_goodput_line(ranged, tmp_path, monkeypatch):
-    from vitpod.workflows import status
-    from vitpod.workflows.submission import materialize
+    from vitpod.workflows.submit.submission import materialize
+    from vitpod.workflows.watching import status
 
     fake_slurm(monkeypatch, wait_for_two=0)
     plan = placement.place(request(ranged, tmp_path / "runs"))

@@ -13,10 +13,10 @@ import yaml
 
 from tests.helpers import make
 from vitpod.registry.decision import read_decision
-from vitpod.workflows.chain import Chain
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.pipeline.chain import Chain
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.site.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,7 +180,7 @@ def test_empty_model_names_the_pipeline_after_the_profile_default(tmp_path):
 
 
 def test_status_reads_the_manifest_a_submission_writes(tmp_path):
-    from vitpod.workflows.status import stages_of
+    from vitpod.workflows.watching.status import stages_of
 
     plan = plan_job(Request(cluster="localslurm", run_root=str(tmp_path / "runs")))
     plan.run_dir.mkdir(parents=True)
@@ -192,7 +192,7 @@ def test_status_reads_the_manifest_a_submission_writes(tmp_path):
 def test_planner_imports_no_torch():
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['timm'] = None\n"
-        "from vitpod.workflows.plan import Request, plan_job\n"
+        "from vitpod.workflows.planning.plan import Request, plan_job\n"
         "p = plan_job(Request(cluster='dgxpod', model='volo_d5', run_root='/tmp/x'))\n"
         "print(p.decision.engine.name, p.memory['checked'])"
     )

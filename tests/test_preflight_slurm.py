@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import wait_usable
-from vitpod.workflows import preflight
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.partitions import SlurmSilent, partition_info
-from vitpod.workflows.plan import JobPlan, Request, plan_job
-from vitpod.workflows.profile import PROFILE_DIR
-from vitpod.workflows.sbatchopts import SbatchOptions
+from vitpod.workflows.planning import preflight
+from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
+from vitpod.workflows.planning.sbatchopts import SbatchOptions
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.submit.partitions import SlurmSilent, partition_info
 
 Change = Callable[[dict[str, Any]], None]
 

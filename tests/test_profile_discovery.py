@@ -12,12 +12,12 @@ import yaml
 
 from tests.fixtures_slurm import REPO
 from tests.helpers import make
-from vitpod.workflows import binding
-from vitpod.workflows.discover import gres_gpu, node_info
-from vitpod.workflows.profile import PROFILE_DIR, load_profile
-from vitpod.workflows.profile_check import disagreements
-from vitpod.workflows.profile_writer import Discovered, compute_hcas, node_type
-from vitpod.workflows.slurm import oneliner
+from vitpod.workflows.site import binding
+from vitpod.workflows.site.discover import gres_gpu, node_info
+from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.site.profile_check import disagreements
+from vitpod.workflows.site.profile_writer import Discovered, compute_hcas, node_type
+from vitpod.workflows.submit.slurm import oneliner
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # `scontrol show node --oneliner` as this machine's local Slurm printed it (blanks inside OS=).

@@ -20,7 +20,7 @@ from tests.fixtures_slurm import kill_rank, submit
 from tests.helpers import last_step, profile_copy, wait_until
 from vitpod.analysis.goodput import segments
 from vitpod.registry import runfiles
-from vitpod.workflows import follow, goodput, status
+from vitpod.workflows.watching import follow, goodput, status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # 4 ranks x 16 images: 23 steps an epoch on digits; 100 steps cross 4 epoch ends (evaluation and

@@ -13,7 +13,6 @@ import torch
 from PIL import Image
 from torchvision.ops import roi_align
 
-from vitpod.trainer import label, labellayout, labelset
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.data import DataConfig
 from vitpod.trainer.data.published_labels import PublishedLabelStore
@@ -21,7 +20,8 @@ from vitpod.trainer.data.sources import folder_split
 from vitpod.trainer.data.token_label import TokenLabelError, TokenLabelStore
 from vitpod.trainer.data.torch_loader import SplitDataset
 from vitpod.trainer.data.transforms import BoxedTrainTransform
-from vitpod.trainer.token_forward import dense_logits
+from vitpod.trainer.tokenlabels import label, labellayout, labelset
+from vitpod.trainer.tokenlabels.token_forward import dense_logits
 
 CLASSES = 10
 GRID = (6, 5)  # not the model's 2x2 (volo_tiny at 32 px), not even square
@@ -206,13 +206,13 @@ def test_the_labeler_writes_the_published_layout_with_a_cnn_teacher(
 def test_preflight_accepts_the_published_layout_without_a_manifest(
     digits_dir: Path, published: Path, tmp_path: Path
 ):
-    """The login node's check (workflows/preflight.py), torch-free: class folders and a sample
-    of [2, k, H, W] files; a foreign file is named with its shape."""
+    """The login node's check (workflows/planning/preflight.py), torch-free: class folders and a
+    sample of [2, k, H, W] files; a foreign file is named with its shape."""
     from types import SimpleNamespace
 
-    from vitpod.workflows import preflight
-    from vitpod.workflows.profile import load_profile
-    from vitpod.workflows.recipe import load_recipe
+    from vitpod.workflows.planning import preflight
+    from vitpod.workflows.planning.recipe import load_recipe
+    from vitpod.workflows.site.profile import load_profile
 
     def plan(labels: Path) -> SimpleNamespace:
         profile = load_profile("local")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from vitpod.workflows import registryref
+from vitpod.workflows.containers import registryref
 
 DIGEST = "sha256:" + "ab" * 32
 

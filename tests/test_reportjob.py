@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from vitpod.workflows import reportjob, scaling
+from vitpod.workflows.studies import reportjob, scaling
 
 
 def sweep_of(tmp_path, cluster: str, gpus: str) -> scaling.Sweep:
@@ -28,7 +28,7 @@ def test_report_script_waits_for_the_array_and_asks_for_little(tmp_path):
     sweep_srun = [line.strip() for line in sweep.script.splitlines() if "--container-" in line]
     report_srun = [line.strip() for line in script.splitlines() if "--container-" in line]
     assert sweep_srun and report_srun == sweep_srun
-    assert "-m vitpod.workflows.reportjob" in script and "--array-job 4242" in script
+    assert "-m vitpod.workflows.studies.reportjob" in script and "--array-job 4242" in script
 
 
 def test_report_script_quotes_a_hostile_study_path(tmp_path):

@@ -23,9 +23,10 @@ import yaml
 
 from tests.helpers import wait_until
 from vitpod.registry import runfiles
-from vitpod.workflows import grace, triage
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.planning import grace
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.watching import triage
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = "77"
@@ -154,7 +155,7 @@ def test_no_requeue_of_a_job_being_cancelled_nor_on_an_ordinary_exit(tmp_path):
 
 
 def _script(tmp_path: Path) -> Path:
-    from vitpod.workflows.submission import materialize
+    from vitpod.workflows.submit.submission import materialize
 
     return materialize(_plan(tmp_path))
 

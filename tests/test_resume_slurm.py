@@ -32,8 +32,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 COMMON = "--workers 1 --log-interval 1 --epochs 2 --warmup-epochs 1 --drop-path 0.1"
 STEPS_PER_EPOCH = 12
 AGREEMENT_WINDOW = 2
-"""Ranks agree on a preemption at the next step boundary (trainer/preempt.py): the signal sent
-once step s is recorded lands during step s+1 (or, polled late, s+2); the preemption's
+"""Ranks agree on a preemption at the next step boundary (trainer/checkpointing/preempt.py): the
+signal sent once step s is recorded lands during step s+1 (or, polled late, s+2); the preemption's
 checkpoint is at a step in [s, s + AGREEMENT_WINDOW]."""
 _PREEMPTED = re.compile(r"preempted \((\w+)\): checkpointed at step (\d+)")
 # loader -> (ARGS, events): (signal, at or after this step). "KILL" is SIGKILL to one rank.

@@ -12,7 +12,7 @@ import pytest
 from vitpod.registry import runfiles
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.resume import archive, plan_resume, write_plan
+from vitpod.workflows.submit.resume import archive, plan_resume, write_plan
 
 
 def _render(tmp_path: Path, args: str, nodes: int = 2) -> Path:
@@ -47,8 +47,8 @@ def test_a_global_batch_that_cannot_split_names_the_node_counts_that_work(tmp_pa
 
 
 def test_status_shows_the_ranks_of_each_stretch(tmp_path: Path) -> None:
-    from vitpod.workflows.runsizes import world_sizes
-    from vitpod.workflows.status import stage_status
+    from vitpod.workflows.watching.runsizes import world_sizes
+    from vitpod.workflows.watching.status import stage_status
 
     (tmp_path / "metrics").mkdir()
     steps = [(1, 4), (2, 4), (3, 2), (2, 2), (4, 4)]  # resized, a step redone, resized back

@@ -1,5 +1,5 @@
-"""`vitpod clean` (workflows/runclean.py) and `vitpod completion`, without Slurm: squeue is the
-stub of tests/test_jobctl.py, the runs are written by the project's own writers."""
+"""`vitpod clean` (workflows/watching/runclean.py) and `vitpod completion`, without Slurm: squeue is
+the stub of tests/test_jobctl.py, the runs are written by the project's own writers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from vitpod.registry import runfiles
-from vitpod.workflows import cli, completion, runclean
-from vitpod.workflows.rundir import write_json
+from vitpod.workflows import cli, completion
+from vitpod.workflows.submit.rundir import write_json
+from vitpod.workflows.watching import runclean
 
 from .test_jobctl import calls, make_pipeline, make_run, stub_slurm, use_stubs
 

@@ -13,8 +13,9 @@ from vitpod.analysis import goodput
 from vitpod.analysis.runlogs import read_run
 from vitpod.registry import runfiles
 from vitpod.registry.runfiles import JsonlTail, RunFileError, read_jsonl
-from vitpod.workflows import grace, runsizes, status, triage
-from vitpod.workflows.metricstail import MetricsTail
+from vitpod.workflows.planning import grace
+from vitpod.workflows.watching import runsizes, status, triage
+from vitpod.workflows.watching.metricstail import MetricsTail
 
 TIMES = {"data": 0.0, "compute": 0.1, "comm": 0.0, "optimizer": 0.0, "step": 0.1}
 STEP = {"kind": "step", "rank": 0, "step": 1, "world_size": 1, "batch_size": 8, "loss": 2.0,
@@ -79,7 +80,7 @@ def test_writer_cuts_a_killed_starts_torn_tail_before_appending(tmp_path):
 
 def test_trainer_logger_appends_after_a_torn_tail_as_a_line_of_its_own(tmp_path):
     torch = pytest.importorskip("torch")
-    from vitpod.trainer.metrics import MetricsLogger
+    from vitpod.trainer.telemetry.metrics import MetricsLogger
 
     run = run_with(tmp_path, line(STEP) + '{"kind": "step", "st')  # the killed start's
     logger = MetricsLogger(run, rank=0, world_size=1, total_steps=4, log_interval=1,

@@ -14,10 +14,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from vitpod.workflows import cli, slurmchecks
+from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.profile import PROFILE_DIR, load_profile
-from vitpod.workflows.rankthreads import cpu_count, loader_workers, rank_threads
+from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.site.rankthreads import cpu_count, loader_workers, rank_threads
+from vitpod.workflows.submit import slurmchecks
 
 CASE = re.compile(r"^  (\d+)\) numa=\d+ cpus=(\S+) hca=\S+ threads=(\d+) ;;$", re.M)
 
@@ -74,7 +75,7 @@ def test_loader_workers_from_args_change_the_threads(tmp_path, capsys):
     threads = {int(t) for _, _, t in CASE.findall((script.parent / "bind.sh").read_text())}
     assert threads == {32 // 2 - 6}
     assert loader_workers(("python", "-m", "vitpod.trainer", "-j", "2", "--workers=3")) == 3
-    assert loader_workers(("python", "-m", "vitpod.workflows.rankinfo")) == 0
+    assert loader_workers(("python", "-m", "vitpod.workflows.site.rankinfo")) == 0
 
 
 def test_rank_threads_is_at_least_one_and_splits_shared_bindings():

@@ -15,14 +15,15 @@ import pytest
 from tests.test_pipeline_offline import make
 from vitpod.registry import runfiles
 from vitpod.registry.decision import read_decision
-from vitpod.workflows import cli, slurmchecks
-from vitpod.workflows.chain import Chain
+from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.executor import make_executor
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.resume import plan_resume, resume_request
-from vitpod.workflows.sbatchopts import SbatchOptions
-from vitpod.workflows.templating import sbatch_value
+from vitpod.workflows.pipeline.chain import Chain
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.planning.sbatchopts import SbatchOptions
+from vitpod.workflows.planning.templating import sbatch_value
+from vitpod.workflows.submit import slurmchecks
+from vitpod.workflows.submit.executor import make_executor
+from vitpod.workflows.submit.resume import plan_resume, resume_request
 
 OPTIONS = ["--account=proj_a", "--qos=high", "--reservation=maint_1", "--constraint=a100&ib",
            "--exclude=node[3-4],node7",

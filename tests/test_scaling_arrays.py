@@ -6,11 +6,11 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import preempted_once_python
-from vitpod.workflows import jobstate, slurm
-from vitpod.workflows.jobstate import task_ids, wait_array
-from vitpod.workflows.profile import PROFILE_DIR
-from vitpod.workflows.scaling import build_parser, materialize, prepare
-from vitpod.workflows.submission import sbatch
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.studies.scaling import build_parser, materialize, prepare
+from vitpod.workflows.submit import jobstate, slurm
+from vitpod.workflows.submit.jobstate import task_ids, wait_array
+from vitpod.workflows.submit.submission import sbatch
 
 
 def test_array_task_ids_are_expanded():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vitpod.workflows.scaling import main
+from vitpod.workflows.studies.scaling import main
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]

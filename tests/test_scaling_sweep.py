@@ -10,7 +10,7 @@ import pytest
 
 from vitpod.registry.decision import read_decision
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.scaling import main, parse_gpus, per_rank_batches, placement
+from vitpod.workflows.studies.scaling import main, parse_gpus, per_rank_batches, placement
 
 BASE = ["--cluster", "localslurm", "--model", "volo_tiny", "--render-only"]
 
@@ -108,7 +108,10 @@ def test_study_json_is_readable_by_analysis(tmp_path):
 
 
 def test_scaling_imports_without_torch():
-    code = "import sys; sys.modules['torch'] = None; import vitpod.workflows.scaling; print('ok')"
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        "import vitpod.workflows.studies.scaling; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
 
@@ -126,8 +129,8 @@ def test_hostile_paths_and_args_are_quoted(tmp_path):
 
 
 def test_sweep_shares_the_requeue_rule_and_marker(tmp_path):
-    from vitpod.workflows.scaling import build_parser, prepare
-    from vitpod.workflows.spec import launch_for
+    from vitpod.workflows.planning.spec import launch_for
+    from vitpod.workflows.studies.scaling import build_parser, prepare
 
     ns = build_parser().parse_args([*BASE, "--study-dir", str(tmp_path / "study"), "--gpus", "2"])
     sweep = prepare(ns)
@@ -157,7 +160,7 @@ def test_forced_parameter_server_gets_a_server_on_every_rank(tmp_path):
 def _localslurm_copy(tmp_path, data):
     import yaml
 
-    from vitpod.workflows.profile import PROFILE_DIR
+    from vitpod.workflows.site.profile import PROFILE_DIR
 
     profile = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
     profile["storage"] = {**profile["storage"], "data": str(data)}

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.helpers import wait_until
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.site.profile import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slurm]

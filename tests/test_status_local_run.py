@@ -16,9 +16,9 @@ import yaml
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import read_decision
-from vitpod.workflows import status
-from vitpod.workflows.chain import Chain
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.pipeline.chain import Chain
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.watching import status
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 8

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vitpod.workflows import cli, preflight, sharedfs
+from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.planning import preflight
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.submit import sharedfs
 
 GPU_PROFILES = ("dgxpod", "superpod", "h100pod")
 

@@ -32,7 +32,7 @@ FORBIDDEN = {
 
 MAX_LINES = 400
 # The planner resolves the engine and layout into plan.json; every other module reads the plan.
-PLANNER = ("workflows/plan.py", "trainer/flags.py")
+PLANNER = ("workflows/planning/plan.py", "trainer/settings/flags.py")
 """The planner, and the trainer's parser that layers argv over a plan (and refuses an override)."""
 
 
@@ -137,7 +137,7 @@ def _targets(module: Module, node: ast.AST) -> list[tuple[str, str]]:
             return [(arg.value, "dynamic")]
         return []
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        # A lazy dispatch table entry, "vitpod.workflows.status:main", is an import too.
+        # A lazy dispatch table entry, "vitpod.workflows.watching.status:main", is an import too.
         m = re.fullmatch(r"(vitpod(?:\.\w+)*):\w+", node.value)
         return [(m.group(1), "dynamic")] if m else []
     return []

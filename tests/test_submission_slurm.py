@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from vitpod.workflows import slurm, submission
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.submit import slurm, submission
 
 
 def _script(tmp_path, partition: str = "pretrain"):

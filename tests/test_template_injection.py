@@ -1,15 +1,14 @@
 """No injection: every template rendered with hostile values, its shell run, nothing extra runs.
 
 Each value a template writes into a shell goes through one quoting filter (`q`, or `sbatch` in an
-#SBATCH line; workflows/templating.py). Here every script vitpod renders (job.sbatch with the
-container start, doctor and credentials lines, bind.sh, the local torchrun script, the scaling
-array and its report job) is rendered through the project's own functions with paths, profile
-values and ARGS full of `$( )`, backticks, quotes, `;`, `&&` and `|`, then run by bash with the
-Slurm commands stubbed (tiny scripts on PATH that record their argv and exit 0). Each payload
-runs `touch $P`: the marker file must not exist afterwards, and the stubs must have received the
-hostile values byte for byte. A newline, which no quoting carries into a comment or an #SBATCH
-line, is a ValueError naming the template field. The study path of issue 30 (finding 9) is one
-of the cases.
+#SBATCH line; workflows/planning/templating.py). Here every script vitpod renders (job.sbatch with
+the container start, doctor and credentials lines, bind.sh, the local torchrun script, the scaling
+array and its report job) is rendered through the project's own functions with paths, profile values
+and ARGS full of `$( )`, backticks, quotes, `;`, `&&` and `|`, then run by bash with the Slurm
+commands stubbed (tiny scripts on PATH that record their argv and exit 0). Each payload runs `touch
+$P`: the marker file must not exist afterwards, and the stubs must have received the hostile values
+byte for byte. A newline, which no quoting carries into a comment or an #SBATCH line, is a
+ValueError naming the template field. The study path of issue 30 (finding 9) is one of the cases.
 """
 
 from __future__ import annotations
@@ -27,10 +26,10 @@ import yaml
 
 from tests.helpers import HOSTILE, hostile_profile
 from vitpod.registry import runfiles
-from vitpod.workflows import reportjob, scaling
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.profile import PROFILE_DIR
-from vitpod.workflows.templating import TEMPLATE_DIR, render
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.planning.templating import TEMPLATE_DIR, render
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.studies import reportjob, scaling
 
 # Every payload touches $P (the marker) if it ever reaches a shell unquoted, in double quotes or
 # past a single quote. No double quote, '%', '\\' or newline: run paths refuse those up front.
@@ -225,8 +224,8 @@ def test_scaling_array_and_report_job_with_hostile_study_dir_run_nothing(tmp_pat
         assert _run(report, env, **_slurm_job()) == 0
         (call,) = _calls(env)
         assert call[0] == "srun" and call[-6:] == [
-            sweep.spec.python, "-m", "vitpod.workflows.reportjob", str(study_dir), "--array-job",
-            array_id,
+            sweep.spec.python, "-m", "vitpod.workflows.studies.reportjob", str(study_dir),
+            "--array-job", array_id,
         ]  # fmt: skip
 
 

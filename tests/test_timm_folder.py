@@ -16,8 +16,8 @@ from timm.utils import CheckpointSaver, ModelEmaV3
 from tests.helpers import logs, run_ranks
 from vitpod.registry import models as registry
 from vitpod.registry import runfiles
-from vitpod.trainer.checkpoint import save_final
-from vitpod.trainer.models import ModelLoadError, create_model, load_finetune, model_manifest
+from vitpod.trainer.checkpointing.checkpoint import save_final
+from vitpod.trainer.model.models import ModelLoadError, create_model, load_finetune, model_manifest
 
 TRAIN = [
     "--dataset", "digits", "--model", "vit_micro", "--img-size", "32", "--num-classes", "10",
@@ -84,7 +84,7 @@ def test_the_trainers_final_folder_loads_in_plain_timm_with_vitpods_outputs(
 
 @pytest.mark.slow
 def test_the_final_manifest_records_every_files_sha256(trained: Path) -> None:
-    from vitpod.trainer.torchsave import sha256_of
+    from vitpod.trainer.checkpointing.torchsave import sha256_of
 
     final = trained / runfiles.FINAL
     manifest = json.loads((final / runfiles.MANIFEST).read_text())

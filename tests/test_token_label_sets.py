@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitpod.trainer import label, labelset
-from vitpod.trainer.checkpoint import save_final
+from vitpod.trainer.checkpointing.checkpoint import save_final
 from vitpod.trainer.data import DataConfig, create_loader
 from vitpod.trainer.data.sources import folder_split
 from vitpod.trainer.data.token_label import TokenLabelError
-from vitpod.trainer.models import create_model, model_manifest
+from vitpod.trainer.model.models import create_model, model_manifest
+from vitpod.trainer.tokenlabels import label, labelset
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.preflight import token_label_problems
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.planning.preflight import token_label_problems
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_the_trainer_reads_the_shards_with_the_teachers_scores(labels, digits_di
     from PIL import Image
 
     from vitpod.trainer.data.transforms import eval_transform
-    from vitpod.trainer.token_forward import dense_logits
+    from vitpod.trainer.tokenlabels.token_forward import dense_logits
 
     with Image.open(digits_dir / name) as img:
         cfg32 = DataConfig(data_dir=str(digits_dir), img_size=32, crop_pct=1.0)
@@ -165,7 +165,7 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
     )
     assert "has no manifest.json" in unfinished
     with pytest.raises(ConfigError, match="grid 2"):
-        from vitpod.workflows import preflight
+        from vitpod.workflows.planning import preflight
 
         preflight.check(
             plan(f"--img-size 64 --token-label --token-label-size 4 --token-label-data {labels}")
@@ -175,8 +175,8 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
 
 def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teacher_run, tmp_path):
     from vitpod.trainer.data.digits import write_digits_jpeg
-    from vitpod.workflows.chain import Chain
-    from vitpod.workflows.profile import load_profile, resolve_path
+    from vitpod.workflows.pipeline.chain import Chain
+    from vitpod.workflows.site.profile import load_profile, resolve_path
 
     write_digits_jpeg(resolve_path(load_profile("local").storage.data) / "digits", size=32)
     new = tmp_path / "grid4"
@@ -190,7 +190,7 @@ def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teac
     assert list(run.label_jobs) == ["finetune"], "the pretrain's labels pass the checks: reused"
     job = run.label_jobs["finetune"]
     assert (job.img_size, job.label_dir) == (64, new)
-    assert job.plan.spec.command[1:3] == ("-m", "vitpod.trainer.label")
+    assert job.plan.spec.command[1:3] == ("-m", "vitpod.trainer.tokenlabels.label")
     with pytest.raises(ConfigError, match=r"does not exist; make it with `make token-labels"):
         Chain("local", "volo_tiny", **stages).plan()
     shared = {**stages, "finetune_args": stages["finetune_args"].replace(str(new), str(labels))}
@@ -213,8 +213,8 @@ def test_an_empty_shard_is_written_and_a_bad_teacher_is_a_usage_error(
 
 
 def test_labels_belong_to_their_teacher(labels, digits_dir, teacher_run, tmp_path):
-    from vitpod.workflows import labels as wlabels
-    from vitpod.workflows.chain import Chain
+    from vitpod.workflows.pipeline import labels as wlabels
+    from vitpod.workflows.pipeline.chain import Chain
 
     weights = teacher_run / "final" / "model.pt"
     made = labelset.weights_digest(weights)

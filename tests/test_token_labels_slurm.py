@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.helpers import wait_until
-from vitpod.trainer import labelset
-from vitpod.trainer.checkpoint import save_final
-from vitpod.trainer.models import create_model, model_manifest
+from vitpod.trainer.checkpointing.checkpoint import save_final
+from vitpod.trainer.model.models import create_model, model_manifest
+from vitpod.trainer.tokenlabels import labelset
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +62,9 @@ def test_label_array_resume_use_and_refusal(setup):
     _, run_dir = label(setup)
     script = (Path(run_dir) / "job.sbatch").read_text()
     assert (
-        "#SBATCH --array=0-1" in script and "bind.sh" in script and "vitpod.trainer.label" in script
+        "#SBATCH --array=0-1" in script
+        and "bind.sh" in script
+        and "vitpod.trainer.tokenlabels.label" in script
     )
     manifest = labelset.read_manifest(setup["labels"])
     assert manifest is not None

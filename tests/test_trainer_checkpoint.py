@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitpod.trainer.checkpoint import Checkpointer, save_final
-from vitpod.trainer.models import ModelLoadError, create_model, load_finetune, model_manifest
+from vitpod.trainer.checkpointing.checkpoint import Checkpointer, save_final
+from vitpod.trainer.model.models import ModelLoadError, create_model, load_finetune, model_manifest
 
 
 def state(value: float) -> dict:
@@ -90,7 +90,7 @@ def test_a_checkpoint_pruning_cannot_remove_is_named_in_a_warning(
 
     monkeypatch.setattr(os, "rmdir", refuse_step_1)
     ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=1, use_async=False)
-    with caplog.at_level(logging.WARNING, logger="vitpod.trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="vitpod.trainer.checkpointing.checkpoint"):
         for step in (1, 2):
             ck.save(step, epoch=0, state=state(step))
     ck.close()
@@ -267,8 +267,8 @@ def _adamw_two_steps(relayout) -> torch.Tensor:
 
 
 def test_checkpointed_moments_keep_the_weights_layout_and_fused_adamw_stays_exact():
-    from vitpod.trainer.host_stage import HostStager
-    from vitpod.trainer.optim import match_state_layout
+    from vitpod.trainer.checkpointing.host_stage import HostStager
+    from vitpod.trainer.model.optim import match_state_layout
 
     weight = torch.randn(4, 3, 2, 2).contiguous(memory_format=torch.channels_last)
     staged = HostStager().stage({"m": weight})["m"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitpod.trainer.compile_cache import CACHE_DIR, cache_key, compile_enabled
+from vitpod.trainer.speed.compile_cache import CACHE_DIR, cache_key, compile_enabled
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEP = textwrap.dedent("""
     import json, sys, time, torch
     from torch._dynamo.utils import counters
-    from vitpod.trainer.compile_cache import use_run_cache
+    from vitpod.trainer.speed.compile_cache import use_run_cache
     use_run_cache(sys.argv[1], {"model": "mlp", "width": int(sys.argv[2])}, torch.device("cpu"))
     torch.manual_seed(0)
     width = int(sys.argv[2])
@@ -76,7 +76,7 @@ def test_a_requeue_reuses_the_compiled_graphs_from_the_run_dir(tmp_path):
 
 
 def test_the_flag_takes_auto_on_off_and_a_bare_compile_means_on():
-    from vitpod.trainer.flags import parse_args
+    from vitpod.trainer.settings.flags import parse_args
 
     base = ["--dataset", "synthetic"]
     assert parse_args(base).compile == "auto"

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.checks import problems
 from vitpod.trainer.config import ConfigError
 from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
-from vitpod.trainer.flags import parse_args
+from vitpod.trainer.settings.checks import problems
+from vitpod.trainer.settings.flags import parse_args
 
 PRETRAIN = """/path/to/imagenet --model volo_d5 --img-size 224 -b 44 --lr 1.0e-4
   --drop-path 0.75 --apex-amp --token-label --token-label-size 14
@@ -141,7 +141,7 @@ def test_print_config_does_not_need_the_data(capsys) -> None:
 
 
 def test_apex_amp_means_torch_amp_and_says_so_once(caplog) -> None:
-    from vitpod.trainer.precision import make_precision
+    from vitpod.trainer.speed.precision import make_precision
 
     with caplog.at_level(logging.INFO):
         precision = make_precision(torch.device("cpu"), False, True, "bf16", None)
@@ -155,7 +155,7 @@ def test_apex_amp_means_torch_amp_and_says_so_once(caplog) -> None:
 
 def test_attention_kernel_rule_and_override():
     from vitpod.registry import models
-    from vitpod.trainer.attention import attention_modules, auto_kernel, choose_kernel
+    from vitpod.trainer.speed.attention import attention_modules, auto_kernel, choose_kernel
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert auto_kernel(cpu, torch.bfloat16) == "math" and auto_kernel(cpu, None) == "fused"

@@ -17,10 +17,10 @@ import yaml
 from tests.helpers import QUICK, logs, run_ranks
 from tests.test_trainer_config import PRETRAIN
 from vitpod.trainer.config import ConfigError
-from vitpod.trainer.flags import parse_args
-from vitpod.trainer.timmargs import NOT_IMPLEMENTED, TIMM
+from vitpod.trainer.settings.flags import parse_args
+from vitpod.trainer.settings.timmargs import NOT_IMPLEMENTED, TIMM
 from vitpod.workflows.errors import ConfigError as PlanError
-from vitpod.workflows.plan import Request, plan_job
+from vitpod.workflows.planning.plan import Request, plan_job
 
 REPO = Path(__file__).resolve().parents[1]
 TIMM_ARGS = REPO / "tests" / "fixtures" / "timm" / "args.yaml"

@@ -9,8 +9,8 @@ from torchao.float8 import convert_to_float8_training
 from vitpod.registry import models
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.exitcodes import USAGE
-from vitpod.trainer.fp8 import Fp8Unsupported, apply_fp8, float8_filter
 from vitpod.trainer.hardware import bf16_cpu_warning, cpu_flags, cpu_has_bf16, fp8_problem
+from vitpod.trainer.speed.fp8 import Fp8Unsupported, apply_fp8, float8_filter
 
 CPU = torch.device("cpu")
 CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n\nprocessor\t: 1\n"

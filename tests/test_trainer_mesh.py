@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers import train
 from vitpod.registry.models import stage_bounds
-from vitpod.trainer.tensor_parallel import _head_major, _timm_major, use_head_major_qkv
+from vitpod.trainer.engines.tensor_parallel import _head_major, _timm_major, use_head_major_qkv
 
 # The issue asks for 50 steps; VITPOD_MESH_STEPS=20 shortens a run on a busy machine.
 STEPS = int(os.environ.get("VITPOD_MESH_STEPS", "50"))
@@ -57,7 +57,7 @@ def ddp_reference(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def test_head_major_qkv_computes_what_timm_does() -> None:
-    from vitpod.trainer.models import create_model
+    from vitpod.trainer.model.models import create_model
 
     torch.manual_seed(0)
     model = create_model("vit_micro", 32, 10, 0.0).eval()
@@ -132,15 +132,15 @@ def test_3d_mesh_dp_tp_pp_on_8_processes(ddp_reference: Path, digits_dir: Path) 
     ],
 )
 def test_bad_layouts_are_refused_before_training(flags: list[str], world: int, message: str):
-    from vitpod.trainer.checks import problems
-    from vitpod.trainer.flags import parse_args
+    from vitpod.trainer.settings.checks import problems
+    from vitpod.trainer.settings.flags import parse_args
 
     cfg = parse_args(["x", "--dataset", "synthetic", "--model", "vit_micro", *flags], world)
     assert any(message in p for p in problems(cfg, for_training=False)), problems(cfg, False)
 
 
 def test_dp_size_sets_the_global_batch() -> None:
-    from vitpod.trainer.flags import parse_args
+    from vitpod.trainer.settings.flags import parse_args
 
     cfg = parse_args(["x", "--model", "vit_micro", "--tp", "2", "--pp", "2", "-b", "8"], 8)
     assert (cfg.dp_size, cfg.global_batch_size) == (2, 16)

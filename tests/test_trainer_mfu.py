@@ -12,7 +12,7 @@ from vitpod.registry import models
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.exitcodes import OK
 from vitpod.trainer.hardware import PEAKS, peak_flops
-from vitpod.trainer.mfu import Mfu, measure, measure_on_meta
+from vitpod.trainer.telemetry.mfu import Mfu, measure, measure_on_meta
 
 CPU = torch.device("cpu")
 H100_SXM = "NVIDIA H100 80GB HBM3"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.helpers import logs, run_ranks
 from tests.test_trainer_checkpoint import state
-from vitpod.trainer.checkpoint import Checkpointer
+from vitpod.trainer.checkpointing.checkpoint import Checkpointer
 
 
 def test_checkpointer_marks_completed_epoch_multiples(tmp_path: Path) -> None:

@@ -11,14 +11,14 @@ import pytest
 
 from tests.helpers import QUICK, logs, run_ranks
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.checks import problems
 from vitpod.trainer.data import DataConfig
 from vitpod.trainer.data.sources import SYNTHETIC_CLASSES, count_classes
 from vitpod.trainer.exitcodes import OK
-from vitpod.trainer.flags import parse_args
-from vitpod.workflows.exchange import grad_bytes
-from vitpod.workflows.plan import Request, plan_job
-from vitpod.workflows.recipe import load_recipe
+from vitpod.trainer.settings.checks import problems
+from vitpod.trainer.settings.flags import parse_args
+from vitpod.workflows.planning.exchange import grad_bytes
+from vitpod.workflows.planning.plan import Request, plan_job
+from vitpod.workflows.planning.recipe import load_recipe
 
 # One optimizer step of the tiny VOLO on digits: the command, made cheap.
 

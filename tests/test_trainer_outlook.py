@@ -14,10 +14,10 @@ from timm.models.volo import OutlookAttention
 
 from vitpod.registry import models
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.checks import problems
 from vitpod.trainer.exitcodes import USAGE
-from vitpod.trainer.flags import parse_args
-from vitpod.trainer.outlook import (
+from vitpod.trainer.settings.checks import problems
+from vitpod.trainer.settings.flags import parse_args
+from vitpod.trainer.speed.outlook import (
     FusedOutlookAttention,
     TritonUnavailable,
     apply_outlook_kernel,
@@ -173,7 +173,7 @@ def test_the_kernels_compile_for_an_h100_without_one(name, pointers, warps):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from vitpod.trainer.outlook_triton import KERNELS
+    from vitpod.trainer.speed.outlook_triton import KERNELS
 
     kernel = KERNELS[name][0]
     constexprs = {"K": 3, "S": 2, "P": 1, "BLOCK_T": 8, "BLOCK_L": 16, "BLOCK_D": 32}

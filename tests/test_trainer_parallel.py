@@ -24,10 +24,10 @@ def _worker(rank: int, world: int, port: int, servers: int, out: dict) -> None:
 def _train(rank: int, world: int, exchange: str, servers: int, out: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from vitpod.trainer.ddp_engine import DDPEngine
-    from vitpod.trainer.models import create_model
-    from vitpod.trainer.optim import create_optimizer
-    from vitpod.trainer.precision import make_precision
+    from vitpod.trainer.engines.ddp_engine import DDPEngine
+    from vitpod.trainer.model.models import create_model
+    from vitpod.trainer.model.optim import create_optimizer
+    from vitpod.trainer.speed.precision import make_precision
 
     device = torch.device("cpu")
     torch.manual_seed(0)
@@ -67,7 +67,7 @@ def test_ring_ps_and_builtin_are_bit_identical(world: int, servers: int) -> None
     # The hooks really ran (their clocks moved), and training changed the weights.
     assert all(results[f"ps-comm-{r}"] > 0 for r in range(world))
     torch.manual_seed(0)
-    from vitpod.trainer.models import create_model
+    from vitpod.trainer.model.models import create_model
 
     initial = torch.cat([p.flatten() for p in create_model("volo_tiny", 32, 10, 0.0).parameters()])
     assert not torch.equal(initial, results["ring"])

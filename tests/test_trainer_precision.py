@@ -15,8 +15,8 @@ from vitpod.trainer.hardware import bf16_problem
 
 def _fp16_steps(port: int, out: dict, device_type: str) -> None:
     from vitpod.trainer import dist as tdist
-    from vitpod.trainer.ddp_engine import DDPEngine
-    from vitpod.trainer.precision import make_precision
+    from vitpod.trainer.engines.ddp_engine import DDPEngine
+    from vitpod.trainer.speed.precision import make_precision
 
     device = tdist.init(tdist.DistEnv(0, 0, 1, "127.0.0.1", port, "torchrun"))
     try:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.helpers import logs, run_ranks
-from vitpod.trainer.checkpoint import Checkpointer, ResumeError
-from vitpod.trainer.elastic import Resize
+from vitpod.trainer.checkpointing.checkpoint import Checkpointer, ResumeError
+from vitpod.trainer.checkpointing.elastic import Resize
 from vitpod.trainer.exitcodes import OK, USAGE
 
 
@@ -113,7 +113,7 @@ def test_status_names_a_killed_rank_not_an_earlier_restarts_noise(
     """The logs of a job requeued once, then failed because rank 1 got SIGKILL (as srun and
     torch write them): the cause is srun's line, not the peers' gloo errors nor a traceback
     an earlier restart printed at exit."""
-    from vitpod.workflows.rootcause import root_cause
+    from vitpod.workflows.watching.rootcause import root_cause
 
     logs_dir = tmp_path / "logs"
     logs_dir.mkdir()
@@ -140,7 +140,7 @@ import sys, time
 from pathlib import Path
 import torch
 import vitpod.trainer.__main__ as entry
-from vitpod.trainer.checkpoint import Checkpointer
+from vitpod.trainer.checkpointing.checkpoint import Checkpointer
 
 def main():
     ck = Checkpointer(Path(sys.argv[1]), rank=0, world_size=2, launch="start1")

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.metrics import topk_correct, topk_counts
+from vitpod.trainer.telemetry.metrics import topk_correct, topk_counts
 
 TINY = ["--model", "volo_tiny", "--num-classes", "10", "-b", "16", "--workers", "0",
         "--loader", "torch", "--aa", "", "--reprob", "0", "--img-size", "32", "--epochs", "1",

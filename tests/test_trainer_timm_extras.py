@@ -14,20 +14,20 @@ from torch import nn
 from tests.helpers import QUICK
 from tests.test_trainer_config_files import timm_args
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.checks import problems
-from vitpod.trainer.components import make_mixup
+from vitpod.trainer.checkpointing.rng import reseed_for_step
 from vitpod.trainer.config import ConfigError
-from vitpod.trainer.ema import ema_weights
 from vitpod.trainer.exitcodes import OK
-from vitpod.trainer.flags import parse_args
-from vitpod.trainer.models import (
+from vitpod.trainer.model.components import make_mixup
+from vitpod.trainer.model.ema import ema_weights
+from vitpod.trainer.model.models import (
     ModelLoadError,
     create_model,
     load_initial_checkpoint,
     set_grad_checkpointing,
 )
-from vitpod.trainer.optim import create_optimizer, create_schedule
-from vitpod.trainer.rng import reseed_for_step
+from vitpod.trainer.model.optim import create_optimizer, create_schedule
+from vitpod.trainer.settings.checks import problems
+from vitpod.trainer.settings.flags import parse_args
 
 CPU = torch.device("cpu")
 

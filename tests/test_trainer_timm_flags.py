@@ -13,16 +13,16 @@ from torch import nn
 
 from tests.helpers import QUICK
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.checks import problems
 from vitpod.trainer.config import SCHEDULES, ConfigError, TrainConfig
 from vitpod.trainer.exitcodes import OK, USAGE
-from vitpod.trainer.flags import parse_args
-from vitpod.trainer.optim import (
+from vitpod.trainer.model.optim import (
     create_optimizer,
     create_schedule,
     opt_problem,
     valid_optimizers,
 )
+from vitpod.trainer.settings.checks import problems
+from vitpod.trainer.settings.flags import parse_args
 
 CPU = torch.device("cpu")
 
@@ -73,8 +73,8 @@ def test_the_default_optimizer_is_timms_and_checking_it_imports_neither_timm_nor
     torch's imports (some 10 s of CPU a command)."""
     assert TrainConfig.opt in valid_optimizers()
     code = (
-        "import sys; from vitpod.trainer.checks import problems; "
-        "from vitpod.trainer.flags import parse_args; "
+        "import sys; from vitpod.trainer.settings.checks import problems; "
+        "from vitpod.trainer.settings.flags import parse_args; "
         "print(problems(parse_args(['d']), for_training=False), "
         "sorted({m.split('.')[0] for m in sys.modules} & {'timm', 'torch'}))"
     )

@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 
 from vitpod.trainer.__main__ import main
-from vitpod.trainer.models import create_model
-from vitpod.trainer.token_teacher import generate_token_labels
+from vitpod.trainer.model.models import create_model
+from vitpod.trainer.tokenlabels.token_teacher import generate_token_labels
 
 CONTRACT_STEP_KEYS = {
     "kind", "step", "epoch", "rank", "world_size", "batch_size", "loss", "lr", "images_per_s",

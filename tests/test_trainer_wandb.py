@@ -127,7 +127,7 @@ def test_metrics_logger_raises_the_same_error_when_import_fails(tmp_path, monkey
     import torch
 
     from vitpod.trainer.config import ConfigError
-    from vitpod.trainer.metrics import MetricsLogger
+    from vitpod.trainer.telemetry.metrics import MetricsLogger
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match="--log-wandb: the wandb package is not installed"):

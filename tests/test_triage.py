@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vitpod.workflows import triage
+from vitpod.workflows.watching import triage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "triage"
 

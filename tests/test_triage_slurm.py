@@ -24,7 +24,7 @@ import pytest
 
 from tests.fixtures_slurm import submit, trainer_pid
 from tests.helpers import last_step, make, profile_copy, wait_until
-from vitpod.workflows import follow, status
+from vitpod.workflows.watching import follow, status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TINY = "--loader torch --workers 0 --epochs 3"

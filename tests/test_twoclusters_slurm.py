@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from vitpod.registry import runfiles
-from vitpod.workflows import chain_cross, jobstate
-from vitpod.workflows.chain import Chain, ChainError
-from vitpod.workflows.profile import PROFILE_DIR
+from vitpod.workflows.pipeline import chain_cross
+from vitpod.workflows.pipeline.chain import Chain, ChainError
+from vitpod.workflows.site.profile import PROFILE_DIR
+from vitpod.workflows.submit import jobstate
 
 REPO = Path(__file__).resolve().parents[1]
 # Short stages (tests/test_pipeline_slurm.py's settings).

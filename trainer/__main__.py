@@ -7,8 +7,8 @@ import os
 import sys
 import traceback
 
+from vitpod.trainer.checkpointing.preempt import Preemption
 from vitpod.trainer.exitcodes import OK, USAGE
-from vitpod.trainer.preempt import Preemption
 
 
 def setup_logging(rank: int) -> None:
@@ -28,8 +28,8 @@ def usage_error(messages: list[str]) -> int:
 def _count_classes_if_readable(cfg) -> None:
     """--print-config shows the class count training would use; null when the data is absent
     (printing must work away from the data, e.g. for the published commands' /path/to/...)."""
-    from vitpod.trainer.components import resolve_num_classes
     from vitpod.trainer.data import DataConfigError, DataSourceError
+    from vitpod.trainer.model.components import resolve_num_classes
 
     try:
         resolve_num_classes(cfg)
@@ -42,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     preemption.install()  # first: a SIGUSR2/SIGTERM from here on sets a flag instead of killing
     from vitpod.registry.trainsections import TrainerSettings
     from vitpod.trainer import dist as tdist
-    from vitpod.trainer.checks import problems
     from vitpod.trainer.config import ConfigError
-    from vitpod.trainer.decision import read_plan
-    from vitpod.trainer.flags import parse_args
+    from vitpod.trainer.settings.checks import problems
+    from vitpod.trainer.settings.decision import read_plan
+    from vitpod.trainer.settings.flags import parse_args
 
     env = tdist.detect()
     try:
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("plan %s: %s", cfg.plan, read_plan(cfg.plan).log_line())
     for line in TrainerSettings.of(cfg).lines():
         log.info("configuration %s", line)
-    from vitpod.trainer.checkpoint import ResumeError
-    from vitpod.trainer.components import startup_errors
+    from vitpod.trainer.checkpointing.checkpoint import ResumeError
+    from vitpod.trainer.model.components import startup_errors
     from vitpod.trainer.train import Trainer
 
     try:

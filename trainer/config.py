@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vitpod.registry import models
 from vitpod.registry.trainconfig import OUTLOOK_KERNELS, SCHEDULES, ConfigError, TrainConfig
-from vitpod.trainer import elastic
+from vitpod.trainer.checkpointing import elastic
 
 __all__ = [
     "OUTLOOK_KERNELS",

@@ -54,7 +54,8 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
         )  # fmt: skip
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         job_id = int(env.get("SLURM_JOB_ID", "0"))
-        # Derived from the job id (below the ephemeral ports, as workflows/spec.py) per job.
+        # Derived from the job id (below the ephemeral ports, as workflows/planning/spec.py) per
+        # job.
         port = int(env.get("MASTER_PORT", 10000 + job_id % 20000))
         addr = env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
         return DistEnv(

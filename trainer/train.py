@@ -13,40 +13,45 @@ import torch.distributed as dist
 from torch import nn
 
 from vitpod.registry import io, runfiles
-from vitpod.trainer import checkpoint as ckpt
 from vitpod.trainer import dist as tdist
-from vitpod.trainer.attention import choose_kernel
-from vitpod.trainer.components import (
+from vitpod.trainer.checkpointing import checkpoint as ckpt
+from vitpod.trainer.checkpointing.elastic import Resize, position_fits
+from vitpod.trainer.checkpointing.preempt import Preemption
+from vitpod.trainer.checkpointing.rng import (
+    reseed_for_step,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+from vitpod.trainer.checkpointing.timm_folder import preprocessing
+from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.engines.engine import Engine
+from vitpod.trainer.engines.mesh import job_images_per_s, local_param_bytes, max_over_ranks
+from vitpod.trainer.engines.parallel import parallelize
+from vitpod.trainer.exitcodes import OK, REQUEUE
+from vitpod.trainer.model.components import (
     data_config,
     make_criterion,
     make_mixup,
     num_classes,
     resolve_num_classes,
 )
-from vitpod.trainer.config import TrainConfig
-from vitpod.trainer.elastic import Resize, position_fits
-from vitpod.trainer.ema import load_ema, make_ema, save_final_ema
-from vitpod.trainer.engine import Engine
-from vitpod.trainer.evaluate import evaluate
-from vitpod.trainer.exitcodes import OK, REQUEUE
-from vitpod.trainer.mesh import job_images_per_s, local_param_bytes, max_over_ranks
-from vitpod.trainer.metrics import MetricsLogger, StepTimer
-from vitpod.trainer.models import (
+from vitpod.trainer.model.ema import load_ema, make_ema, save_final_ema
+from vitpod.trainer.model.evaluate import evaluate
+from vitpod.trainer.model.models import (
     create_model,
     load_finetune,
     load_initial_checkpoint,
     model_manifest,
     set_grad_checkpointing,
 )
-from vitpod.trainer.optim import current_lr, optimizer_for, schedule_for
-from vitpod.trainer.parallel import parallelize
-from vitpod.trainer.precision import make_precision, prepare_model
-from vitpod.trainer.preempt import Preemption
-from vitpod.trainer.rng import reseed_for_step, rng_state, seed_everything, set_rng_state
-from vitpod.trainer.sample_digest import StepSamples
-from vitpod.trainer.speedups import apply_speedups, startup_mfu
-from vitpod.trainer.timing import TimingLog
-from vitpod.trainer.timm_folder import preprocessing
+from vitpod.trainer.model.optim import current_lr, optimizer_for, schedule_for
+from vitpod.trainer.speed.attention import choose_kernel
+from vitpod.trainer.speed.precision import make_precision, prepare_model
+from vitpod.trainer.speed.speedups import apply_speedups, startup_mfu
+from vitpod.trainer.telemetry.metrics import MetricsLogger, StepTimer
+from vitpod.trainer.telemetry.sample_digest import StepSamples
+from vitpod.trainer.telemetry.timing import TimingLog
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,13 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import USAGE
-from vitpod.workflows import placement, preflight, sbatchopts, slurm
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.flags import request_flags
-from vitpod.workflows.plan import JobPlan, Request, plan_job
-from vitpod.workflows.rundir import write_json
-from vitpod.workflows.submission import materialize, sbatch_run
+from vitpod.workflows.planning import placement, preflight, sbatchopts
+from vitpod.workflows.planning.flags import request_flags
+from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
+from vitpod.workflows.submit import slurm
+from vitpod.workflows.submit.rundir import write_json
+from vitpod.workflows.submit.submission import materialize, sbatch_run
 
 # Each command's `main(argv) -> int`, imported only when used, so one area's missing module
 # breaks only its own command.
@@ -27,20 +28,20 @@ COMMANDS = {
     "place": "vitpod.workflows.cli:place_main",
     "preflight": "vitpod.workflows.cli:preflight_main",
     "submit": "vitpod.workflows.cli:submit_main",
-    "pipeline": "vitpod.workflows.chain_cli:main",
-    "demo": "vitpod.workflows.demo:main",
-    "status": "vitpod.workflows.status_cli:main",
-    "scaling": "vitpod.workflows.scaling:main",
-    "calibrate": "vitpod.workflows.calibrate:main",
-    "token-labels": "vitpod.workflows.labels:main",
-    "memory": "vitpod.workflows.planners:memory_cli",
-    "layouts": "vitpod.workflows.planners:layouts_cli",
-    "profile": "vitpod.workflows.profile_cli:main",
-    "doctor": "vitpod.workflows.doctor_cli:main",
-    "resume": "vitpod.workflows.resume:main",
-    "list": "vitpod.workflows.jobctl_cli:list_main",
-    "cancel": "vitpod.workflows.jobctl_cli:cancel_main",
-    "clean": "vitpod.workflows.jobctl_cli:clean_main",
+    "pipeline": "vitpod.workflows.pipeline.chain_cli:main",
+    "demo": "vitpod.workflows.pipeline.demo:main",
+    "status": "vitpod.workflows.watching.status_cli:main",
+    "scaling": "vitpod.workflows.studies.scaling:main",
+    "calibrate": "vitpod.workflows.site.calibrate:main",
+    "token-labels": "vitpod.workflows.pipeline.labels:main",
+    "memory": "vitpod.workflows.planning.planners:memory_cli",
+    "layouts": "vitpod.workflows.planning.planners:layouts_cli",
+    "profile": "vitpod.workflows.site.profile_cli:main",
+    "doctor": "vitpod.workflows.site.doctor_cli:main",
+    "resume": "vitpod.workflows.submit.resume:main",
+    "list": "vitpod.workflows.watching.jobctl_cli:list_main",
+    "cancel": "vitpod.workflows.watching.jobctl_cli:cancel_main",
+    "clean": "vitpod.workflows.watching.jobctl_cli:clean_main",
     "completion": "vitpod.workflows.cli:completion_main",
 }
 # One line per command for `vitpod --help` (kept here: the dispatch imports nothing to show it).

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitpod.trainer import labellayout, labelset
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores
 from vitpod.trainer.data.sources import Split
+from vitpod.trainer.tokenlabels import labellayout, labelset
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ class PublishedLabelStore:
                 f"{where}: no class folder for {len(missing_classes)} of {len(split.classes)} "
                 f"classes (first: {missing_classes[:3]}); published labels are "
                 "<dir>/<class>/<image stem>.pt: label this data set (python -m "
-                "vitpod.trainer.label ... --layout published) or pass its labels' directory"
+                "vitpod.trainer.tokenlabels.label ... --layout published) or pass its labels' "
+                "directory"
             )
         present = {c: set(os.listdir(path / c)) for c in split.classes}
         missing = [

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitpod.trainer import labellayout, labelset
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores
 from vitpod.trainer.data.sources import Split
+from vitpod.trainer.tokenlabels import labellayout, labelset
 
 FORMAT = "vitpod-token-labels/1"
 log = logging.getLogger(__name__)
@@ -48,7 +48,8 @@ class TokenLabelStore:
     @classmethod
     def open(cls, cfg: DataConfig, num_classes: int, split: Split | None = None) -> TokenLabelStore:
         """Open and check cfg.token_label_data (one file, or a sharded directory with a manifest
-        from `python -m vitpod.trainer.label`); with `split`, every image must have an entry."""
+        from `python -m vitpod.trainer.tokenlabels.label`); with `split`, every image must have an
+        entry."""
         path = Path(cfg.token_label_data)
         if labellayout.layout_of(path) == labelset.PUBLISHED:  # TokenLabeling's files, as published
             from vitpod.trainer.data.published_labels import PublishedLabelStore
@@ -111,7 +112,7 @@ class TokenLabelStore:
             elif not self.path.is_file():
                 raise TokenLabelError(
                     f"--token-label-data {self.path} does not exist: make it with "
-                    "`make token-labels` (python -m vitpod.trainer.label)"
+                    "`make token-labels` (python -m vitpod.trainer.tokenlabels.label)"
                 )
             else:
                 self._data = torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)

@@ -1,0 +1,1 @@
+"""Checkpoints and resume: atomic async saves, DCP, universal, elastic, preemption."""

@@ -1,0 +1,1 @@
+"""The model and what trains it: timm models, optimizer, EMA, loss, evaluation."""

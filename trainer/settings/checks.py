@@ -1,0 +1,218 @@
+"""Inconsistent or impossible TrainConfig settings, each named by its flag with the fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from vitpod.registry import models, runfiles
+from vitpod.registry.checkpoint_every import AUTO, AUTO_BY_HAND
+from vitpod.registry.engines import DDP_ENGINES, MESH_ENGINES
+from vitpod.registry.paralleldims import ParallelDims
+from vitpod.trainer.config import SCHEDULES, TrainConfig
+
+
+def known_model(name: str) -> bool:
+    """In the registry, or a timm ViT name (checked against timm where timm is installed: a
+    login node without timm accepts the name and the job's own check refuses a wrong one)."""
+    if models.known(name):
+        return True
+    if not name.startswith("vit_"):
+        return False
+    try:
+        import timm
+    except ImportError:
+        return True
+    return name in timm.list_models("vit_*")
+
+
+def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
+    """Every inconsistency in cfg, each naming its flag and the fix (empty list = valid)."""
+    out: list[str] = []
+    if not known_model(cfg.model):
+        out.append(
+            f"--model {cfg.model}: unknown; use volo_d1..volo_d5, volo_tiny or a timm vit_* name"
+        )
+    if cfg.img_size <= 0 or cfg.img_size % 16:
+        out.append(f"--img-size {cfg.img_size}: must be a positive multiple of 16")
+    if cfg.token_label:
+        expected = cfg.img_size // 16
+        if cfg.token_label_size != expected:
+            out.append(
+                f"--token-label-size {cfg.token_label_size} does not match --img-size"
+                f" {cfg.img_size} / 16 = {expected}; pass --token-label-size {expected} or omit it"
+            )
+        if not cfg.model.startswith("volo"):
+            out.append(f"--token-label needs a VOLO model, not --model {cfg.model}")
+    for name in (
+        "batch_size",
+        "accum_steps",
+        "epochs",
+        "num_classes",
+        "lr_base_size",
+        "ps_servers",
+    ):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:  # num_classes None: counted from the data later
+            out.append(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.lr is not None and cfg.lr <= 0:
+        out.append(f"--lr {cfg.lr}: must be positive")
+    if cfg.warmup_epochs < 0 or cfg.warmup_epochs >= cfg.epochs and cfg.warmup_epochs > 0:
+        out.append(f"--warmup-epochs {cfg.warmup_epochs}: must be in [0, --epochs {cfg.epochs})")
+    if cfg.exchange == "ps" and (cfg.ps_servers or 1) > cfg.world_size:
+        out.append(
+            f"--ps-servers {cfg.ps_servers} exceeds the {cfg.world_size} rank(s); use at most that"
+        )
+    if cfg.deepspeed and cfg.exchange == "ps":
+        out.append("--deepspeed and --exchange ps both choose the gradient path; drop one")
+    if cfg.outlook_kernel != "timm" and not cfg.model.startswith("volo"):
+        out.append(
+            f"--outlook-kernel {cfg.outlook_kernel}: --model {cfg.model} has no outlook attention;"
+            " drop it"
+        )
+    if cfg.outlook_kernel != "timm" and cfg.tp > 1:  # tensor_parallel swaps in its own forward
+        out.append(
+            f"--outlook-kernel {cfg.outlook_kernel} with --tp {cfg.tp}: tensor parallelism runs"
+            " its own per-head outlook attention; drop --outlook-kernel or --tp"
+        )
+    if not 0 <= cfg.zero_stage <= 3:
+        out.append(f"--zero-stage {cfg.zero_stage}: must be 0, 1, 2 or 3")
+    out += _mesh_problems(cfg)
+    if cfg.resume not in ("auto", "none") and for_training and not os.path.exists(cfg.resume):
+        out.append(f"--resume {cfg.resume}: no such checkpoint; use auto, none or an existing path")
+    if for_training:
+        out += _path_problems(cfg)
+        out += [AUTO_BY_HAND] if cfg.checkpoint_every == AUTO else []
+    if cfg.log_wandb and for_training and importlib.util.find_spec("wandb") is None:
+        out.append(
+            "--log-wandb: the wandb package is not installed in this environment; install it "
+            "(pip install wandb, part of vitpod's [train] extra) or drop --log-wandb"
+        )
+    if cfg.finetune:
+        out += _finetune_problems(cfg)
+    return out + _timm_flag_problems(cfg)
+
+
+def _opt_problem(opt: str) -> str | None:
+    """--opt against timm's optimizers. The default, timm's adamw, needs no look: importing
+    timm and torch costs some 10 s of CPU, which every planner command would pay."""
+    if opt == TrainConfig.opt:
+        return None
+    try:
+        from vitpod.trainer.model.optim import opt_problem, valid_optimizers
+    except ImportError:  # a login node without torch/timm: the job's own check names it
+        return None
+    return opt_problem(opt, valid_optimizers())
+
+
+def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
+    """timm's optimizer, schedule and regularisation flags an engine or model cannot honour."""
+    out = [problem] if (problem := _opt_problem(cfg.opt)) else []
+    if cfg.sched not in SCHEDULES:
+        why = (
+            (
+                ": timm's plateau steps once per epoch on the eval metric, and vitpod steps the "
+                "schedule per optimizer update (exact resume)"
+            )
+            if cfg.sched == "plateau"
+            else ""
+        )
+        out.append(f"--sched {cfg.sched}{why}; use one of {', '.join(SCHEDULES)}")  # fmt: skip
+    if cfg.deepspeed and not cfg.deepspeed_config and cfg.opt != "adamw":
+        out.append(f"--opt {cfg.opt} with --deepspeed: the generated DeepSpeed config runs AdamW;"
+                   " pass --opt adamw or a --deepspeed-config naming your optimizer")  # fmt: skip
+    if cfg.layer_decay is not None and cfg.engine not in DDP_ENGINES:
+        out.append("--layer-decay: DDP (ring/ps) only (DeepSpeed and the mesh engine build their "
+                   "own parameter groups); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
+    if cfg.grad_checkpointing and cfg.pp > 1:
+        out.append("--grad-checkpointing with --pp: pipeline stages run their blocks themselves,"
+                   " unrecomputed; drop one")  # fmt: skip
+    if cfg.mixup_active and cfg.token_label:
+        out.append("--mixup/--cutmix with --token-label: token labeling mixes with its own "
+                   "MixToken (VOLO's recipe: no mixup/cutmix); drop one")  # fmt: skip
+    if cfg.mixup_active and cfg.batch_size % 2:
+        out.append(f"--mixup/--cutmix: -b {cfg.batch_size} is odd (timm's Mixup pairs the batch "
+                   "with its flip); pass an even -b")  # fmt: skip
+    if cfg.model_ema and cfg.engine not in DDP_ENGINES:
+        out.append("--model-ema: DDP (ring/ps) only (DeepSpeed and the mesh engine shard the "
+                   "weights it averages); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
+    if cfg.channels_last and (cfg.fsdp or cfg.engine == "deepspeed"):
+        out.append("--channels-last with --fsdp/--deepspeed: they shard or broadcast contiguous "
+                   "(NCHW) weights only; drop --channels-last")  # fmt: skip
+    if cfg.initial_checkpoint and cfg.finetune:
+        out.append("--initial-checkpoint and --finetune both load the weights; drop one")
+    return out
+
+
+def _mesh_problems(cfg: TrainConfig) -> list[str]:
+    """A layout the mesh cannot hold, named by its flag (the GPUs-per-node check is the planner's:
+    vitpod.analysis.layout.check_layout; here only what one job's world size decides)."""
+    out: list[str] = []
+    for name in ("tp", "pp"):
+        if getattr(cfg, name) < 1:
+            out.append(f"--{name} {getattr(cfg, name)}: must be at least 1")
+    if out:
+        return out
+    try:
+        ParallelDims.of_world(cfg.world_size, cfg.tp, cfg.pp)
+    except ValueError as exc:
+        out.append(str(exc))
+    claims = set(cfg.engines_claimed)
+    meshed = bool(claims & set(MESH_ENGINES))
+    if meshed and "deepspeed" in claims:
+        out.append("--deepspeed and --fsdp/--tp/--pp both shard the model; drop one")
+    if meshed and "ps" in claims:
+        out.append("--exchange ps applies to DDP only; drop it with --fsdp/--tp/--pp")
+    if meshed and cfg.use_amp and cfg.amp_dtype == "fp16":
+        out.append(
+            "--amp-dtype fp16 with --fsdp/--tp/--pp: the mesh engine has no loss scaling (fp16 "
+            "needs it); use --deepspeed or DDP (ring/ps) on GPUs without bf16, or bf16 GPUs"
+        )
+    if (cfg.tp > 1 or cfg.pp > 1) and not cfg.model.startswith(("vit_", "volo")):
+        out.append(f"--tp/--pp: no parallel plan for --model {cfg.model}; use a vit_* or volo_*")
+    if cfg.pp > 1 and not cfg.model.startswith("vit_"):
+        out.append(f"--pp {cfg.pp}: pipeline stages are defined for vit_* models; use --tp/--fsdp")
+    if cfg.pp > 1 and cfg.accum_steps < cfg.pp and (cfg.batch_size * cfg.accum_steps) % cfg.pp:
+        out.append(
+            f"--pp {cfg.pp} with --accum-steps {cfg.accum_steps}: the step's batch"
+            f" ({cfg.batch_size} x {cfg.accum_steps}) is split into {cfg.pp} micro-batches and must"
+            f" divide by it; pass -b a multiple of {cfg.pp} or --accum-steps {cfg.pp}"
+        )
+    if cfg.pp > 1 and cfg.token_label:
+        out.append("--token-label with --pp: the token-label loss is not staged; drop one")
+    return out
+
+
+def _finetune_problems(cfg: TrainConfig) -> list[str]:
+    """A saved model's manifest names its architecture: refuse another before any rank starts."""
+    path = Path(cfg.finetune or "")
+    for manifest in (path / runfiles.FINAL / runfiles.MANIFEST, path.parent / runfiles.MANIFEST,
+                     path / runfiles.MANIFEST):  # fmt: skip
+        if manifest.is_file():
+            saved = runfiles.read_record(manifest).get("model")
+            if saved and saved != cfg.model:
+                return [f"--finetune {cfg.finetune}: checkpoint is a {saved}, not --model "
+                        f"{cfg.model}; pass --model {saved} or another checkpoint"]  # fmt: skip
+            return []
+    return []
+
+
+def _path_problems(cfg: TrainConfig) -> list[str]:
+    out: list[str] = []
+    needs_dir = cfg.dataset in ("folder", "shards")
+    if needs_dir and not cfg.data_dir:
+        out.append("DATA_DIR missing: pass the dataset root as the first argument")
+    elif needs_dir and not os.path.isdir(str(cfg.data_dir)):
+        out.append(f"DATA_DIR {cfg.data_dir}: no such directory; pass the dataset root")
+    checks = (
+        ("token_label_data", cfg.token_label and cfg.dataset == "folder"),
+        ("finetune", cfg.finetune is not None),
+        ("initial_checkpoint", cfg.initial_checkpoint is not None),
+        ("deepspeed_config", cfg.deepspeed_config is not None),
+    )
+    for name, needed in checks:
+        value = getattr(cfg, name)
+        if needed and (not value or not os.path.exists(value)):
+            out.append(f"--{name.replace('_', '-')} {value}: no such path; pass an existing one")
+    return out

@@ -1,0 +1,1 @@
+"""Speed: precision, attention and outlook kernels, float8, torch.compile's cache."""

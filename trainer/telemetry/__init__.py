@@ -1,0 +1,1 @@
+"""What a run reports: metrics (JSONL, TensorBoard, W&B), MFU, timings, sample digests."""

@@ -1,0 +1,1 @@
+"""Container images (pyxis/enroot): flags, preflight and in-job checks, registry refs."""

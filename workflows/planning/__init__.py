@@ -1,0 +1,1 @@
+"""Planning a job: recipe, stage resources, layout, placement, preflight, the spec."""

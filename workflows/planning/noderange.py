@@ -1,0 +1,36 @@
+"""Node ranges (`nodes: MIN-MAX`): the global batch the job keeps on whatever Slurm gives it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vitpod.workflows.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vitpod.trainer.config import TrainConfig
+
+
+def pinned_flags(batch_size: int, global_batch: int) -> tuple[str, ...]:
+    """Trainer flags that keep a global batch on any node count: the ranks take the
+    accumulation G / (dp x -b) for the world size they get (trainer/checkpointing/elastic.py)."""
+    return ("-b", str(batch_size), "--global-batch", str(global_batch), "--elastic")
+
+
+def check_range(cfg: TrainConfig, low: int, high: int, ranks_per_node: int) -> None:
+    """Every node count in low..high must split the global batch; else name those that do."""
+    per_replica = max(1, cfg.tp * cfg.pp)
+    global_batch, batch = cfg.global_batch_size, cfg.batch_size
+
+    def splits(nodes: int) -> bool:
+        world = nodes * ranks_per_node
+        dp = world // per_replica
+        return world % per_replica == 0 and global_batch % (dp * batch) == 0
+
+    bad = [n for n in range(low, high + 1) if not splits(n)]
+    if bad:
+        good = [n for n in range(low, high + 1) if splits(n)]
+        raise ConfigError(
+            f"nodes {low}-{high}: global batch {global_batch} (-b {batch}) does not split over "
+            f"{', '.join(map(str, bad))} node(s) x {ranks_per_node} rank(s); node counts that "
+            f"work: {', '.join(map(str, good)) or 'none'} (narrow the range or change -b)"
+        )

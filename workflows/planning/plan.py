@@ -1,0 +1,392 @@
+"""The one planner: profile + recipe + stage + overrides -> a validated, rendered JobPlan."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitpod.registry import gpus, runfiles
+from vitpod.registry.decision import (
+    Data,
+    Decision,
+    Engine,
+    Precision,
+    Resources,
+    Scheduling,
+    TrainerSettings,
+)
+from vitpod.registry.engines import DDP_ENGINES
+from vitpod.trainer.config import ConfigError as TrainerConfigError
+from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.settings.checks import problems
+from vitpod.trainer.settings.flags import parse_args
+from vitpod.trainer.tokenlabels import labellayout
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.planning import ckptinterval, exchange, noderange, preflight, sbatchopts
+from vitpod.workflows.planning.quantities import slurm_minutes
+from vitpod.workflows.planning.recipe import Recipe, load_recipe
+from vitpod.workflows.planning.spec import Entry, JobSpec, Launch, build_spec, launch_for
+from vitpod.workflows.planning.templating import render
+from vitpod.workflows.site.profile import NodeType, Profile, load_profile, profile_path
+from vitpod.workflows.submit.rundir import (
+    check_path_safe,
+    git_info,
+    image_info,
+    new_run_path,
+    runs_root,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What a user asked for: make variables, CLI flags or Pipeline/Python arguments."""
+
+    cluster: str = "local"
+    model: str = ""
+    stage: str = "pretrain"
+    nodes: int | str | None = None
+    nodes_name: str = "NODES"
+    """How errors name the node count (a pipeline's fine-tune: FT_NODES)."""
+    time: str = ""
+    """Slurm time limit of this job (TIME=, a pipeline's FT_TIME=); empty: the partition's."""
+    time_name: str = "TIME"
+    slurm: sbatchopts.SbatchOptions = sbatchopts.SbatchOptions()
+    """ACCOUNT, QOS, RESERVATION, CONSTRAINT, EXCLUDE, SBATCH_EXTRA (a pipeline's FT_...)."""
+    args: str = ""
+    """ARGS: trainer flags as one shell-quoted string (user input)."""
+    tool_args: tuple[str, ...] = ()
+    """Trainer flags vitpod itself adds after ARGS (a sweep point's batch and step count)."""
+    ranks: int | None = None
+    """World size when a job uses part of a node (a sweep point); default: every rank."""
+    finetune_from: str = ""
+    finetune_pending: bool = False
+    """The fine-tune source is made by a job queued first (a pipeline's pretrain)."""
+    offline: bool = False
+    """OFFLINE=1: a script for another machine; paths on its storage are not checked here."""
+    dependency: str = ""
+    run_root: str = ""
+    run_dir: Path | None = None
+    entry: Entry = "trainer"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobPlan:
+    """Everything decided about one job; rendering and submitting read it and nothing else."""
+
+    request: Request
+    profile: Profile
+    recipe: Recipe
+    spec: JobSpec
+    launch: Launch
+    decision: Decision | None
+    """plan.json: engine, layout, costs, image, data (None: ranks run no trainer)."""
+    memory: dict[str, Any]
+    script_name: str
+    script: str
+    created: str = field(default_factory=lambda: _now())
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec.run_dir)
+
+    @property
+    def trainer(self) -> dict[str, Any] | None:
+        """plan.json's trainer settings by name, with the global batch (None: no trainer)."""
+        if self.decision is None or self.decision.trainer is None:
+            return None
+        return {**self.decision.trainer.values(), "global_batch_size": self.decision.global_batch}
+
+    @property
+    def script_path(self) -> Path:
+        return self.run_dir / self.script_name
+
+    def manifest(self, job_ids: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+        """manifest.json: what was planned and (with job ids) submitted."""
+        spec, req = self.spec, self.request
+        return {
+            "created": self.created,
+            "stage": spec.stage,
+            "model": spec.model,
+            "script": self.script_name,
+            "job_ids": list(job_ids or []),
+            "profile": {
+                "name": self.profile.name,
+                "path": str(profile_path(req.cluster).resolve()),
+                "values": self.profile.model_dump(),
+            },
+            "recipe": {
+                "model": spec.model,
+                "stage": spec.stage,
+                "values": self.recipe.stage(spec.stage).model_dump(),
+            },
+            "overrides": {
+                "nodes": req.nodes,
+                "time": req.time,
+                "args": req.args,
+                "finetune_from": req.finetune_from,
+                "sbatch": _jsonable(req.slurm.given()),
+            },  # fmt: skip
+            "resolved": {
+                "run_dir": spec.run_dir,
+                "partition": spec.partition,
+                "node_type": self.profile.partition(spec.stage).node_type,
+                "time": spec.time,
+                "nodes": spec.nodes,
+                "tasks_per_node": spec.tasks_per_node,
+                "world_size": spec.world_size,
+                "dependency": spec.dependency,
+                "command": list(spec.command),
+                "srun_args": list(self.launch.srun_args),
+                "env": self.launch.env,
+            },
+            "decision": runfiles.PLAN if self.decision else None,
+            "git": git_info(),
+            "image": self.decision.image if self.decision else image_info(self.profile),
+            **extra,
+        }
+
+
+def _jsonable(given: dict[str, Any]) -> dict[str, Any]:
+    extra = given.get("extra")
+    if extra is not None and not isinstance(extra, str):  # a mapping or words: as words
+        given = {**given, "extra": list(sbatchopts.parse_extra(extra, "SBATCH_EXTRA"))}
+    return given
+
+
+def _scheduling(spec: JobSpec) -> Scheduling:
+    """plan.json's sbatch options: the job's account/qos (the profile's or given), and the
+    per-submission ones with the variable that set each."""
+    return Scheduling(
+        account=spec.account, qos=spec.qos, reservation=spec.reservation,
+        constraint=spec.constraint, exclude=spec.exclude, extra=list(spec.sbatch_extra),
+        set_by=spec.sbatch_set_by,
+    )  # fmt: skip
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def plan_job(req: Request) -> JobPlan:
+    """Validate everything that needs no cluster and render the job in memory.
+
+    Raises ConfigError naming the field and the fix; nothing is written. The trainer's final
+    argv is parsed with the trainer's own parser, the engine is decided once (and its flags
+    are part of the argv), and the memory planner checks the micro-batch against the stage's GPU.
+    """
+    profile = load_profile(req.cluster)
+    model = profile.model_for(req.model)
+    recipe = load_recipe(model)
+    recipe.stage(req.stage)
+    partition = profile.partition(req.stage)
+    node = profile.node_type(req.stage)
+    run_dir = req.run_dir or new_run_path(runs_root(profile, req.run_root), recipe.model, req.stage)
+    check_path_safe(run_dir, "run root", "choose another storage.runs / --run-root")
+    nodes = preflight.node_count(req.nodes, profile, req.stage, name=req.nodes_name)
+    time_limit = stage_time(req.time, profile, req.stage, req.time_name)
+    sbatch = sbatchopts.check(req.slurm, profile.scheduler, profile.name)
+    world = req.ranks or nodes * node.ranks_per_node
+    spec = build_spec(
+        profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
+        tool_args=req.tool_args, finetune_from=req.finetune_from or None,
+        dependency=req.dependency or None, entry=req.entry,
+    )  # fmt: skip
+    source_now = not (req.finetune_pending or req.offline or req.dependency)
+    if spec.finetune_from and source_now:  # the preflight's own check, before anything is written
+        problem = preflight.finetune_source_problem(req.finetune_from)
+        if problem:
+            raise ConfigError(
+                f"{problem} (make render OFFLINE=1 writes a script for a machine that has it)"
+            )
+    cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
+    precision, checkpoint = None, None
+    if req.entry == "trainer":
+        cfg = _parse_trainer(spec.args, world)
+        precision, dtype_flags = decide_precision(cfg, spec.args, node, partition.node_type)
+        checkpoint, every_flags = ckptinterval.decide(
+            profile, partition.name, cfg, spec.args, run_dir,
+            ask_slurm=profile.scheduler == "slurm" and not req.offline,
+        )  # fmt: skip
+        if dtype_flags or every_flags:  # the chosen dtype and interval go after ARGS
+            req = dataclasses.replace(req, tool_args=(*req.tool_args, *dtype_flags, *every_flags))
+            spec = build_spec(
+                profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
+                tool_args=req.tool_args, finetune_from=req.finetune_from or None,
+                dependency=req.dependency or None, entry=req.entry,
+            )  # fmt: skip
+            cfg = _parse_trainer(spec.args, world)
+    if cfg is not None and partition.nodes_max and req.nodes in (None, ""):
+        # A node range and no NODES: Slurm gives MIN..MAX nodes. The global batch is planned
+        # at MAX; on fewer nodes the ranks take the accumulation that keeps it.
+        cfg = _parse_trainer(spec.args, partition.nodes_max * node.ranks_per_node)
+        noderange.check_range(cfg, nodes, partition.nodes_max, node.ranks_per_node)
+        pinned = noderange.pinned_flags(cfg.batch_size, cfg.global_batch_size)
+        spec = build_spec(
+            profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
+            tool_args=(*req.tool_args, *pinned), nodes_max=partition.nodes_max,
+            finetune_from=req.finetune_from or None, dependency=req.dependency or None,
+        )  # fmt: skip
+        cfg = _parse_trainer(spec.args, world)
+    spec = sbatchopts.apply(dataclasses.replace(spec, time=time_limit), sbatch)
+    if cfg is not None:
+        preflight.check_layout(cfg, node, world)
+        memory = preflight.memory_fit(cfg, node, world, req.stage, partition.name)
+        engine, costs = _decide_engine(
+            profile, req.stage, cfg, nodes, world, _calibration(req, partition.name)
+        )
+        if engine.name in DDP_ENGINES:  # the ranks run the decided exchange, not auto
+            cfg = dataclasses.replace(cfg, exchange=engine.name, ps_servers=engine.ps_servers)
+        decision = Decision(
+            created=_now(), stage=req.stage, model=recipe.model,
+            resources=Resources(
+                cluster=profile.name, partition=partition.name, node_type=partition.node_type,
+                nodes=nodes, tasks_per_node=spec.tasks_per_node, world_size=world, time=spec.time,
+            ),
+            layout=cfg.dims,
+            engine=engine, costs=costs, image=image_info(profile), memory=memory,
+            precision=precision, scheduling=_scheduling(spec), checkpoint=checkpoint,
+            trainer=TrainerSettings.of(cfg),
+            data=Data(
+                data_dir=spec.data_dir, token_label_data=cfg.token_label_data,
+                finetune_from=spec.finetune_from,
+                token_labels=(
+                    labellayout.describe(cfg.token_label_data) if cfg.token_label else None
+                ),
+            ),
+        )  # fmt: skip
+    launch = launch_for(spec)
+    template, script_name = (
+        ("sbatch.sh.j2", runfiles.SBATCH)
+        if profile.scheduler == "slurm"
+        else ("local.sh.j2", runfiles.LOCAL_SCRIPT)
+    )
+    configuration = decision.trainer.lines() if decision and decision.trainer else []
+    script = render(template, {"spec": spec, "launch": launch, "configuration": configuration})
+    return JobPlan(
+        request=req, profile=profile, recipe=recipe, spec=spec, launch=launch, decision=decision,
+        memory=memory,
+        script_name=script_name, script=script,
+    )  # fmt: skip
+
+
+def stage_time(value: str, profile: Profile, stage: str, name: str = "TIME") -> str:
+    """TIME (default: the stage partition's `time`): a Slurm time above the preemption grace."""
+    if not value:
+        return profile.partition(stage).time
+    try:
+        minutes = slurm_minutes(value)
+    except ConfigError:
+        raise ConfigError(
+            f"{name}={value!r} is not a Slurm time; write e.g. {name}=2:00:00 or {name}=1-00:00:00"
+        ) from None
+    grace = profile.preemption.grace_s
+    if profile.scheduler == "slurm" and 0 < minutes * 60 <= grace:
+        raise ConfigError(
+            f"{name}={value}: not above profile {profile.name}'s preemption.grace_s={grace} "
+            f"(Slurm would signal every start before its first step); give a longer {name}"
+        )
+    return value.strip()
+
+
+def _flag_value(argv: tuple[str, ...], flag: str) -> str | None:
+    """The last value of `flag` in argv (`--flag V` or `--flag=V`), None when not given."""
+    value = None
+    for i, arg in enumerate(argv):
+        key, eq, inline = arg.partition("=")
+        if key == flag:
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
+
+
+def decide_precision(
+    cfg: TrainConfig, argv: tuple[str, ...], node: NodeType, node_type: str
+) -> tuple[Precision, tuple[str, ...]]:
+    """The autocast dtype from the node type's GPU (bf16 where native, fp16 with dynamic loss
+    scaling before compute capability 8.0), and the trainer flags that pass it on. An explicit
+    --amp-dtype (ARGS or recipe) is kept, and refused where the GPU has no bf16; ConfigError
+    names the GPU and the fix."""
+    if not cfg.use_amp:
+        return Precision(dtype="fp32", source="default", reason="no --amp: fp32"), ()
+    explicit = _flag_value(argv, "--amp-dtype")
+    gpu = node.gpu.model if node.gpu is not None and node.gpus_per_node else None
+
+    def kept(reason: str) -> tuple[Precision, tuple[str, ...]]:
+        """The parsed dtype as it is (given in the flags, or no GPU to choose by)."""
+        record = {
+            "dtype": cfg.amp_dtype, "gpu": gpu, "reason": reason,
+            "loss_scaling": "dynamic" if cfg.amp_dtype == "fp16" else "none",
+            "source": "flags" if explicit else "default",
+        }  # fmt: skip
+        return Precision.model_validate(record), ()
+
+    if gpu is None:
+        return kept(f"node type {node_type} has no GPU: {cfg.amp_dtype} (the trainer's default)")
+    capability = gpus.capability_of(gpu)
+    if capability is None:
+        if explicit:
+            return kept(f"--amp-dtype {explicit} given; {gpu} is not in vitpod.registry.gpus")
+        raise ConfigError(
+            f"node_types.{node_type}.gpu.model={gpu!r}: its bf16 support is unknown (not in "
+            'vitpod.registry.gpus.CAPABILITIES); pass ARGS="--amp-dtype bf16" (compute '
+            'capability 8.0 or newer) or ARGS="--amp-dtype fp16"'
+        )
+    cc = f"compute capability {capability[0]}.{capability[1]}"
+    if not gpus.bf16_native(capability):
+        if explicit == "bf16":
+            raise ConfigError(
+                f"--amp-dtype bf16: the {node_type} nodes' {gpu} ({cc}) has no bf16 tensor "
+                f"cores; use --amp-dtype fp16 (dynamic loss scaling) or drop --amp-dtype"
+            )
+        why = f"{gpu} ({cc}) has no bf16 tensor cores: fp16 with dynamic loss scaling"
+        record = Precision(dtype="fp16", loss_scaling="dynamic", gpu=gpu, reason=why)
+        return record, ("--amp-dtype", "fp16")
+    if explicit:
+        return kept(f"--amp-dtype {explicit} given; {gpu} ({cc}) has bf16 natively")
+    why = f"{gpu} ({cc}) has bf16 tensor cores: bf16, no loss scaling"
+    return Precision(dtype="bf16", gpu=gpu, reason=why), ("--amp-dtype", "bf16")
+
+
+def _parse_trainer(args: tuple[str, ...], world: int) -> TrainConfig:
+    """The trainer's own parser and consistency checks on the exact argv the ranks will run."""
+    argv = list(args)
+    try:
+        cfg = parse_args(argv, world_size=world)
+    except TrainerConfigError as exc:
+        raise ConfigError(f"ARGS/recipe: {exc}") from None
+    found = problems(cfg, for_training=False)
+    if found:
+        raise ConfigError("ARGS/recipe: " + "; ".join(found))
+    return cfg
+
+
+def _calibration(req: Request, partition: str) -> Any:
+    """The fit `make calibrate` stored beside the profile for this partition, or None."""
+    try:
+        return exchange.calibration_for(profile_path(req.cluster), partition)
+    except ValueError as exc:
+        fix = f"rerun `make calibrate CLUSTER={req.cluster}` or delete it"
+        raise ConfigError(f"{exc}; {fix}") from None
+
+
+def _decide_engine(
+    profile: Profile, stage: str, cfg: TrainConfig, nodes: int, world: int, calibration: Any
+) -> tuple[Engine, Any]:
+    """The engine the flags name (DeepSpeed, FSDP, the mesh), or ring / parameter server from
+    the cost model (a --exchange ring|ps in the flags is kept, and priced)."""
+    named = cfg.engine if cfg.engines_claimed else None
+    if named in ("deepspeed", "fsdp", "mesh"):
+        zero = cfg.zero_stage if named == "deepspeed" else None
+        record = {"name": named, "zero_stage": zero, "reason": "named by the flags"}
+        return Engine.model_validate(record), None
+    try:
+        return exchange.choose_engine(
+            profile.node_type(stage).fabric, cfg.model, nodes, gpus=world,
+            exchange=cfg.exchange, ps_servers=cfg.ps_servers,
+            # --num-classes not given: the job counts its data; an ImageNet head here
+            num_classes=cfg.num_classes or 1000, img_size=cfg.img_size, calibration=calibration,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

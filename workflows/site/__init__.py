@@ -1,0 +1,1 @@
+"""The site: cluster profiles, discovery, node probes, doctor, binding, calibration."""

@@ -1,0 +1,132 @@
+"""A site as Slurm reports it (one sinfo, one scontrol per kind); one probe job per node type."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.site.doctor_step import NODE_SCRIPTS
+from vitpod.workflows.site.probe import PREFIX
+from vitpod.workflows.submit import slurm
+
+BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "MAINT", "FUTURE", "POWER")
+PROBE_TIME = "00:05:00"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as `scontrol show node` reports it."""
+
+    name: str
+    cpus: int
+    sockets: int
+    real_memory_mb: int
+    gres: str
+    features: str
+    state: str
+    reason: str
+    partitions: tuple[str, ...]
+
+    @property
+    def gpus(self) -> int:
+        return gres_gpu(self.gres)[1]
+
+    @property
+    def gpu_type(self) -> str:
+        return gres_gpu(self.gres)[0]
+
+    @property
+    def usable(self) -> bool:
+        return not any(bad in self.state for bad in BAD_STATES)
+
+    @property
+    def kind(self) -> tuple[object, ...]:
+        """Nodes with equal hardware facts are one node type."""
+        return (self.cpus, self.sockets, self.real_memory_mb, self.gres, self.features)
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    max_time: str
+    max_nodes: str
+    default: bool
+    nodes: list[NodeInfo] = field(default_factory=list)
+
+
+def gres_gpu(gres: str) -> tuple[str, int]:
+    """'gpu:a100:8(S:0-1)' -> ('a100', 8); 'gpu:2' -> ('', 2); '(null)' -> ('', 0)."""
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            return (parts[1] if len(parts) == 3 else ""), int(parts[-1])
+    return "", 0
+
+
+def node_info(fields: dict[str, str]) -> NodeInfo:
+    return NodeInfo(
+        name=fields["NodeName"],
+        cpus=int(fields.get("CPUTot", "0")),
+        sockets=int(fields.get("Sockets", "1")),
+        real_memory_mb=int(fields.get("RealMemory", "0")),
+        gres=fields.get("Gres", "(null)"),
+        features=fields.get("AvailableFeatures", "(null)"),
+        state=fields.get("State", "UNKNOWN"),
+        reason=fields.get("Reason", ""),
+        partitions=tuple(p for p in fields.get("Partitions", "").split(",") if p),
+    )
+
+
+def all_nodes() -> list[NodeInfo]:
+    return [node_info(r) for r in slurm.scontrol_show("node")]
+
+
+def site() -> dict[str, PartitionInfo]:
+    """Every partition with its nodes: one sinfo (default partition), one scontrol each kind."""
+    default = {
+        p.rstrip("*") for row in slurm.sinfo({"p": "%P"}) if (p := row["p"].strip()).endswith("*")
+    }
+    nodes = all_nodes()
+    parts = {}
+    for rec in slurm.scontrol_show("partition"):
+        name = rec["PartitionName"]
+        parts[name] = PartitionInfo(
+            name=name,
+            max_time=rec.get("MaxTime", "UNLIMITED"),
+            max_nodes=rec.get("MaxNodes", "UNLIMITED"),
+            default=name in default,
+            nodes=[n for n in nodes if name in n.partitions],
+        )
+    return parts
+
+
+def node_types(part: PartitionInfo) -> list[list[NodeInfo]]:
+    """A partition's nodes grouped by their hardware facts."""
+    groups: dict[tuple[object, ...], list[NodeInfo]] = {}
+    for node in part.nodes:
+        groups.setdefault(node.kind, []).append(node)
+    return list(groups.values())
+
+
+def probe_command(python: str, scripts: Path, paths: list[str]) -> list[str]:
+    return [python, str(scripts / "probe.py"), *paths]
+
+
+def run_probe(
+    partition: str, node: NodeInfo, paths: list[str], python: str = sys.executable,
+    scripts: Path = NODE_SCRIPTS,
+) -> dict[str, Any]:  # fmt: skip
+    """One short job on `node`: the probe's facts, or ConfigError with what srun said. It asks
+    for the node's GPUs: where Slurm constrains devices, a job sees only the GPUs it asked for."""
+    gres = [f"--gres=gpu:{node.gpus}"] if node.gpus else []
+    argv = ["srun", "-N1", "-n1", "-p", partition, "-w", node.name, f"--time={PROBE_TIME}",
+            "--job-name=vitpod-probe", *gres, *probe_command(python, scripts, paths)]  # fmt: skip
+    out = slurm.run(argv)
+    for line in out.splitlines():
+        if line.startswith(PREFIX):
+            return json.loads(line[len(PREFIX) :])  # type: ignore[no-any-return]
+    raise ConfigError(f"probe on {node.name} printed no facts: {out[-500:]}")

@@ -1,0 +1,154 @@
+"""A scaling study's record (study.json): what the sweep planned, and each point's end."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vitpod.registry import runfiles
+from vitpod.registry.decision import Decision
+from vitpod.workflows.planning.exchange import calibration_for
+from vitpod.workflows.planning.recipe import Recipe
+from vitpod.workflows.site.profile import Profile, profile_path
+from vitpod.workflows.submit.rundir import write_json
+from vitpod.workflows.watching import goodput
+
+STAGE = "pretrain"
+SCRIPT_NAME = "sweep.sbatch"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One array task: its ranks, their placement, the per-rank batch and the run it writes."""
+
+    index: int
+    gpus: int
+    nodes: int
+    per_node: int
+    batch_size: int
+    global_batch: int
+    run_dir: str
+    argv: tuple[str, ...]
+    """srun's command for every rank: bash RUN_DIR/bind.sh python -m vitpod.trainer ..."""
+    bind_script: str
+    decision: Decision
+    """None when DeepSpeed reduces gradients itself."""
+
+
+def study_record(
+    mode: str,
+    cluster: str,
+    args: str,
+    profile: Profile,
+    recipe: Recipe,
+    points: list[SweepPoint],
+    batch: int,
+    accum: int,
+    steps: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """study.json: what analysis needs to read the study (analysis/scaling.py's keys)."""
+    return {
+        "mode": mode,
+        "model": recipe.model,
+        "cluster": profile.name,
+        "batch": batch,
+        "accum": accum,
+        "steps": steps,
+        "warmup": warmup,
+        "args": args or "",
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "script": SCRIPT_NAME,
+        "job_id": None,
+        "fabric": dict(profile.node_type(STAGE).fabric),
+        "fabric_source": _fabric_source(points),
+        "calibration": _calibration_record(cluster, points),
+        "grad_bytes": points[0].decision.costs.grad_bytes if points[0].decision.costs else None,
+        "points": [
+            {
+                "index": p.index,
+                "gpus": p.gpus,
+                "nodes": p.nodes,
+                "run_dir": Path(p.run_dir).name,
+                "batch_size": p.batch_size,
+                "global_batch": p.global_batch,
+                "engine": p.decision.engine.name,
+                "algorithm": p.decision.costs.algorithm if p.decision.costs else None,
+                "predicted_comm_s": p.decision.costs.predicted_comm_s if p.decision.costs else None,
+                "state": None,
+            }
+            for p in points
+        ],
+    }
+
+
+def _fabric_source(points: list[SweepPoint]) -> str:
+    """What priced the points' predictions (the planner's decision says it)."""
+    costs = points[0].decision.costs
+    return costs.priced_by if costs else "profile fabric"
+
+
+def _calibration_record(cluster: str, points: list[SweepPoint]) -> dict[str, Any] | None:
+    """Which stored fit priced the points (None: the profile's fabric numbers)."""
+    if _fabric_source(points) == "profile fabric":
+        return None
+    from vitpod.analysis.calibrate import calibration_path
+
+    path = calibration_path(profile_path(cluster))
+    cal = calibration_for(profile_path(cluster))
+    if cal is None:
+        return None
+    return {
+        "path": str(path.resolve()), "date": cal.date, "job_id": cal.job_id,
+        "fabric": cal.fabric, "backend": cal.backend, "partition": cal.partition,
+    }  # fmt: skip
+
+
+def record_states(study_dir: Path, states: dict[int, str]) -> dict[str, Any]:
+    """Write each point's final Slurm state into study.json (None when nobody recorded it)."""
+    path = study_dir / runfiles.STUDY
+    study = json.loads(path.read_text())
+    for point in study["points"]:
+        point["state"] = states.get(point["index"])
+    write_json(path, study)
+    return study
+
+
+def record_ledgers(study_dir: Path) -> dict[str, Any]:
+    """Write each point's allocated and useful GPU-hours (CPU-hours on CPU profiles) into
+    study.json, from ONE sacct for every array task (workflows/watching/goodput.py); a point sacct
+    could not account for keeps None."""
+    path = study_dir / runfiles.STUDY
+    study = json.loads(path.read_text())
+    job_id = study.get("job_id")
+    if not job_id:
+        return study  # rendered, never submitted: no accounting to read
+    points = study["points"]
+    runs = [(study_dir / p["run_dir"], [f"{job_id}_{p['index']}"]) for p in points]
+    try:
+        found = goodput.ledgers(runs)
+    except runfiles.RunFileError as exc:  # the report must still appear; its hours say n/a
+        print(f"warning: GPU-hours not recorded: {exc}", file=sys.stderr)
+        return study
+    for point, ledger in zip(points, found, strict=True):
+        known = goodput.is_complete(ledger) and bool(ledger.device_kind)
+        point["device_kind"] = ledger.device_kind if known else None
+        point["device_hours"] = ledger.device_hours if known else None
+        point["useful_device_hours"] = ledger.useful_device_hours if known else None
+    write_json(path, study)
+    return study
+
+
+def report(study_dir: Path) -> int:
+    """Record the points' GPU-hours, then `python -m vitpod.analysis report STUDY_DIR` (a
+    separate process: no matplotlib here)."""
+    record_ledgers(study_dir)
+    done = subprocess.run(
+        [sys.executable, "-m", "vitpod.analysis", "report", str(study_dir)], check=False
+    )
+    return done.returncode

@@ -1,0 +1,1 @@
+"""Submitting and asking Slurm: the client, job state, run directories, resume."""

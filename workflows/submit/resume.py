@@ -1,0 +1,148 @@
+"""`vitpod resume`: resubmit a stopped or failed run on another node count, same global batch.
+
+The run is planned again for NODES with the run's global batch (`--global-batch G --elastic`:
+-b stays, the accumulation is G / (dp x b)); the previous plan.json, script and manifest are
+kept as plan.restart<N>.json, job.restart<N>.sbatch and manifest.restart<N>.json (N = 1, 2, ...
+in order of restarts), then the new ones are written and submitted. The trainer resumes the
+newest checkpoint from the global sample position (trainer/checkpointing/elastic.py). One job per
+run: while a job of the run (any id in its manifests) is still pending, running, requeued or
+suspended, resume refuses before writing anything, or with --cancel-running (CANCEL=1) cancels it
+and waits until it has left the queue (workflows/submit/runjobs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+from typing import Any
+
+from vitpod.registry import runfiles
+from vitpod.registry.decision import Decision, RecordError, read_decision, write_decision
+from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.planning import noderange, preflight
+from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
+from vitpod.workflows.planning.sbatchopts import SbatchOptions
+from vitpod.workflows.site.profile import load_profile
+from vitpod.workflows.submit import runjobs
+from vitpod.workflows.submit.rundir import write_atomic, write_json
+from vitpod.workflows.submit.submission import sbatch
+
+KEPT = (runfiles.PLAN, runfiles.MANIFEST)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vitpod.workflows resume", description=__doc__)
+    p.add_argument("--run", required=True, help="the run directory to continue")
+    p.add_argument("--nodes", default="", help="node count of the new job (default: as before)")
+    p.add_argument("--dry-run", action="store_true", help="plan and check, write nothing")
+    p.add_argument(
+        "--cancel-running", action="store_true",
+        help="cancel the run's pending or running job first and wait until it has left the queue",
+    )  # fmt: skip
+    return p
+
+
+def resume_request(run: Path, nodes: str) -> Request:
+    """The run's own request (cluster, stage, model, ARGS) on `nodes`, global batch pinned."""
+    manifest = _manifest(run)
+    decision = _decision(run)
+    overrides = manifest["overrides"]
+    assert decision.trainer is not None and decision.global_batch is not None  # _decision's
+    pinned = noderange.pinned_flags(decision.trainer.optim["batch_size"], decision.global_batch)
+    return Request(
+        cluster=manifest["profile"]["name"], model=manifest["model"], stage=manifest["stage"],
+        nodes=nodes or manifest["resolved"]["nodes"], args=overrides.get("args") or "",
+        tool_args=pinned, finetune_from=overrides.get("finetune_from") or "", run_dir=run,
+        slurm=SbatchOptions(**overrides.get("sbatch", {})),
+    )  # fmt: skip
+
+
+def _manifest(run: Path) -> dict[str, Any]:
+    try:
+        return runfiles.read_manifest(run)
+    except (OSError, ValueError) as exc:
+        msg = f"{run}: not a run directory with a readable manifest.json ({exc})"
+        raise ConfigError(msg) from None
+
+
+def _decision(run: Path) -> Decision:
+    """The run's plan.json: what it trained with (its batch, global batch and layout)."""
+    try:
+        decision = read_decision(run)
+    except RecordError as exc:
+        raise ConfigError(str(exc)) from None
+    if decision.trainer is None:
+        raise ConfigError(f"{run}/plan.json: its ranks ran no trainer; only training runs resume")
+    return decision
+
+
+def plan_resume(run: Path, nodes: str) -> JobPlan:
+    """The new plan, or ConfigError naming the node counts the global batch splits over."""
+    req = resume_request(run, nodes)
+    try:
+        return plan_job(req)
+    except ConfigError as exc:
+        fits = _fitting_nodes(req, _decision(run))
+        if str(req.nodes) in map(str, fits):  # the batch splits: another problem
+            raise
+        named = ", ".join(map(str, fits)) or "none"
+        raise ConfigError(f"{exc}; NODES that work: {named}") from None
+
+
+def _fitting_nodes(req: Request, decision: Decision) -> list[int]:
+    """Node counts of the stage's partition whose data-parallel size splits the global batch."""
+    profile = load_profile(req.cluster)
+    part, node = profile.partition(req.stage), profile.node_type(req.stage)
+    assert decision.trainer is not None and decision.global_batch is not None
+    per_rank = decision.global_batch // decision.trainer.optim["batch_size"]
+    replica = decision.layout.tp * decision.layout.pp
+    worlds = {n: n * node.ranks_per_node for n in range(1, part.node_limit + 1)}
+    return [n for n, w in worlds.items() if w % replica == 0 and per_rank % (w // replica) == 0]
+
+
+def archive(run: Path, script_name: str) -> int:
+    """Keep the current plan, script and manifest as <name>.restart<N>.<ext>; returns N."""
+    n = 1 + sum(1 for _ in run.glob("plan.restart*.json"))
+    for name in (*KEPT, script_name):
+        path = run / name
+        if path.is_file():
+            shutil.copy2(path, run / f"{path.stem}.restart{n}{path.suffix}")
+    return n
+
+
+def write_plan(plan: JobPlan, checks: Any, restart: int) -> Path:
+    """The new script, plan.json and manifest over the old ones (already archived)."""
+    write_atomic(plan.script_path, plan.script, mode=0o750)
+    if plan.profile.scheduler == "slurm":
+        plan.launch.write_bind_script()
+    if plan.decision is not None:
+        write_decision(plan.run_dir, plan.decision)
+    write_json(plan.run_dir / runfiles.MANIFEST, plan.manifest(preflight=checks, restart=restart))
+    return plan.script_path
+
+
+def main(argv: list[str]) -> int:
+    ns = parser().parse_args(argv)
+    run = Path(ns.run).expanduser().absolute()
+    plan = plan_resume(run, str(ns.nodes))
+    checks = preflight.check(plan)
+    spec = plan.spec
+    size = f"{spec.nodes} node(s) x {spec.tasks_per_node} rank(s)"
+    accum = (plan.trainer or {}).get("accum_steps")  # the plan's, for this world size
+    print(f"resume {run} on {size}, accumulation {accum}")
+    if plan.profile.scheduler == "slurm":
+        runjobs.refuse_or_cancel(
+            run, ns.cancel_running and not ns.dry_run, flag="--cancel-running (make CANCEL=1)"
+        )
+    if ns.dry_run:
+        return 0
+    restart = archive(run, plan.script_name)
+    script = write_plan(plan, checks, restart)
+    if plan.profile.scheduler != "slurm":
+        print(f"run {script} here to continue (profile {plan.profile.name} has no scheduler)")
+        return 0
+    job_id = sbatch(script)
+    write_json(run / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks, restart=restart))
+    print(f"submitted batch job {job_id} (restart {restart}; plan.restart{restart}.json kept)")
+    return 0

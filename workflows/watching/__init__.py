@@ -1,0 +1,1 @@
+"""Watching runs: status, follow, triage, goodput, job control and cleanup."""
