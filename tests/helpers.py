@@ -173,14 +173,17 @@ def profile_copy(
     base: str = "localslurm",
     name: str = "",
     data: Path | None = None,
+    runs: Path | None = None,
     **changes: Any,
 ) -> Path:
-    """The bundled profile `base` with `changes` (each replaces a field) and storage.data set to
-    `data` when given, written under tmp_path (as `name`.yaml, default `base`) for CLUSTER=FILE."""
+    """The bundled profile `base` with `changes` (each replaces a field) and storage.data and
+    storage.runs set to `data` and `runs` when given, written under tmp_path (as `name`.yaml,
+    default `base`) for CLUSTER=FILE."""
     profile = yaml.safe_load((PROFILE_DIR / f"{base}.yaml").read_text())
     profile.update(changes)
-    if data is not None:
-        profile["storage"] = {**profile["storage"], "data": str(data)}
+    storage = {"data": data, "runs": runs}
+    profile["storage"] = {**profile["storage"],
+                          **{k: str(v) for k, v in storage.items() if v is not None}}  # fmt: skip
     path = tmp_path / f"{name or base}.yaml"
     path.write_text(yaml.safe_dump(profile))
     return path

@@ -10,16 +10,14 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.helpers import last_step, profile_copy, wait_until
 from vitpod.registry import runfiles
 from vitpod.workflows.pipeline import chain_cross
 from vitpod.workflows.pipeline.chain import Chain, ChainError
-from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.submit import jobstate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,28 +30,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 def _profiles(tmp_path: Path, data: Path) -> tuple[str, str]:
     """localslurm and localslurm2 with the test's data set and a storage root each."""
-    out = []
-    for name, root in (("localslurm", "one"), ("localslurm2", "two")):
-        profile = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
-        profile["storage"] = {**profile["storage"], "data": str(data),
-                              "runs": str(tmp_path / root)}  # fmt: skip
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(profile))
-        out.append(str(path))
-    return out[0], out[1]
-
-
-def _last_step(run_dir: Path) -> int:
-    path = run_dir / runfiles.METRICS / "rank0.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return max((json.loads(x).get("step", 0) for x in lines if '"step"' in x), default=0)
-
-
-def _wait_until(what: str, check, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+    one, two = (profile_copy(tmp_path, base, data=data, runs=tmp_path / root)
+                for base, root in (("localslurm", "one"), ("localslurm2", "two")))  # fmt: skip
+    return str(one), str(two)
 
 
 def test_make_pipeline_pretrains_on_cluster_1_and_fine_tunes_on_cluster_2(
@@ -117,7 +96,7 @@ def test_a_preempted_pretrain_hands_over_only_at_its_end_and_a_damaged_model_is_
                 time="00:10:00").submit()  # fmt: skip
     pre, fin = run.stages["pretrain"], run.stages["finetune"]
     job = pre.job_ids[0]
-    _wait_until("pretrain step 8", lambda: _last_step(pre.run_dir) >= 8)
+    wait_until("pretrain step 8", lambda: last_step(pre.run_dir) >= 8, 180, 0.5)
     subprocess.run(["scancel", "-M", two_clusters.first, "--signal=USR2", job], check=True)
     restart = pre.run_dir / runfiles.LOGS / f"train-{job}-restart1-rank0.log"
 
@@ -126,7 +105,7 @@ def test_a_preempted_pretrain_hands_over_only_at_its_end_and_a_damaged_model_is_
         assert fin.job_ids == [] and states["pretrain"] != "COMPLETED", states
         return restart.is_file()
 
-    _wait_until("the requeued start", requeued)
+    wait_until("the requeued start", requeued, 180, 0.5)
     # Its real end, watched here: the chain does not look, so nothing is handed over yet.
     jobstate.wait_jobs(jobstate.JobStatePoller([job]), timeout=300, poll_s=1)
     starts = two_clusters.sacct(two_clusters.first, [job], "State")
