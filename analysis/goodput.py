@@ -9,6 +9,9 @@ from typing import Any
 from vitpod.registry import runfiles
 
 PARTS = ("queue", "container", "startup", "training", "checkpoint", "eval", "lost", "shutdown")
+# sacct's Submit/Start/End are whole seconds, cut down: a job that ended 0.4 s after the
+# trainer's last record can read as ending 0.6 s before it.
+SLURM_RESOLUTION_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,8 @@ def _attempt_ledger(attempt: Attempt, seg: dict[str, Any] | None, resumed_at: in
     parts = segment_parts(seg, resumed_at, start) if seg is not None else {}
     shutdown_at = parts.pop("shutdown_at", start)
     end = attempt.end if attempt.end is not None else max(shutdown_at, start)
+    if shutdown_at - SLURM_RESOLUTION_S < end < shutdown_at:
+        end = shutdown_at
     one.wall = end - attempt.submit
     one.parts["queue"] = start - attempt.submit
     for name, seconds in parts.items():

@@ -55,6 +55,20 @@ def test_parts_of_a_killed_and_resubmitted_run():
     assert "no container_start.json" in ledger.notes[0]
 
 
+def test_an_end_within_slurms_last_second_is_no_negative_shutdown():
+    """sacct's End is cut to the second: job 8 read End=211 while its trainer wrote at 211.4.
+    A later record by more than a second is kept as it is (a clock that disagrees shows)."""
+    records, attempts = timeline()
+    records[-1]["wall_time"] = 211.4
+    attempts[-1] = Attempt("8", 0, 200, 203, 211)
+    ledger = assemble(records, attempts, container_s=None)
+    assert ledger.parts["shutdown"] == pytest.approx(122 - 120.5)
+    assert ledger.wall == pytest.approx(22 + 11.4)
+    records[-1]["wall_time"] = 212.5
+    late = assemble(records, attempts, container_s=None)
+    assert late.parts["shutdown"] == pytest.approx((122 - 120.5) + (211 - 212.5))
+
+
 def test_the_ledger_shows_the_size_of_each_restart():
     records, attempts = timeline()
     for rec in records:  # job 7 ran on 4 ranks, job 8 resumed on 2 (elastic resume)
