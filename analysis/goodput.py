@@ -195,9 +195,8 @@ def _attempt_ledger(attempt: Attempt, seg: dict[str, Any] | None, resumed_at: in
     start = attempt.start if attempt.start is not None else attempt.submit
     parts = segment_parts(seg, resumed_at, start) if seg is not None else {}
     shutdown_at = parts.pop("shutdown_at", start)
-    end = attempt.end if attempt.end is not None else max(shutdown_at, start)
-    if shutdown_at - SLURM_RESOLUTION_S < end < shutdown_at:
-        end = shutdown_at
+    accounted = attempt.end if attempt.end is not None else max(shutdown_at, start)
+    end = shutdown_at if shutdown_at - SLURM_RESOLUTION_S < accounted < shutdown_at else accounted
     one.wall = end - attempt.submit
     one.parts["queue"] = start - attempt.submit
     for name, seconds in parts.items():
@@ -209,6 +208,6 @@ def _attempt_ledger(attempt: Attempt, seg: dict[str, Any] | None, resumed_at: in
     one.start, one.end = attempt.start, attempt.end
     if attempt.devices and attempt.start is not None:
         one.device_kind = attempt.device_kind
-        one.device_hours = attempt.devices * (end - attempt.start) / 3600
+        one.device_hours = attempt.devices * (accounted - attempt.start) / 3600
         one.useful_device_hours = attempt.devices * one.parts["training"] / 3600
     return one

@@ -1,6 +1,6 @@
 """A damaged newest checkpoint, met as a user meets it on the real local Slurm.
 
-An FSDP volo_tiny job (2 nodes x 2 ranks, BatchNorm in its stem) is killed, one byte of a DCP
+An FSDP volo_tiny job (2 nodes x 1 rank, BatchNorm in its stem) is killed, one byte of a DCP
 shard of its newest checkpoint is flipped on disk, and `make resume` continues the run: the job
 skips the damaged checkpoint (its checksum no longer matches COMMIT.json), resumes from the one
 before, completes, and ends bit-identical to a job never stopped (weights and BatchNorm
@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from tests.fixtures_slurm import queue_state, submit
-from tests.helpers import last_step, make, profile_copy, wait_until
+from tests.helpers import last_step, make, one_rank_per_node, profile_copy, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ARGS = (
     "--fsdp --loader torch --workers 0 --log-interval 1 --epochs 1 --warmup-epochs 0 "
-    "--max-steps 12 --checkpoint-every 3 --no-eval"
+    "--max-steps 12 --checkpoint-every 3 --no-eval --batch-size 32"
 )
 
 
@@ -38,7 +38,7 @@ def _flip_one_byte(path: Path) -> None:
 def test_a_flipped_byte_in_the_newest_shard_resumes_from_the_one_before_exactly(
     local_slurm, digits_dir: Path, tmp_path: Path
 ) -> None:
-    profile = profile_copy(tmp_path, data=digits_dir.parent)
+    profile = profile_copy(tmp_path, data=digits_dir.parent, **one_rank_per_node())
     ref_job, reference = submit(tmp_path, profile, ARGS)
     job, run = submit(tmp_path, profile, ARGS)
     wait_until("two committed checkpoints", lambda: len(_committed(run)) >= 2, timeout=600)

@@ -1,4 +1,4 @@
-"""True progress and the goodput ledger on the real local Slurm (2 nodes x 2 ranks, volo_tiny).
+"""True progress and the goodput ledger on the real local Slurm (2 nodes x 1 rank, volo_tiny).
 
 - ETA: a run with the DEFAULT log interval (steps are written every 50 steps, each stamped when
   it ended); the ETA that the follow view shows at the middle of the run, read through its own
@@ -17,15 +17,15 @@ import time
 import pytest
 
 from tests.fixtures_slurm import kill_rank, submit
-from tests.helpers import last_step, profile_copy, wait_until
+from tests.helpers import last_step, one_rank_per_node, profile_copy, wait_until
 from vitpod.analysis.goodput import SLURM_RESOLUTION_S, segments
 from vitpod.registry import runfiles
 from vitpod.workflows.watching import follow, goodput, status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-# 4 ranks x 16 images: 23 steps an epoch on digits; 100 steps cross 4 epoch ends (evaluation and
+# 2 ranks x 32 images: 23 steps an epoch on digits; 100 steps cross 4 epoch ends (evaluation and
 # a checkpoint each), as a real run's pace includes them.
-ETA_ARGS = "--loader torch --workers 0 --epochs 5 --max-steps 100"
+ETA_ARGS = "--loader torch --workers 0 --epochs 5 --max-steps 100 --batch-size 32"
 # The ETA is a forecast from the 20 steps before the middle; the other half of the run meets
 # the same kinds of work (epoch ends) but the 2 shared CPU cores are shared with other jobs, so
 # its pace varies by some 10-20 % over a minute: 25 % is the issue's bound, measured honestly.
@@ -33,7 +33,7 @@ ETA_TOLERANCE = 0.25
 
 
 def test_eta_at_the_middle_of_a_run_matches_its_real_end(local_slurm, digits_dir, tmp_path):
-    profile = profile_copy(tmp_path, data=digits_dir.parent)
+    profile = profile_copy(tmp_path, data=digits_dir.parent, **one_rank_per_node())
     job, run = submit(tmp_path, profile, ETA_ARGS)
     target = follow.Target(run)
 
@@ -63,8 +63,8 @@ def test_eta_at_the_middle_of_a_run_matches_its_real_end(local_slurm, digits_dir
 
 
 def test_goodput_ledger_of_a_preempted_and_killed_run(local_slurm, digits_dir, tmp_path):
-    profile = profile_copy(tmp_path, data=digits_dir.parent)
-    args = "--loader torch --workers 0 --epochs 2 --log-interval 1 --checkpoint-every 10"
+    profile = profile_copy(tmp_path, data=digits_dir.parent, **one_rank_per_node())
+    args = "--loader torch --workers 0 --epochs 2 --log-interval 1 --checkpoint-every 10 --batch-size 32"
     job, run = submit(tmp_path, profile, args)
     wait_until("step 5", lambda: last_step(run) >= 5, timeout=600)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import one_rank_per_node, profile_copy
 from vitpod.registry import runfiles
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.submit.resume import archive, plan_resume, write_plan
 
 
-def _render(tmp_path: Path, args: str, nodes: int = 2) -> Path:
-    argv = ["render", "--cluster", "localslurm", "--model", "volo_tiny", "--nodes", str(nodes),
+def _render(tmp_path: Path, args: str, nodes: int = 2, cluster: str = "localslurm") -> Path:
+    argv = ["render", "--cluster", cluster, "--model", "volo_tiny", "--nodes", str(nodes),
             f"--args={args}", "--run-root", str(tmp_path / "runs")]  # fmt: skip
     assert cli.main(argv) == 0
     return next((tmp_path / "runs").iterdir())
@@ -43,6 +44,18 @@ def test_a_global_batch_that_cannot_split_names_the_node_counts_that_work(tmp_pa
     run = _render(tmp_path, "-b 8 --accum-steps 3 --epochs 1 --warmup-epochs 0", nodes=1)
     # 1 node x 2 ranks x 8 x 3 = 48: 2 nodes (4 ranks) would need accumulation 1.5
     with pytest.raises(ConfigError, match="NODES that work: 1$"):
+        plan_resume(run, "2")
+
+
+def test_a_run_planned_from_a_profile_file_resumes_with_that_file(tmp_path: Path) -> None:
+    """CLUSTER=FILE named `localslurm` but with one rank a node: resume re-plans with the file,
+    not the bundled profile of that name (4 ranks, whose global batch would not split)."""
+    profile = profile_copy(tmp_path, **one_rank_per_node())
+    run = _render(tmp_path, "-b 16 --epochs 1 --warmup-epochs 0", cluster=str(profile))
+    plan = plan_resume(run, "2")
+    assert plan.decision is not None and plan.decision.resources.world_size == 2
+    profile.unlink()  # gone: the name is all that is left
+    with pytest.raises(ConfigError, match="NODES that work"):
         plan_resume(run, "2")
 
 

@@ -51,11 +51,19 @@ def resume_request(run: Path, nodes: str) -> Request:
     assert decision.trainer is not None and decision.global_batch is not None  # _decision's
     pinned = noderange.pinned_flags(decision.trainer.optim["batch_size"], decision.global_batch)
     return Request(
-        cluster=manifest["profile"]["name"], model=manifest["model"], stage=manifest["stage"],
+        cluster=_profile(manifest), model=manifest["model"], stage=manifest["stage"],
         nodes=nodes or manifest["resolved"]["nodes"], args=overrides.get("args") or "",
         tool_args=pinned, finetune_from=overrides.get("finetune_from") or "", run_dir=run,
         slurm=SbatchOptions(**overrides.get("sbatch", {})),
     )  # fmt: skip
+
+
+def _profile(manifest: dict[str, Any]) -> str:
+    """The profile the run was planned with: its file (CLUSTER=FILE, or the bundled one's) while
+    it is there, else its name; a bundled profile of the same name is another cluster."""
+    recorded = manifest["profile"]
+    path = recorded.get("path")
+    return str(path) if path and Path(path).is_file() else str(recorded["name"])
 
 
 def _manifest(run: Path) -> dict[str, Any]:
