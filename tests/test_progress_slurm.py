@@ -64,7 +64,7 @@ def test_eta_at_the_middle_of_a_run_matches_its_real_end(local_slurm, digits_dir
 
 def test_goodput_ledger_of_a_preempted_and_killed_run(local_slurm, digits_dir, tmp_path):
     profile = profile_copy(tmp_path, data=digits_dir.parent, **one_rank_per_node())
-    args = "--loader torch --workers 0 --epochs 2 --log-interval 1 --checkpoint-every 10 --batch-size 32"
+    args = "--loader torch --workers 0 --epochs 2 --log-interval 1 --checkpoint-every 10 -b 32"
     job, run = submit(tmp_path, profile, args)
     wait_until("step 5", lambda: last_step(run) >= 5, timeout=600)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)

@@ -11,7 +11,6 @@ from vitpod.registry.engines import EngineName
 from vitpod.trainer.engines.ddp_engine import DDPEngine
 from vitpod.trainer.engines.deepspeed_engine import DeepSpeedEngine, deepspeed_config
 from vitpod.trainer.engines.engine import Engine
-from vitpod.trainer.engines.mesh_engine import make_mesh_engine
 from vitpod.trainer.model.optim import param_groups, timm_kwargs
 from vitpod.trainer.speed.precision import Precision
 
@@ -36,6 +35,14 @@ def _deepspeed(model: nn.Module, optimizer_factory, precision: Precision, cfg, l
     return DeepSpeedEngine(model, param_groups(model, cfg.weight_decay), ds_cfg, cfg.token_label)
 
 
+def _mesh(model: nn.Module, optimizer_factory, precision: Precision, cfg, loss_fn) -> Engine:
+    # Imported here: DTensor and pipelining cost a rank about 1 s of imports it only pays
+    # when its plan names a mesh.
+    from vitpod.trainer.engines.mesh_engine import make_mesh_engine
+
+    return make_mesh_engine(model, optimizer_factory, precision, cfg, loss_fn)
+
+
 def _ddp(model: nn.Module, optimizer_factory, precision: Precision, cfg, loss_fn) -> Engine:
     servers = cfg.ps_servers or 1
     log.info(
@@ -52,8 +59,8 @@ BUILDERS: dict[EngineName, Callable[..., Engine]] = {
     "ring": _ddp,
     "ps": _ddp,
     "deepspeed": _deepspeed,
-    "fsdp": make_mesh_engine,
-    "mesh": make_mesh_engine,
+    "fsdp": _mesh,
+    "mesh": _mesh,
 }
 """One builder per engine name of plan.json (registry/engines.py names them)."""
 
