@@ -17,8 +17,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers import wait_until
@@ -192,16 +194,24 @@ def test_usr2_before_the_ranks_start_requeues_without_starting_them(tmp_path):
         (script.parent / "logs" / f"sbatch-{JOB}-restart0.log").unlink()
 
 
-def test_a_rank_killed_by_the_signal_before_its_handler_leaves_the_marker(tmp_path):
-    """bind.sh traps from its first line: a command that dies of SIGUSR2 (the trainer before
-    it installed its handler) while bind.sh got it too counts as preempted: the marker, and exit
-    0 (not a bad exit for --kill-on-bad-exit=1; the teardown counts the marker as 75)."""
+@pytest.mark.parametrize(
+    ("sig", "who"),
+    [("SIGUSR2", "step"), ("SIGUSR2", "command only"), ("SIGTERM", "command, then bind.sh")],
+)
+def test_a_rank_killed_by_the_signal_before_its_handler_leaves_the_marker(tmp_path, sig, who):
+    """bind.sh traps from its first line: a command that dies of the preemption signal (the
+    trainer before it installed its handler) counts as preempted: the marker, and exit 0 (the
+    teardown counts the marker as 75). Whether the signal reaches every process of the step at
+    once or the command first: Slurm's linuxproc process tracking signals children first, so
+    bind.sh can see its command die before its own copy arrives (CI saw that). SIGUSR2 alone
+    suffices; SIGTERM (srun also ends a failed step's ranks with it, test_cluster_safety) counts
+    once bind.sh's own copy arrives."""
     script = _script(tmp_path)
     run = script.parent
     env = _env(tmp_path, SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NTASKS="1",
                SLURM_RESTART_COUNT="0")  # fmt: skip
     started = tmp_path / "started"
-    command = ["bash", "-c", f"touch {started}; sleep 20 & wait"]
+    command = ["bash", "-c", f"touch {started}; exec sleep 20"]
     proc = subprocess.Popen(["bash", str(run / "bind.sh"), *command], env=env,
                             start_new_session=True, stdout=subprocess.PIPE, text=True)  # fmt: skip
 
@@ -212,10 +222,30 @@ def test_a_rank_killed_by_the_signal_before_its_handler_leaves_the_marker(tmp_pa
         return False
 
     wait_until("the command to start", touched, 20, interval=0.05)
-    os.killpg(proc.pid, signal.SIGUSR2)  # Slurm signals every process of the step
+    signum = getattr(signal, sig)
+    if who == "step":
+        os.killpg(proc.pid, signum)
+    else:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1, children
+        os.kill(int(children[0]), signum)
+        if who == "command, then bind.sh":
+            time.sleep(0.3)
+            os.kill(proc.pid, signum)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "preempted (exit 75): requeue marker left" in out, out
     assert (run / "logs" / f"requeue-{JOB}-restart0").exists()
+
+
+def test_a_command_failing_on_its_own_leaves_no_marker(tmp_path):
+    script = _script(tmp_path)
+    run = script.parent
+    env = _env(tmp_path, SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NTASKS="1",
+               SLURM_RESTART_COUNT="0")  # fmt: skip
+    proc = subprocess.run(["bash", str(run / "bind.sh"), "bash", "-c", "exit 3"], env=env,
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert not (run / "logs" / f"requeue-{JOB}-restart0").exists()
 
 
 def test_grace_at_or_above_the_time_limit_is_refused_before_anything_is_written(tmp_path):

@@ -66,8 +66,9 @@ def test_usr2_before_the_trainer_starts_requeues_and_completes(local_slurm, tmp_
     assert local_slurm.wait(job, timeout=120) == "COMPLETED"
 
     first = (run / "logs" / f"sbatch-{job}-restart0.log").read_text()
-    assert "vitpod: SIGUSR2 received at" in first and "(ranks)" in first, first
-    assert f"preempted (srun exit 75); requeueing job {job}" in first, first
+    logs = "\n".join(f"== {p.name}\n{p.read_text()}" for p in sorted(run.glob("logs/*restart0*")))
+    assert "vitpod: SIGUSR2 received at" in first and "(ranks)" in first, logs
+    assert f"preempted (srun exit 75); requeueing job {job}" in first, logs
     rank0 = (run / "logs" / f"train-{job}-restart0-rank0.log").read_text()
     assert "bind: rank 0: SIGUSR2 before the command could checkpoint (exit 140); requeue" in rank0
     assert (run / "logs" / f"requeue-{job}-restart0").exists()

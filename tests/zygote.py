@@ -172,6 +172,8 @@ class Zygote:
         for line in self.proc.stdout:
             kind, pid, *code = line.split()
             if kind == "started":
+                with self.ended:  # a pid reused after a wrap: not the earlier rank's end
+                    self.codes.pop(int(pid), None)
                 self.started.put(int(pid))
             else:
                 with self.ended:

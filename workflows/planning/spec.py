@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vitpod.registry import runfiles
-from vitpod.trainer.exitcodes import REQUEUE
+from vitpod.trainer.exitcodes import REQUEUE, killed_by_statuses
 from vitpod.workflows.containers import container, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.masterport import master_port_expr, master_port_span_lines
@@ -359,6 +359,7 @@ def launch_for(spec: JobSpec) -> Launch:
             "spec": spec,
             "bindings": _bindings(node, threads),
             "marker_env": REQUEUE_MARKER_ENV,
+            "killed_by": killed_by_statuses(),
             "omp_from_profile": "OMP_NUM_THREADS" in env,
             "threads": threads[0] if not node.binding else "",
             "workers": workers,
