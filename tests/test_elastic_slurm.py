@@ -47,9 +47,18 @@ def _stop(job: str, run: Path, step: int) -> int:
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     wait_until("the preemption checkpoint", lambda: list(run.glob("checkpoints/step_*")), 900)
     wait_until("the requeue", lambda: "requeueing" in _batch_logs(run), 900)
+    # Cancel once Slurm requeued it: a cancel between the script's "requeueing" line and its
+    # `scontrol requeue` is undone by that requeue (seen once: the job restarted and ran to its end)
+    wait_until(f"job {job} requeued", lambda: _restarts(job) >= 1, 120)
     subprocess.run(["scancel", job], check=True)
     wait_until(f"job {job} to leave the queue", lambda: not queue_state(job), 900)
     return int(sorted(run.glob("checkpoints/step_*"))[-1].name.split("_")[1])
+
+
+def _restarts(job: str) -> int:
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    found = re.search(r"Restarts=(\d+)", shown.stdout)
+    return int(found[1]) if found else 0
 
 
 def _batch_logs(run: Path) -> str:
