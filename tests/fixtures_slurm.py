@@ -108,6 +108,14 @@ def queue_state(job: str) -> str:
     return out.stdout.strip()
 
 
+def job_restarts(job: str) -> int | None:
+    """Slurm's restart count of the job (`scontrol show job`); None once slurmctld purged it."""
+    from vitpod.workflows.submit import slurm
+
+    records = slurm.scontrol_show("job", job)
+    return int(records[0]["Restarts"]) if records else None
+
+
 def wait_usable(node: str, timeout: float = 60) -> None:
     """After a resume the node answers again within seconds ('idle*' until then)."""
     from vitpod.workflows.submit.partitions import partition_info

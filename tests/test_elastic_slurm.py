@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_slurm import queue_state, submit
+from tests.fixtures_slurm import job_restarts, queue_state, submit
 from tests.helpers import last_step, make, one_rank_per_node, profile_copy, wait_until
 from tests.test_elastic_resume import LOSS_TOLERANCE, TOP1_TOLERANCE
 from vitpod.registry import runfiles
@@ -49,16 +49,10 @@ def _stop(job: str, run: Path, step: int) -> int:
     wait_until("the requeue", lambda: "requeueing" in _batch_logs(run), 900)
     # Cancel once Slurm requeued it: a cancel between the script's "requeueing" line and its
     # `scontrol requeue` is undone by that requeue (seen once: the job restarted and ran to its end)
-    wait_until(f"job {job} requeued", lambda: _restarts(job) >= 1, 120)
+    wait_until(f"job {job} requeued", lambda: (job_restarts(job) or 0) >= 1, 120)
     subprocess.run(["scancel", job], check=True)
     wait_until(f"job {job} to leave the queue", lambda: not queue_state(job), 900)
     return int(sorted(run.glob("checkpoints/step_*"))[-1].name.split("_")[1])
-
-
-def _restarts(job: str) -> int:
-    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
-    found = re.search(r"Restarts=(\d+)", shown.stdout)
-    return int(found[1]) if found else 0
 
 
 def _batch_logs(run: Path) -> str:

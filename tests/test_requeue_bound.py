@@ -203,7 +203,7 @@ def test_a_rank_killed_by_the_signal_before_its_handler_leaves_the_marker(tmp_pa
     trainer before it installed its handler) counts as preempted: the marker, and exit 0 (the
     teardown counts the marker as 75). Whether the signal reaches every process of the step at
     once or the command first: Slurm's linuxproc process tracking signals children first, so
-    bind.sh can see its command die before its own copy arrives (CI saw that). SIGUSR2 alone
+    bind.sh can see its command die before its own copy arrives. SIGUSR2 alone
     suffices; SIGTERM (srun also ends a failed step's ranks with it, test_cluster_safety) counts
     once bind.sh's own copy arrives."""
     script = _script(tmp_path)
