@@ -56,6 +56,35 @@ def wait_job(job_id: str, timeout: float) -> str:
         raise
 
 
+SLURM_FIXTURES = frozenset({"local_slurm", "two_clusters", "pyxis_slurm", "pyxis_image"})
+"""A test needing one of these (or marked `slurm`) uses the one local cluster, which its tests
+expect idle and some restart or drain."""
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """`make test` runs two pytest-xdist workers (--dist loadgroup): the tests that use the local
+    Slurm form one group, run one after another on one worker, while the other worker runs the
+    rest. Their jobs mostly wait (on Slurm, a requeue, a rank's imports on the shared cores);
+    the other tests use the CPU meanwhile. Marked as each test is collected: xdist reads the
+    marks in its own pytest_collection_modifyitems."""
+    uses = set(getattr(item, "fixturenames", ())) & SLURM_FIXTURES
+    if uses or item.get_closest_marker("slurm"):
+        item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under --dist loadgroup xdist marks a grouped test by suffixing its id with @group; a test
+    on the local Slurm without it would run beside another on the same cluster."""
+    grouped = getattr(item.config.option, "loadgroup", False) and item.get_closest_marker(
+        "xdist_group"
+    )
+    if grouped and not item.nodeid.endswith("@slurm"):
+        pytest.fail(
+            "pytest-xdist did not group this local-Slurm test (its id lacks @slurm): check the "
+            "pytest pin in pyproject.toml (pytest-xdist issue 1386)"
+        )
+
+
 @pytest.fixture(scope="session")
 def local_slurm() -> LocalSlurm:
     """Start (or confirm) the local Slurm with localslurm/up.sh; skips only if not root."""

@@ -44,9 +44,16 @@ def wait_until(what: str, check: Callable[[], T], timeout: float, interval: floa
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port the OS calls free; under pytest-xdist, one of this worker's share (port // 2 mod
+    workers: Linux hands bind() odd ports), so two workers never pick the same one at once."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    mine = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port // 2 % workers == mine:
+            return port
 
 
 def step_records(run: Path, rank: int = 0) -> dict[int, dict]:
