@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -33,6 +34,8 @@ def test_every_step_keeps_its_exact_loss_whatever_the_log_interval(digits_dir: P
     assert all(isinstance(r["loss"], float) and r["loss"] > 0 for r in b)
     summary = json.loads((batched / "summary.json").read_text())
     assert 0 <= summary["top1"] <= 100 and summary["steps"] == 7
+    # main() pauses and freezes the collector for the start-up; an in-process caller gets it back.
+    assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
 def test_topk_counts_on_the_device_match_the_host_counts():

@@ -106,6 +106,24 @@ def test_log_wandb_offline_writes_the_metrics_into_the_run_dir(digits_dir, tmp_p
     assert summary_updates["images_per_s"] == pytest.approx(summary["images_per_s"])
 
 
+def test_a_run_without_log_wandb_never_imports_wandb(tmp_path):
+    """timm imports wandb when it is installed; the trainer keeps it out unless asked."""
+    code = (
+        "import sys\n"
+        "from vitpod.trainer.__main__ import main\n"
+        "assert main(sys.argv[1:]) == 0\n"
+        "print('wandb loaded:', sys.modules.get('wandb') is not None)\n"
+    )
+    argv = ["--dataset", "synthetic", "--model", "volo_tiny", "--img-size", "32", "-b", "4",
+            "--max-steps", "1", "--checkpoint-every", "0", "--no-eval",
+            "--output", str(tmp_path / "run")]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "wandb loaded: False" in out.stdout
+
+
 def test_log_wandb_without_wandb_is_one_clear_error(tmp_path):
     """With wandb unimportable, the trainer refuses before any rank trains (exit 2)."""
     code = (
