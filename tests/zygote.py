@@ -3,13 +3,13 @@
 A fresh `python -m vitpod.trainer` spends about 10 s of CPU importing torch, timm and
 torchvision on the 2-core machine, and every rank of every local launch paid it: 4 ranks cost
 about 20 s of wall time before their first line of trainer code. The zygote (one per pytest
-session, started on first use) imports the trainer once, while single-threaded, and forks one
-child per rank. The child takes the rank's environment, working directory and log file, runs
-the same entry point (`runpy` on vitpod.trainer, as `-m` does) and exits as an interpreter
-would: threads joined and atexit run after an uncaught exception, the trainer's own os._exit
-otherwise. What a fork cannot give is a rank that starts from nothing: a test of what happens
-during the imports launches with `start_ranks(..., fresh=True)`; VITPOD_TEST_FRESH_RANKS=1 does
-so for every launch.
+process, so one per xdist worker, started on first use) imports the trainer once, while
+single-threaded, and forks one child per rank. The child takes the rank's environment, working
+directory and log file, runs the same entry point (`runpy` on vitpod.trainer, as `-m` does)
+and exits as an interpreter would: threads joined and atexit run after an uncaught exception,
+the trainer's own os._exit otherwise. What a fork cannot give is a rank that starts from
+nothing: a test of what happens during the imports launches with `start_ranks(...,
+fresh=True)`; VITPOD_TEST_FRESH_RANKS=1 does so for every launch.
 
 Protocol: one JSON request a line on the zygote's stdin ({argv: the trainer's arguments, env,
 cwd, log}); it answers
