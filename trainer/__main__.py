@@ -62,13 +62,21 @@ def collector_paused_for_startup() -> Iterator[Callable[[], None]]:
         gc.unfreeze()
 
 
-def keep_wandb_out_unless_asked(log_wandb: bool) -> None:
+@contextlib.contextmanager
+def wandb_kept_out_unless_asked(log_wandb: bool) -> Iterator[None]:
     """timm imports wandb whenever it is installed (timm/utils/summary.py: `try: import wandb`);
     a run without --log-wandb then pays ~1 s of CPU a rank for it. A None entry in sys.modules
     makes that import raise ImportError, which timm expects (the import system's documented
-    rule: https://docs.python.org/3/reference/import.html#the-module-cache)."""
-    if not log_wandb:
-        sys.modules.setdefault("wandb", None)  # type: ignore[arg-type]
+    rule: https://docs.python.org/3/reference/import.html#the-module-cache). On leaving, an
+    in-process caller (a test) can import wandb again."""
+    blocked = not log_wandb and "wandb" not in sys.modules
+    if blocked:
+        sys.modules["wandb"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if blocked and "wandb" in sys.modules and sys.modules["wandb"] is None:
+            del sys.modules["wandb"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("plan %s: %s", cfg.plan, read_plan(cfg.plan).log_line())
     for line in TrainerSettings.of(cfg).lines():
         log.info("configuration %s", line)
-    keep_wandb_out_unless_asked(cfg.log_wandb)
-    with collector_paused_for_startup() as started:
+    with wandb_kept_out_unless_asked(cfg.log_wandb), collector_paused_for_startup() as started:
         from vitpod.trainer.checkpointing.checkpoint import ResumeError
         from vitpod.trainer.model.components import startup_errors
         from vitpod.trainer.train import Trainer
