@@ -44,6 +44,24 @@ def test_partition_info_reads_scontrol_and_sinfo_through_the_client(monkeypatch)
     assert slurm.oneliner(text)[0]["Alternate"] == "my part"
 
 
+def test_nodes_the_backfill_scheduler_planned_count_as_usable(monkeypatch):
+    """sinfo -N %T as Slurm 22.05 prints it while a pending job holds nodes (node2 'planned', or
+    'mixed-'): Slurm still takes a job for them, so NODES=3 passes; down/drained ones do not."""
+    text = "PartitionName=gpu TotalNodes=5 MaxNodes=UNLIMITED MaxTime=UNLIMITED\n"
+    sinfo = (
+        "node1|allocated|64000|8|gpu:8\nnode2|planned|64000|8|gpu:8\n"
+        "node3|mixed-|64000|8|gpu:8\nnode4|drained|64000|8|gpu:8\nnode5|idle*|64000|8|gpu:8\n"
+    )
+
+    def fake(argv, **_):
+        return subprocess.CompletedProcess(argv, 0, text if argv[0] == "scontrol" else sinfo, "")
+
+    monkeypatch.setattr(slurm, "runner", fake)
+    info = partitions.partition_info("gpu")
+    assert info is not None
+    assert [n.name for n in info.usable] == ["node1", "node2", "node3"]
+
+
 def test_parsable_pads_empty_fields_and_strips_squeue_columns():
     rows = slurm.parsable("1|COMPLETED||\n\n2|FAILED\n", ("JobID", "State", "ExitCode", "Reason"))
     assert rows == [

@@ -10,8 +10,11 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.submit import slurm
 
-USABLE_STATES = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
-"""Node states a job can be given (sinfo %T); DOWN, DRAIN(ED/ING), FAIL... count as absent."""
+USABLE_STATES = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED")
+"""Node states a job can be given (sinfo %T); DOWN, DRAIN(ED/ING), FAIL... count as absent.
+PLANNED is an idle node the backfill scheduler holds for a pending job: Slurm still takes a job
+for it, and the flag stays until the next backfill pass (bf_interval, 30 s by default) even after
+that job is cancelled (reframe-hpc/reframe#3361 made the same change)."""
 OFFLINE_HINT = "or pass --offline (make OFFLINE=1) to render/preflight without cluster checks"
 
 
@@ -31,8 +34,9 @@ class NodeInfo:
 
     @property
     def usable(self) -> bool:
-        # A trailing '*' means the node does not respond; '~' powered off; '#' powering up.
-        return self.state.upper().rstrip("+") in USABLE_STATES
+        # A trailing '*' means the node does not respond; '~' powered off; '#' powering up;
+        # '-' planned by the backfill scheduler (as 'mixed-'), which a job can still be given.
+        return self.state.upper().rstrip("+-") in USABLE_STATES
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from vitpod.workflows.site.profile import Profile
 from vitpod.workflows.submit import slurm
 from vitpod.workflows.submit.partitions import (
     OFFLINE_HINT,
+    USABLE_STATES,
     NodeInfo,
     PartitionInfo,
     associations,
@@ -78,7 +79,7 @@ def _check_node_count(spec: JobSpec, info: PartitionInfo, field: str) -> None:
         out = sorted(f"{n.name}:{n.state}" for n in info.nodes if not n.usable)
         raise ConfigError(
             f"NODES={spec.nodes}: partition {spec.partition!r} has {len(usable)} usable node(s) "
-            f"now ({', '.join(out)} are not IDLE/MIXED/ALLOCATED/COMPLETING); use "
+            f"now ({', '.join(out)} are not {'/'.join(USABLE_STATES)}); use "
             f"NODES={len(usable)} or fewer, or wait until they are resumed (sinfo -R says why)"
         )
 
