@@ -8,6 +8,8 @@ import torch
 from PIL import Image
 from timm.data import auto_augment
 
+from tests.helpers import logs, run_ranks
+from vitpod.trainer.__main__ import GENERATED_SOURCE
 from vitpod.trainer.data import DataConfig, create_loader
 from vitpod.trainer.data.dali_augment import rand_augment_params
 from vitpod.trainer.data.transforms import posterize, train_transform
@@ -32,6 +34,20 @@ def test_dali_cutout_erases_one_rectangle_per_image(digits_dir, reprob, erased):
         rows, cols = mask.any(1).nonzero().flatten(), mask.any(0).nonzero().flatten()
         box = mask[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
         assert box.all()
+
+
+@pytest.mark.slow
+def test_a_dali_rank_leaves_no_generated_sources_in_its_temp_dir(digits_dir, tmp_path, monkeypatch):
+    """DALI converts RandAugment's conditionals into temporary .py files that only an atexit hook
+    deletes; a rank leaves by os._exit, so it deletes them itself (they piled up in /tmp)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    argv = [str(digits_dir), "--model", "vit_micro", "--img-size", "32", "-b", "8",
+            "--workers", "0", "--loader", "dali", "--aa", "rand-m9-n3", "--checkpoint-every", "0",
+            "--no-eval", "--max-steps", "1", "--output", str(tmp_path / "run")]  # fmt: skip
+    assert run_ranks(1, argv, tmp_path / "logs") == [0], logs(tmp_path / "logs")
+    assert not [p.name for p in temp.iterdir() if p.name.startswith(GENERATED_SOURCE)]
 
 
 def test_dali_rand_augment_runs_and_reads_timm_policy_strings(digits_dir):

@@ -26,6 +26,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import traceback
 from pathlib import Path
@@ -43,6 +44,7 @@ def _run_child(request: dict) -> None:
     try:
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # found again from TMPDIR, as a new interpreter does
         os.chdir(request["cwd"])
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
@@ -87,7 +89,10 @@ def _exit_code(code: object) -> int:
 
 def serve() -> None:
     """The zygote's loop: fork a child per request line, report each child's end."""
-    __import__(PRELOAD)
+    from vitpod.trainer.__main__ import wandb_kept_out_unless_asked
+
+    with wandb_kept_out_unless_asked(False):  # as a new rank imports them: wandb left out
+        __import__(PRELOAD)
     assert threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1, (
         "the zygote must be single-threaded to fork safely"
     )

@@ -133,10 +133,28 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
+GENERATED_SOURCE = "__autograph_generated_file"
+"""DALI's conditionals (autograph) load each function they convert from a temporary file of this
+name and delete it from an atexit hook (nvidia/dali/_autograph/pyct/loader.py, delete_on_exit),
+which os._exit skips."""
+
+
+def remove_generated_sources() -> None:
+    """Delete the temporary sources this process's DALI pipelines were converted into: a rank
+    leaves by os._exit, and every DALI run with RandAugment left dozens of them in the node's
+    /tmp."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.startswith(GENERATED_SOURCE) and path:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+
 def exit_without_teardown(code: int) -> None:
     """Leave once everything is flushed: the interpreter's teardown after torch and timm were
     imported took 1.5 s on the 2-core machine (no Python frame runs in it; only libraries
     unload). main() has closed the checkpoints, metrics, loaders and process group by now."""
+    remove_generated_sources()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
