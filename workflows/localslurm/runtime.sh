@@ -88,7 +88,9 @@ VAR=$PREFIX/var
 # extraction of the 280 MB test image took 12-13 s of system CPU, on tmpfs 0.9 s (the suite
 # extracts about 65), so $VAR/data and $VAR/tmp link to /dev/shm when it can be written and has
 # 4 GiB free, as clusters keep containers on node-local fast storage; VITPOD_ENROOT_SCRATCH=DIR
-# picks another place. pyxis removes a job's container when the job ends.
+# picks another place. pyxis removes a job's container when the job ends. Images are squashed
+# uncompressed (enroot's default is `-comp lzo -noD`): lzo on the inodes and fragments of the
+# test image took 21 s of CPU per import, none 1.2 s, for 245 MB instead of 173 MB.
 mkdir -p "$VAR"
 scratch=${VITPOD_ENROOT_SCRATCH:-}
 shm_free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
@@ -121,7 +123,7 @@ ENROOT_CACHE_PATH $VAR/cache/\${VITPOD_ENROOT_NODE:-host}/user-\$(id -u)
 ENROOT_TEMP_PATH $VAR/tmp
 ENROOT_ROOTFS_WRITABLE yes
 ENROOT_MOUNT_HOME no
-ENROOT_SQUASH_OPTIONS -comp lzo -noD -exit-on-error
+ENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -exit-on-error
 EOF
 chmod 0644 "$tmp"
 mv -f "$tmp" "$conf"
