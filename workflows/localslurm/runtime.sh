@@ -7,6 +7,7 @@
 #   VITPOD_VENDOR=DIR        where the tarballs and SHA256SUMS are (default: ../shared/vendor
 #                            beside the repository, or beside the main checkout of a worktree)
 #   VITPOD_RUNTIME_PREFIX=P  install prefix (default: <repo>/.runtime)
+#   VITPOD_ENROOT_SCRATCH=D  where containers are extracted (default: /dev/shm when it has room)
 #
 # Exit status 0 with "runtime: ready PREFIX" as the last line; 3 with the reason when the
 # vendored sources are absent (everything else still works, container tests skip); 1 on error.
