@@ -98,11 +98,12 @@ shm_free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
 if [ -z "$scratch" ] && [ -w /dev/shm ] && [ "${shm_free_kb:-0}" -ge $((4 * 1024 * 1024)) ]; then
   scratch=/dev/shm/vitpod-enroot-$(printf %s "$PREFIX" | sha256sum | cut -c1-8)
 fi
+if [ -n "$scratch" ]; then
+  mkdir -p "$scratch/data" "$scratch/tmp"  # made sticky and world-writable through the links below
+  chmod 0755 "$scratch"
+fi
 for d in data tmp; do
   if [ -n "$scratch" ]; then
-    mkdir -p "$scratch/$d"
-    chmod 0755 "$scratch"
-    chmod 1777 "$scratch/$d"
     if [ "$(readlink "$VAR/$d" 2>/dev/null)" != "$scratch/$d" ]; then
       rm -rf "${VAR:?}/$d"
       ln -s "$scratch/$d" "$VAR/$d"
