@@ -28,8 +28,11 @@ def test_pretrain_32px_then_finetune_64px_reaches_90_percent(digits_dir: Path, t
     assert codes == [0, 0], logs(tmp_path / "logs-pre")
     assert summary(pre)["world_size"] == 2
 
-    codes = run_ranks(2, [str(digits_dir), *COMMON, "--img-size", "64", "--epochs", "4",
-                          "--warmup-epochs", "0", "--lr", "2e-3", "--output", str(fine),
+    # The 64 px view starts the model near 60-75% again. With 4 epochs and no warmup it ended at
+    # 89.3-92.0% over seeds 1-6 on an avx512 Xeon (89.8% with seed 3: failed there, passed on the
+    # EPYC machines); 5 epochs after 1 of warmup ended at 93.4-94.2% on the same seeds.
+    codes = run_ranks(2, [str(digits_dir), *COMMON, "--img-size", "64", "--epochs", "5",
+                          "--warmup-epochs", "1", "--lr", "2e-3", "--output", str(fine),
                           "--finetune", str(pre)],
                       tmp_path / "logs-fine")  # fmt: skip
     assert codes == [0, 0], logs(tmp_path / "logs-fine")
@@ -42,4 +45,4 @@ def test_pretrain_32px_then_finetune_64px_reaches_90_percent(digits_dir: Path, t
     evals = [
         json.loads(line) for line in (fine / "metrics" / "rank0.jsonl").read_text().splitlines()
     ]
-    assert [e["epoch"] for e in evals if e["kind"] == "eval"] == [0, 1, 2, 3]
+    assert [e["epoch"] for e in evals if e["kind"] == "eval"] == [0, 1, 2, 3, 4]
