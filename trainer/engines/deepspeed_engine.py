@@ -33,6 +33,22 @@ def deepspeed_config(
     }
 
 
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def skip_inference_shm_build() -> None:
+    """On the CPU accelerator DeepSpeed's backend JIT-compiles its shared-memory all-reduce when
+    it starts (deepspeed/comm/torch.py, build_shm_op), but only `inference_all_reduce` (AutoTP
+    inference layers) uses it; training's collectives go through torch.distributed. That was two
+    C++ files, 53 CPU-s (48 s on both cores) the first time a machine ran a ZeRO job. Marked
+    incompatible in `deepspeed.ops.__compatible_ops__` (kept as one dict so that edits persist,
+    says deepspeed/ops/__init__.py), build_shm_op returns None. Other accelerators have no such
+    op, so this changes nothing on GPUs."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+
+
 class DeepSpeedEngine(NotPipelined):
     """DeepSpeed's engine (ZeRO 0-3) behind the same calls; it scales, clips and accumulates."""
 
@@ -42,6 +58,7 @@ class DeepSpeedEngine(NotPipelined):
                  token_label: bool = False) -> None:  # fmt: skip
         import deepspeed
 
+        skip_inference_shm_build()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=param_groups, config=config, dist_init_required=False
         )
