@@ -51,10 +51,13 @@ def test_every_timm_optimizer_is_accepted_and_steps() -> None:
         model = tiny()
         optimizer, _ = create_optimizer(model, name, 1e-2, 0.05, CPU)
         before = [p.detach().clone() for p in model.parameters()]
-        for _ in range(2):  # ADOPT's first step only initialises its moments
-            model(torch.randn(4, 8)).pow(2).mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        # Eager: timm's kron torch.compiles its preconditioner steps, which built C++ kernels
+        # for 20 CPU-s on a fresh machine; what is checked here is that each name steps.
+        with torch.compiler.set_stance("force_eager"):
+            for _ in range(2):  # ADOPT's first step only initialises its moments
+                model(torch.randn(4, 8)).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
         assert any(
             not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
         ), name
