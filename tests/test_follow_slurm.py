@@ -55,7 +55,7 @@ def test_report_appears_by_itself_with_failed_points(local_slurm, tmp_path, caps
     study = json.loads((study_dir / "study.json").read_text())
     assert study["report_job_id"] and (study_dir / "report.sbatch").is_file()
 
-    wait_until(f"{html} to appear", html.is_file, 300, interval=2)
+    wait_until(f"{html} to appear", html.is_file, 300, interval=0.5)
     assert local_slurm.wait(study["report_job_id"], timeout=120) == "COMPLETED"
     rows = json.loads((study_dir / "report" / "table.json").read_text())["rows"]
     assert [(r["gpus"], r["state"]) for r in rows] == [(1, "failed"), (2, "failed")]

@@ -15,7 +15,7 @@ from vitpod.workflows.pipeline.chain import Chain, ChainError
 # random crops on too: tests/test_resume_slurm.py).
 COMMON = "--workers 0 --loader torch -b 16 --seed 3 --log-interval 10"
 COMMON += " --aa rand-n0-m0 --reprob 0 --hflip 0 --scale 1 1"
-PRETRAIN = "--epochs 3 --warmup-epochs 0 --checkpoint-every 0"
+PRETRAIN = "--epochs 2 --warmup-epochs 0 --checkpoint-every 0"
 FINETUNE = "--max-steps 4 --epochs 1"
 
 

@@ -135,7 +135,7 @@ def wait_done(job_id: str, timeout: float = 1200) -> list[str]:
         return None
 
     try:
-        return wait_until(f"job {job_id} to finish", done, timeout, interval=3)
+        return wait_until(f"job {job_id} to finish", done, timeout, interval=1)
     except AssertionError:
         subprocess.run(["scancel", job_id], check=False)
         raise
