@@ -43,10 +43,12 @@ def skip_inference_shm_build() -> None:
     C++ files, 53 CPU-s (48 s on both cores) the first time a machine ran a ZeRO job. Marked
     incompatible in `deepspeed.ops.__compatible_ops__` (kept as one dict so that edits persist,
     says deepspeed/ops/__init__.py), build_shm_op returns None. Other accelerators have no such
-    op, so this changes nothing on GPUs."""
+    op (nor is DeepSpeed's probe of every op then run), so this changes nothing on GPUs."""
     import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
 
-    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+    if get_accelerator().create_op_builder("ShareMemCommBuilder") is not None:
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
 
 
 class DeepSpeedEngine(NotPipelined):
