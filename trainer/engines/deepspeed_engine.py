@@ -40,10 +40,11 @@ def skip_inference_shm_build() -> None:
     """On the CPU accelerator DeepSpeed's backend JIT-compiles its shared-memory all-reduce when
     it starts (deepspeed/comm/torch.py, build_shm_op), but only `inference_all_reduce` (AutoTP
     inference layers) uses it; training's collectives go through torch.distributed. That was two
-    C++ files, 53 CPU-s (48 s on both cores) the first time a machine ran a ZeRO job. Marked
-    incompatible in `deepspeed.ops.__compatible_ops__` (kept as one dict so that edits persist,
-    says deepspeed/ops/__init__.py), build_shm_op returns None. Other accelerators have no such
-    op (nor is DeepSpeed's probe of every op then run), so this changes nothing on GPUs."""
+    C++ files, 53 CPU-s on a 2-core Xeon (48 s on both cores) the first time a machine ran a ZeRO
+    job. Marked incompatible in `deepspeed.ops.__compatible_ops__` (kept as one dict so that
+    edits persist, says deepspeed/ops/__init__.py), build_shm_op returns None. Other
+    accelerators have no such op (nor is DeepSpeed's probe of every op then run), so this
+    changes nothing on GPUs."""
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
