@@ -149,7 +149,7 @@ class Trainer:
             io.write_text_atomic(self.run_dir / runfiles.ARGS, cfg.args_yaml())
         self.checkpointer.resume(cfg.resume, self._load, self.device)
         self.timing.start(self.step)
-        if self.preemption.agreed():  # signalled during startup, before any step of this process
+        if self.preemption.agreed(self.step):  # signalled during startup, before any step here
             self.timing.end(self.step, "preempted")
             return self._requeue_before_training()
         if cfg.checkpoint_steps:
@@ -221,7 +221,7 @@ class Trainer:
                 self._digests[self.step + 1] = self.samples.digest()
             self._record_step(loss.detach(), timer.finish(engine.comm_seconds()))
             micro, timer = 0, self._timer()
-            if self.preemption.agreed():
+            if self.preemption.agreed(self.step):
                 self._flush_steps()
                 return "preempted"
             if cfg.checkpoint_steps and self.step % cfg.checkpoint_steps == 0:

@@ -19,6 +19,9 @@ class Preemption:
     def __init__(self) -> None:
         self.requested = False
         self.signal_name: str | None = None
+        self.seen_after: int | None = None
+        """The step whose boundary first found this rank's signal: it arrived after the boundary
+        before (in that step, its data wait, an evaluation or a checkpoint)."""
 
     def install(self) -> None:
         for name in PREEMPT_SIGNALS:
@@ -29,11 +32,15 @@ class Preemption:
         self.requested = True
         self.signal_name = signal.Signals(signum).name
 
-    def agreed(self) -> bool:
-        """True on every rank as soon as any rank received a preemption signal."""
+    def agreed(self, step: int) -> bool:
+        """True on every rank as soon as any rank received a preemption signal; `step` is the
+        last step done (the log line saying when this rank saw its signal names it)."""
         import torch
         import torch.distributed as dist
 
+        if self.requested and self.seen_after is None:
+            self.seen_after = step
+            log.warning("%s seen at the boundary after step %d", self.signal_name, step)
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
         if dist.is_initialized() and dist.get_world_size() > 1:
             if dist.get_backend() == "nccl":
