@@ -69,9 +69,9 @@ def _drive(slurm, tmp_path: Path, job: str, run: Path, events: list[tuple[str, i
         restart += 1
         log = run / "logs" / f"train-{job}-restart{restart}-rank0.log"
         wait_until(f"restart {restart} of job {job}", log.is_file, 900)
-        stopped = run / "logs" / f"train-{job}-restart{restart - 1}-rank0.log"
-        landed = _preempted_at(stopped)
-        seen = _seen_after(stopped.parent, f"train-{job}-restart{restart - 1}-rank*.log")
+        stopped = f"train-{job}-restart{restart - 1}"  # the logs of the restart signalled
+        landed = _preempted_at(run / "logs" / f"{stopped}-rank0.log")
+        seen = _seen_after(run / "logs", f"{stopped}-rank*.log")
         assert landed[0] == f"SIG{sig}" and step <= landed[1] == min(seen), (
             f"{sig} sent once step {step} was recorded; the ranks saw it after steps {seen}, "
             f"the preemption checkpoint is at step {landed[1]}"
