@@ -292,10 +292,9 @@ def timm_rates(log: str) -> list[float]:
 
 
 def vitpod_rates(run_dir: Path) -> list[float]:
-    path = run_dir / "metrics" / "rank0.jsonl"
-    if not path.is_file():
-        return []
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    from vitpod.registry import runfiles
+
+    rows = runfiles.read_metrics(run_dir, rank=0)
     return [
         float(r["images_per_s"]) for r in rows if r.get("kind") == "step" and "images_per_s" in r
     ]

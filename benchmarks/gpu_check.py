@@ -208,10 +208,11 @@ def trainer_run(out_dir: Path, args: list[str], log: Path) -> dict[str, Any]:
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
     log.write_text(" ".join(cmd) + "\n" + done.stdout + done.stderr)
-    metrics = out_dir / "metrics" / "rank0.jsonl"
-    if not metrics.is_file():
+    from vitpod.registry import runfiles
+
+    rows = runfiles.read_metrics(out_dir, rank=0)
+    if not rows:
         return {"rc": done.returncode, "error": (done.stdout + done.stderr)[-1500:]}
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     starts = [r for r in rows if r.get("kind") == "timing" and r.get("event") == "start"]
     steps = [
         r for r in rows if r.get("kind") == "step" and r["wall_time"] > starts[-1]["wall_time"]

@@ -39,11 +39,12 @@ def run_layout(name: str, flags: list[str], nproc: int, common: list[str], out: 
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
         return {"failed": proc.stdout[-2000:] + proc.stderr[-2000:]}
-    summary = json.loads((run / "summary.json").read_text())
+    from vitpod.registry import runfiles
+
+    summary = runfiles.read_summary(run) or {}
     steps, peaks = [], []
-    for path in (run / "metrics").glob("rank*.jsonl"):
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
-        rows = [r for r in rows if r["kind"] == "step"]
+    for path in runfiles.metrics_files(run):
+        rows = [r for r in runfiles.read_jsonl(path) if r["kind"] == "step"]
         steps += [r["time"]["step"] for r in rows if not r["warmup"]]
         peaks.append(max(r["peak_mem_bytes"] for r in rows))
     return {

@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from vitpod.registry import runfiles  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results" / "throughput.json"
 # ../shared/peers/timm_train.py from a checkout; a git worktree sits one level deeper.
 DEFAULT_PEER = next(
@@ -123,7 +125,7 @@ def timed(command: list[str], log: Path) -> float:
 def check_steps(name: str, out: Path, count: int) -> None:
     """Both programs really trained `count` steps (a folder too small would time nothing)."""
     if name == "vitpod":
-        done = json.loads((out / "summary.json").read_text())["steps"]
+        done = (runfiles.read_summary(out) or {}).get("steps", -1)
     else:  # timm logs "Train: 0 [ idx/updates_per_epoch" on its last batch
         log = (out / "log.txt").read_text()
         done = count if f"[{count - 1:>4d}/{count} " in log else -1
@@ -136,8 +138,7 @@ def own_step_times(name: str, out: Path) -> list[float]:
     'Time:' of its log lines, every step with --log-interval 1). A second, load-robust view:
     the wall-time slope mixes in whatever the machine's other users did between two runs."""
     if name == "vitpod":
-        lines = (out / "metrics" / "rank0.jsonl").read_text().splitlines()
-        return [r["time"]["step"] for r in map(json.loads, lines) if r["kind"] == "step"]
+        return [r["time"]["step"] for r in runfiles.read_metrics(out, 0) if r["kind"] == "step"]
     return [float(m) for m in re.findall(r"Time: ([0-9.]+)s", (out / "log.txt").read_text())]
 
 

@@ -58,7 +58,9 @@ def test_eta_at_the_middle_of_a_run_matches_its_real_end(local_slurm, digits_dir
     print(f"ETA at step {tail.step}: {eta:.1f} s (shown {shown}); the run's last step ended "
           f"{real:.1f} s later")  # fmt: skip
     assert 40 <= tail.step <= 60  # the first batch written (step 50) is the middle
-    assert real > 5  # a forecast over seconds, not a rounding of zero (CI's quiet run: 9.7 s)
+    # A forecast over seconds, not a rounding of zero: the second half took 9.7 s in a quiet CI
+    # run on the EPYC and 4.5 s on a Xeon with avx512_bf16 (where a floor of 5 s failed).
+    assert real > 2
     assert abs(eta - real) <= ETA_TOLERANCE * real
 
 
