@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, make, wait_until
+from tests.helpers import REPO, make, submitted, wait_until
 
 UP = REPO / "workflows" / "localslurm" / "up.sh"
 STATE = Path(os.environ.get("VITPOD_SLURM_STATE", REPO / ".slurm"))
@@ -161,10 +160,7 @@ def submit(tmp_path: Path, profile: Path, args: str, *variables: str) -> tuple[s
     tmp_path/runs: (job id, run directory)."""
     out = make("pretrain", f"CLUSTER={profile}", "MODEL=volo_tiny", f"ARGS={args}", *variables,
                runs=tmp_path / "runs", timeout=180)  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    job = re.search(r"submitted batch job (\d+)", out.stdout)
-    assert job, out.stdout
-    return job[1], Path(out.stdout.strip().splitlines()[-1]).parent
+    return submitted(out)
 
 
 def kill_rank(job: str, rank: int) -> int:

@@ -4,6 +4,7 @@ that starts trainer ranks the way torchrun does (tests import these, not each ot
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +32,8 @@ QUICK = [
     "--no-eval", "--aa", "", "--reprob", "0",
 ]  # fmt: skip
 """Trainer flags for one step of volo_tiny at 32 px, nothing else (no eval, no checkpoint)."""
+SLURM_COMMANDS = ("sbatch", "salloc", "srun", "sinfo", "squeue", "scontrol", "sacct", "sacctmgr",
+                  "scancel")  # fmt: skip
 
 
 def wait_until(what: str, check: Callable[[], T], timeout: float, interval: float = 0.1) -> T:
@@ -161,18 +164,71 @@ def preempted(
     return last_step(run)
 
 
-def make(
-    *argv: str, runs: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """`make -s ARGV` in the checkout as a user types it: a calling make's flags (`make test`)
-    left out, run directories under `runs` when given, `env` on top."""
+def user_env(runs: Path | None = None, env: dict[str, str | None] | None = None) -> dict[str, str]:
+    """This process's environment as a user's shell has it: a calling make's flags (`make test`)
+    left out, VITPOD_RUN_ROOT set to `runs` when given, `env` on top (None removes a name)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
     if runs is not None:
         base["VITPOD_RUN_ROOT"] = str(runs)
+    for name, value in (env or {}).items():
+        if value is None:
+            base.pop(name, None)
+        else:
+            base[name] = value
+    return base
+
+
+def make(
+    *argv: str,
+    runs: Path | None = None,
+    env: dict[str, str | None] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """`make -s ARGV` in the checkout as a user types it (user_env says with what)."""
     return subprocess.run(
-        ["make", "-s", "--no-print-directory", *argv], cwd=REPO, env={**base, **(env or {})},
+        ["make", "-s", "--no-print-directory", *argv], cwd=REPO, env=user_env(runs, env),
         capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+def vitpod(
+    *argv: str,
+    runs: Path | None = None,
+    env: dict[str, str | None] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """`vitpod ARGV` (`python -m vitpod.workflows`) from the checkout as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "vitpod.workflows", *argv], cwd=REPO, env=user_env(runs, env),
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def submitted(out: subprocess.CompletedProcess[str]) -> tuple[str, Path]:
+    """(job id, run directory) of a successful submission: its `submitted batch job N` line and
+    the script path its output ends with."""
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.search(r"submitted batch job (\d+)", out.stdout)
+    assert found, out.stdout
+    return found[1], Path(out.stdout.strip().splitlines()[-1]).parent
+
+
+def recording_slurm(tmp_path: Path) -> tuple[dict[str, str | None], Path]:
+    """Slurm commands that only record their call (a line each in the returned file) and fail:
+    the environment change (PATH) under which any call to Slurm is seen, and that file."""
+    bin_dir, calls = tmp_path / "slurm-stubs", tmp_path / "slurm-calls"
+    bin_dir.mkdir()
+    for name in SLURM_COMMANDS:
+        stub = bin_dir / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >>"{calls}"\nexit 1\n')
+        stub.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls
+
+
+def make_pipeline_offline(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
+    """`make pipeline VARIABLES` with run directories under tmp_path/runs and recording_slurm."""
+    env, _ = recording_slurm(tmp_path)
+    return make("pipeline", *variables, runs=tmp_path / "runs", env=env, timeout=120)
 
 
 def one_rank_per_node(base: str = "localslurm") -> dict[str, Any]:
@@ -203,6 +259,15 @@ def profile_copy(
     path = tmp_path / f"{name or base}.yaml"
     path.write_text(yaml.safe_dump(profile))
     return path
+
+
+def container_profile_copy(
+    tmp_path: Path, base: str = "localpyxis", container: dict[str, Any] | None = None, **changes
+) -> Path:
+    """profile_copy of a container profile whose `container` section is updated (its other
+    fields kept), other fields replaced by `changes`."""
+    bundled = yaml.safe_load((PROFILE_DIR / f"{base}.yaml").read_text())["container"]
+    return profile_copy(tmp_path, base, container={**bundled, **(container or {})}, **changes)
 
 
 def hostile_profile(tmp_path: Path, base: str, **changes: Any) -> tuple[Path, Path]:

@@ -3,35 +3,16 @@ naming the field and the fix, no run directory (issue 28 item 7)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import make, vitpod
 from vitpod.registry.decision import read_decision
 
-REPO = Path(__file__).resolve().parents[1]
-VENV = Path(sys.executable).parent.parent
-
-
-def _env(runs: Path) -> dict[str, str]:
-    return {**os.environ, "VITPOD_RUN_ROOT": str(runs)}
-
-
-def _vitpod(runs: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", *argv], cwd=REPO, env=_env(runs),
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-
-
-def _make(runs: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["make", "-s", "--no-print-directory", *argv, f"VENV={VENV}"], cwd=REPO, env=_env(runs),
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+VENV = f"VENV={Path(sys.executable).parent.parent}"  # make: this interpreter's environment
 
 
 def _refused(out: subprocess.CompletedProcess[str], runs: Path, *needles: str) -> str:
@@ -47,25 +28,26 @@ def _refused(out: subprocess.CompletedProcess[str], runs: Path, *needles: str) -
 
 def test_finetune_from_a_missing_run_is_refused_at_render(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    out = _vitpod(runs, "render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage",
-                  "finetune", "--finetune-from", "runs/does-not-exist")  # fmt: skip
+    out = vitpod("render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage",
+                 "finetune", "--finetune-from", "runs/does-not-exist", runs=runs)  # fmt: skip
     _refused(out, runs, "FINETUNE_FROM='runs/does-not-exist' does not exist", "give a pretrain")
     # A run that exists renders (the same check passes); OFFLINE=1 renders for another machine.
     pretrain = tmp_path / "pre"
     (pretrain / "final").mkdir(parents=True)
     (pretrain / "final" / "model.pt").write_bytes(b"x")
-    ok = _vitpod(runs, "render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage",
-                 "finetune", "--finetune-from", str(pretrain))  # fmt: skip
+    ok = vitpod("render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage",
+                "finetune", "--finetune-from", str(pretrain), runs=runs)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     assert Path(ok.stdout.strip().splitlines()[-1]).is_file()
 
 
 def test_finetune_from_on_a_pretrain_is_refused(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    out = _make(runs, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=pretrain",
-                f"FINETUNE_FROM={tmp_path}")  # fmt: skip
+    out = make("render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=pretrain",
+               f"FINETUNE_FROM={tmp_path}", VENV, runs=runs)  # fmt: skip
     _refused(out, runs, "FINETUNE_FROM=", "pretrain stage starts from scratch", "STAGE=finetune")
-    out = _make(runs, "pretrain", "CLUSTER=local", "MODEL=volo_tiny", f"FINETUNE_FROM={tmp_path}")
+    out = make("pretrain", "CLUSTER=local", "MODEL=volo_tiny", f"FINETUNE_FROM={tmp_path}", VENV,
+               runs=runs)  # fmt: skip
     _refused(out, runs, "FINETUNE_FROM=", "drop FINETUNE_FROM")
 
 
@@ -74,11 +56,11 @@ def test_teacher_given_to_a_stage_that_does_not_use_it_is_refused(tmp_path: Path
     weights = tmp_path / "teacher.pth"
     weights.write_bytes(b"x")
     # vit_base_patch16_224's recipe has no token labels: the pipeline would ignore TEACHER.
-    out = _make(runs, "pipeline", "CLUSTER=dgxpod", "MODEL=vit_base_patch16_224", "OFFLINE=1",
-                f"TEACHER={weights}")  # fmt: skip
+    out = make("pipeline", "CLUSTER=dgxpod", "MODEL=vit_base_patch16_224", "OFFLINE=1",
+               f"TEACHER={weights}", VENV, runs=runs)  # fmt: skip
     _refused(out, runs, "TEACHER=", "trains with token labels", "drop TEACHER")
     # A single-stage target never makes labels.
-    out = _make(runs, "render", "CLUSTER=dgxpod", "MODEL=volo_d5", f"TEACHER={weights}")
+    out = make("render", "CLUSTER=dgxpod", "MODEL=volo_d5", f"TEACHER={weights}", VENV, runs=runs)
     assert out.returncode == 2 and "TEACHER/TEACHER_CKPT" in out.stderr and not runs.exists()
 
 
@@ -91,21 +73,21 @@ def test_a_teacher_that_cannot_label_is_refused_at_planning(tmp_path: Path) -> N
     common = ["token-labels", "--cluster", "dgxpod", "--model", "volo_d5",
               "--teacher-checkpoint", str(weights)]  # fmt: skip
     # NFNet's final map is 1/32 of the image: 7x7 at 224 px, not vitpod's 14x14.
-    out = _vitpod(runs, *common, "--teacher", "dm_nfnet_f6")
+    out = vitpod(*common, "--teacher", "dm_nfnet_f6", runs=runs)
     _refused(out, runs, "TEACHER='dm_nfnet_f6'", "1/32", "14x14", "--layout published")
-    out = _vitpod(runs, *common, "--teacher", "dm_nfnet_f66")
+    out = vitpod(*common, "--teacher", "dm_nfnet_f66", runs=runs)
     _refused(out, runs, "not a timm model", "did you mean dm_nfnet_f6")
 
 
 def test_timm_model_names_map_to_their_recipe(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    out = _vitpod(runs, "render", "--cluster", "dgxpod", "--model", "volo_d5_224", "--offline")
+    out = vitpod("render", "--cluster", "dgxpod", "--model", "volo_d5_224", "--offline", runs=runs)
     assert out.returncode == 0, out.stderr
     script = Path(out.stdout.strip().splitlines()[-1])
     assert "-volo_d5-pretrain-" in script.parent.name
     trainer = read_decision(script.parent).trainer
     assert (trainer.model["model"], trainer.data["img_size"]) == ("volo_d5", 224)
-    out = _vitpod(tmp_path / "none", "render", "--cluster", "dgxpod", "--model", "volo_d55")
+    out = vitpod("render", "--cluster", "dgxpod", "--model", "volo_d55", runs=tmp_path / "none")
     _refused(out, tmp_path / "none", "MODEL='volo_d55'", "did you mean MODEL=volo_d5?")
 
 

@@ -3,14 +3,13 @@ communication a short volo_tiny run measures at 2 and 4 ranks."""
 
 import json
 import math
-import os
 import shutil
-import subprocess
 
 import pytest
 
 from tests import measured_comm
 from tests.fixtures_slurm import REPO, local_slurm  # noqa: F401  (pytest fixture)
+from tests.helpers import make
 from vitpod.analysis import calibrate
 from vitpod.workflows.planning import exchange
 from vitpod.workflows.studies import scaling
@@ -40,11 +39,8 @@ def test_make_calibrate_then_predicted_comm_within_factor_4_and_beats_profile(
     profile,
     tmp_path,
 ):
-    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs"), "MAKEFLAGS": ""}
-    out = subprocess.run(
-        ["make", "-s", "calibrate", f"CLUSTER={profile}", f"ARGS={BENCH_ARGS}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    out = make("calibrate", f"CLUSTER={profile}", f"ARGS={BENCH_ARGS}", runs=tmp_path / "runs",
+               timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     fit_path = calibrate.calibration_path(profile)
     assert out.stdout.strip().splitlines()[-1] == str(fit_path)

@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import vitpod, wait_until
 from vitpod.registry import runfiles
 from vitpod.workflows.planning.interruptions import partition_history
 
 pytestmark = [pytest.mark.slurm]
-REPO = Path(__file__).resolve().parents[1]
 JOBS = 2
 
 
@@ -66,11 +63,8 @@ def test_auto_interval_from_the_partitions_requeue_history(local_slurm, tmp_path
     records = [*steps, {"kind": "timing", "event": "checkpoint", "step": 2, "seconds": 0.5}]
     runfiles.metrics_file(old, 0).write_text("".join(json.dumps(r) + "\n" for r in records))
 
-    out = subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", "render", "--cluster", "localslurm",
-         "--model", "volo_tiny", "--run-root", str(runs), "--args", "--checkpoint-every auto"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    out = vitpod("render", "--cluster", "localslurm", "--model", "volo_tiny", "--run-root",
+                 str(runs), "--args", "--checkpoint-every auto", timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     run = next(r for r in runs.iterdir() if r != old)
     record = json.loads((run / runfiles.PLAN).read_text())["checkpoint"]

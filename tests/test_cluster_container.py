@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import make
+
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "containers" / "Dockerfile"
 BUILD = REPO / "containers" / "build.sh"
@@ -74,14 +76,7 @@ def test_a_relative_image_is_refused_before_any_build(tmp_path):
 
 
 def test_make_container_prints_a_verified_sqsh_with_its_digest(pyxis_image):
-    out = subprocess.run(
-        ["make", "-s", "container", "CLUSTER=localpyxis"],
-        cwd=REPO,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    out = make("container", "CLUSTER=localpyxis", env={"IMAGE": None}, timeout=1800)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == str(pyxis_image.path)
     assert "inputs unchanged): not rebuilt" in out.stderr  # the fixture built it already

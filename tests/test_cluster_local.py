@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import make
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,10 +17,8 @@ def test_make_pretrain_local_trains_volo_tiny(tmp_path, digits_dir):
     profile = tmp_path / "local.yaml"
     text = (REPO / "workflows" / "profiles" / "local.yaml").read_text()
     profile.write_text(text.replace("  data: data\n", f"  data: {digits_dir.parent}\n"))
-    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
     args = "ARGS=--max-steps 2 --epochs 1 --workers 0 --loader torch"
-    cmd = ["make", "-s", "pretrain", f"CLUSTER={profile}", "MODEL=volo_tiny", args]
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = make("pretrain", f"CLUSTER={profile}", "MODEL=volo_tiny", args, runs=tmp_path / "runs")
     assert out.returncode == 0, out.stderr[-3000:]
     script = Path(out.stdout.strip().splitlines()[-1])
     assert script.name == "job.sh"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import make
 from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
 from vitpod.workflows.planning.recipe import load_recipe
@@ -41,9 +41,7 @@ def shellcheck(*paths: Path) -> None:
 
 
 def test_make_render_dgxpod_volo_d5(tmp_path):
-    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
-    cmd = ["make", "-s", "render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5"]
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = make("render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", runs=tmp_path / "runs")
     assert out.returncode == 0, out.stderr
     script = Path(out.stdout.strip().splitlines()[-1])
     text = script.read_text()

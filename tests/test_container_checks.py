@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.helpers import container_profile_copy, vitpod
 from vitpod.workflows.containers.container import check_container_paths, check_container_static
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
+from vitpod.workflows.site.profile import load_profile
 
-REPO = Path(__file__).resolve().parents[1]
 SQSH = "./.cache/images/vitpod-local.sqsh"
 
 # (profile container changes, the raw pyxis flags for the same input, the field vitpod names,
@@ -68,15 +66,6 @@ CASES = {
 }
 
 
-def localpyxis_copy(tmp_path: Path, container: dict[str, object] | None = None, **top) -> Path:
-    data = yaml.safe_load((PROFILE_DIR / "localpyxis.yaml").read_text())
-    data["container"].update(container or {})
-    data.update(top)
-    path = tmp_path / "localpyxis-copy.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def vitpod_check(path: Path) -> None:
     """The checks submission runs: static ones when loading, node-side ones before sbatch."""
     profile = load_profile(str(path))
@@ -87,20 +76,24 @@ def vitpod_check(path: Path) -> None:
 def test_vitpod_refuses_and_names_the_field(tmp_path, case):
     changes, _, field, _ = CASES[case]
     with pytest.raises(ConfigError, match=field):
-        vitpod_check(localpyxis_copy(tmp_path, changes))
+        vitpod_check(container_profile_copy(tmp_path, container=changes))
 
 
 def test_the_bundled_profiles_pass(tmp_path):
     for name in ("dgxpod", "superpod", "h100pod", "localpyxis"):
         check_container_static(load_profile(name))
-    ok = localpyxis_copy(tmp_path, {"mounts": ["./:./", "/tmp:/scratch:ro"], "name": "v:exec"})
+    ok = container_profile_copy(
+        tmp_path, container={"mounts": ["./:./", "/tmp:/scratch:ro"], "name": "v:exec"}
+    )
     profile = load_profile(str(ok))
     assert profile.container is not None and profile.container.mounts[1].readonly
 
 
 def test_env_names_reaching_container_env_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"field env: .*not a valid environment variable"):
-        load_profile(str(localpyxis_copy(tmp_path, env={"OMP_NUM_THREADS": "1", "A-B": "x"})))
+        load_profile(
+            str(container_profile_copy(tmp_path, env={"OMP_NUM_THREADS": "1", "A-B": "x"}))
+        )
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c][3] == "client"])
@@ -147,14 +140,9 @@ def test_make_pretrain_exits_2_before_sbatch_and_leaves_no_run_dir(tmp_path, cha
     """The three refusals of the issue, through the command users type (no Slurm needed: the
     refusal comes before sbatch)."""
     runs = tmp_path / "runs"
-    profile = localpyxis_copy(tmp_path, changes)
-    out = subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", "submit", "--cluster", str(profile)]
-        + ["--model", "volo_tiny", "--run-root", str(runs)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    profile = container_profile_copy(tmp_path, container=changes)
+    out = vitpod(
+        "submit", "--cluster", str(profile), "--model", "volo_tiny", "--run-root", str(runs)
     )
     assert out.returncode == 2, out.stderr
     assert "error:" in out.stderr and re.search(field, out.stderr), out.stderr

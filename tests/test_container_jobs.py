@@ -8,49 +8,28 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.fixtures_container import unprivileged_user
 from tests.fixtures_slurm import preempted_once_python, rank_logs, wait_job
+from tests.helpers import container_profile_copy, submitted, vitpod
 from vitpod.workflows import cli
 from vitpod.workflows.planning.plan import plan_job
-from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.site.rankinfo import PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
 IMAGE_OMP = "1"  # containers/Dockerfile: ENV OMP_NUM_THREADS=1
-
-
-def localpyxis_copy(tmp_path: Path, **container: object) -> tuple[Path, dict]:
-    data = yaml.safe_load((PROFILE_DIR / "localpyxis.yaml").read_text())
-    data["container"].update(container)
-    data["env"] = {"OMP_NUM_THREADS": "3"}  # the image says 1: the profile must win
-    path = tmp_path / "localpyxis-copy.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path, data
+PROFILE_ENV = {"OMP_NUM_THREADS": "3"}  # the image says 1: the profile must win
 
 
 def submit(tmp_path: Path, profile: Path, entry: str = "rankinfo") -> tuple[str, Path]:
-    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
-    out = subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", "submit", "--cluster", str(profile)]
-        + ["--model", "volo_tiny", "--entry", entry],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    job = re.search(r"submitted batch job (\d+)", out.stdout)
-    assert job, out.stdout
-    return job[1], Path(out.stdout.strip().splitlines()[-1]).parent
+    out = vitpod("submit", "--cluster", str(profile), "--model", "volo_tiny", "--entry", entry,
+                 runs=tmp_path / "runs", timeout=120)  # fmt: skip
+    return submitted(out)
 
 
 def srun_in_container(srun_args: list[str], command: str, **env: str) -> str:
@@ -74,7 +53,7 @@ def test_srun_and_sbatch_list_the_pyxis_options(pyxis_slurm):
 
 
 def test_every_rank_runs_in_the_image_and_logs_its_digest(pyxis_image, tmp_path):
-    profile, _ = localpyxis_copy(tmp_path)
+    profile = container_profile_copy(tmp_path, env=PROFILE_ENV)
     job, run_dir = submit(tmp_path, profile)
     assert pyxis_image.path.is_file() and not Path("/etc/vitpod-image.json").exists()
     assert pyxis_image  # the image exists; the host has no provenance file: only the image does
@@ -107,7 +86,9 @@ def test_image_variables_win_without_container_env(pyxis_image):
 
 @pytest.mark.parametrize("mount_home", [False, True])
 def test_home_is_mounted_only_when_asked(pyxis_image, tmp_path, mount_home):
-    profile, _ = localpyxis_copy(tmp_path, mount_home=mount_home)
+    profile = container_profile_copy(
+        tmp_path, container={"mount_home": mount_home}, env=PROFILE_ENV
+    )
     (tmp_path / "runs").mkdir()
     ns = cli.stage_parser("render").parse_args(
         ["--cluster", str(profile), "--model", "volo_tiny", "--entry", "rankinfo"]
@@ -142,7 +123,7 @@ def test_requeue_after_preemption_starts_a_fresh_container(pyxis_image, tmp_path
     python.write_text(
         text.replace(first_start, first_start + "  touch /var/tmp/vitpod-first-start\n", 1)
     )
-    profile, _ = localpyxis_copy(tmp_path, python=str(python))
+    profile = container_profile_copy(tmp_path, container={"python": str(python)}, env=PROFILE_ENV)
     job, run_dir = submit(tmp_path, profile, entry="rankinfo")
     assert wait_job(job, timeout=600) == "COMPLETED"
     first = (run_dir / "logs" / f"sbatch-{job}-restart0.log").read_text()
@@ -180,7 +161,7 @@ def test_an_unprivileged_user_runs_a_container(pyxis_image):
 def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
     from vitpod.workflows.pipeline.chain import Chain
 
-    profile, _ = localpyxis_copy(tmp_path)
+    profile = container_profile_copy(tmp_path, env=PROFILE_ENV)
     run = Chain(
         str(profile),
         "volo_tiny",
@@ -203,7 +184,7 @@ def test_the_python_api_starts_the_container_once_per_node(pyxis_image, tmp_path
     and warm, and every rank's step runs inside it (its root is pyxis_<name> on its node)."""
     from vitpod.workflows.pipeline.chain import Chain
 
-    profile, _ = localpyxis_copy(tmp_path, start_once=True)
+    profile = container_profile_copy(tmp_path, container={"start_once": True}, env=PROFILE_ENV)
     run = Chain(str(profile), "volo_tiny", stages=("pretrain",), entry="rankinfo",
                 run_root=str(tmp_path / "runs")).submit()  # fmt: skip
     record = run.stages["pretrain"]

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import yaml
 
 from tests.fixtures_container import BUILD
 from tests.fixtures_slurm import rank_logs, wait_job
+from tests.helpers import container_profile_copy, submitted, vitpod
 from vitpod.workflows.containers import containerpreflight, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
@@ -24,26 +24,7 @@ from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY_SH = REPO / "workflows" / "localslurm" / "registry.sh"
 DIGEST = "sha256:" + "ab" * 32
-
-
-def registry_profile(tmp_path: Path, name: str = "lr.yaml", **container: object) -> Path:
-    data = yaml.safe_load((PROFILE_DIR / "localregistry.yaml").read_text())
-    data["container"].update(container)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def workflows(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", *args, "--model", "volo_tiny"]
-        + ["--entry", "rankinfo"],
-        cwd=REPO,
-        env={**env, "VITPOD_RUN_ROOT": str(tmp_path / "runs")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+JOB = ("--model", "volo_tiny", "--entry", "rankinfo")
 
 
 # --------------------------------------------------------------------------- no cluster needed
@@ -96,7 +77,7 @@ def test_profile_mistakes_are_one_line_naming_the_field(tmp_path, change, messag
 
 
 def test_the_job_script_writes_credentials_by_name_and_starts_the_container_once(tmp_path):
-    out = workflows(["render", "--cluster", "localregistry"], dict(os.environ), tmp_path)
+    out = vitpod("render", "--cluster", "localregistry", *JOB, runs=tmp_path / "runs")
     assert out.returncode == 0, out.stderr
     script = Path(out.stdout.strip().splitlines()[-1]).read_text()
     assert "password $VITPOD_REGISTRY_PASSWORD'" in script  # expanded by enroot, on the node
@@ -193,8 +174,8 @@ def test_bad_registry_input_is_refused_before_anything_queues(pushed, registry_e
         image = pushed.rsplit("@", 1)[0] + "@" + DIGEST
     else:
         image = pushed.replace(":15000", ":1")
-    profile = registry_profile(tmp_path, image=image)
-    out = workflows(["submit", "--cluster", str(profile)], env, tmp_path)
+    profile = container_profile_copy(tmp_path, "localregistry", container={"image": image})
+    out = vitpod("submit", "--cluster", str(profile), *JOB, runs=tmp_path / "runs", env=env)
     want = {"password": "(HTTP 401)", "digest": "(HTTP 404)", "registry": "is unreachable"}[bad]
     assert out.returncode == 2 and want in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
@@ -218,11 +199,11 @@ def password_anywhere(root: Path, env: dict[str, str]) -> list[Path]:
 def test_every_rank_runs_in_the_image_pulled_by_digest_started_once_per_node(
     pushed, registry_env, tmp_path
 ):
-    profile = registry_profile(tmp_path, image=pushed)
-    out = workflows(["submit", "--cluster", str(profile)], registry_env, tmp_path)
-    assert out.returncode == 0, out.stderr
-    job = re.search(r"submitted batch job (\d+)", out.stdout)[1]  # type: ignore[index]
-    run_dir = Path(out.stdout.strip().splitlines()[-1]).parent
+    profile = container_profile_copy(tmp_path, "localregistry", container={"image": pushed})
+    out = vitpod(
+        "submit", "--cluster", str(profile), *JOB, runs=tmp_path / "runs", env=registry_env
+    )
+    job, run_dir = submitted(out)
     assert wait_job(job, timeout=900) == "COMPLETED", (run_dir / "logs").iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     provenance = manifest["image"]["digest"]
@@ -248,8 +229,12 @@ def test_every_rank_runs_in_the_image_pulled_by_digest_started_once_per_node(
 @pytest.mark.slow
 def test_a_node_that_cannot_pull_stops_the_job_before_any_rank(pushed, registry_env, tmp_path):
     """Only the node can tell (preflight skipped: `render`, then sbatch): one line, no rank."""
-    profile = registry_profile(tmp_path, image=pushed.rsplit("@", 1)[0] + "@" + DIGEST)
-    out = workflows(["render", "--cluster", str(profile)], registry_env, tmp_path)
+    profile = container_profile_copy(
+        tmp_path, "localregistry", container={"image": pushed.rsplit("@", 1)[0] + "@" + DIGEST}
+    )
+    out = vitpod(
+        "render", "--cluster", str(profile), *JOB, runs=tmp_path / "runs", env=registry_env
+    )
     script = Path(out.stdout.strip().splitlines()[-1])
     job = subprocess.run(
         ["sbatch", "--parsable", str(script)],

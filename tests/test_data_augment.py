@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 from timm.data import auto_augment
 
+from tests.fixtures_data import data_config
 from tests.helpers import logs, run_ranks
 from vitpod.trainer.__main__ import GENERATED_SOURCE
 from vitpod.trainer.data import DataConfig, create_loader
@@ -15,14 +16,9 @@ from vitpod.trainer.data.dali_augment import rand_augment_params
 from vitpod.trainer.data.transforms import posterize, train_transform
 
 
-def _cfg(digits_dir, **kw) -> DataConfig:
-    return DataConfig(**{**dict(data_dir=str(digits_dir), img_size=32, batch_size=64, workers=0,
-                                auto_augment=None, reprob=0.0), **kw})  # fmt: skip
-
-
 @pytest.mark.parametrize("reprob,erased", [(0.0, False), (1.0, True)])
 def test_dali_cutout_erases_one_rectangle_per_image(digits_dir, reprob, erased):
-    loader = create_loader(_cfg(digits_dir, loader="dali", reprob=reprob), "train", 0, 1)
+    loader = create_loader(data_config(digits_dir, loader="dali", reprob=reprob), "train", 0, 1)
     images, _ = next(iter(loader))
     zero = (images == 0).all(dim=1)  # erased pixels are 0 in every channel
     fraction = zero.float().mean(dim=(1, 2))
@@ -51,9 +47,9 @@ def test_a_dali_rank_leaves_no_generated_sources_in_its_temp_dir(digits_dir, tmp
 
 
 def test_dali_rand_augment_runs_and_reads_timm_policy_strings(digits_dir):
-    plain = create_loader(_cfg(digits_dir, loader="dali", hflip=0.0), "train", 0, 1)
+    plain = create_loader(data_config(digits_dir, loader="dali", hflip=0.0), "train", 0, 1)
     strong = create_loader(
-        _cfg(digits_dir, loader="dali", hflip=0.0, auto_augment="rand-m9-n3"), "train", 0, 1
+        data_config(digits_dir, loader="dali", hflip=0.0, auto_augment="rand-m9-n3"), "train", 0, 1
     )
     a, b = next(iter(plain))[0], next(iter(strong))[0]
     assert a.shape == b.shape == (64, 3, 32, 32)
@@ -75,7 +71,7 @@ def test_timm_posterize_at_zero_bits_gives_black_not_an_error():
 
 
 def test_torch_recipe_runs_over_the_data_with_randaugment_and_cutout(digits_dir):
-    cfg = _cfg(digits_dir, loader="torch", auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
+    cfg = data_config(digits_dir, loader="torch", auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
     images, targets = next(iter(create_loader(cfg, "train", 0, 1)))
     assert images.shape == (64, 3, 32, 32) and torch.isfinite(images).all()
 
@@ -84,7 +80,11 @@ def test_torch_recipe_runs_over_the_data_with_randaugment_and_cutout(digits_dir)
 def test_bilinear_and_bicubic_differ_only_slightly(digits_dir, kind):
     batches = {
         interp: next(
-            iter(create_loader(_cfg(digits_dir, loader=kind, interpolation=interp), "val", 0, 1))
+            iter(
+                create_loader(
+                    data_config(digits_dir, loader=kind, interpolation=interp), "val", 0, 1
+                )
+            )
         )[0]  # fmt: skip
         for interp in ("bicubic", "bilinear")
     }

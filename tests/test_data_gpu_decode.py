@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 import vitpod.trainer.data as data_pkg
+from tests.fixtures_data import data_config
 from vitpod.trainer.data import DataConfig, DataConfigError, choose_loader
 from vitpod.trainer.data.draws import draw
 from vitpod.trainer.data.gpu_decode import GpuDecodeLoader
@@ -18,11 +17,8 @@ from vitpod.trainer.data.sources import load_split
 CPU = torch.device("cpu")
 
 
-def _cfg(digits_dir: Path, **kw) -> DataConfig:
-    base = dict(data_dir=str(digits_dir), img_size=32, batch_size=8, workers=0, loader="gpu",
-                auto_augment=None, reprob=0.0, return_index=True, interpolation="bilinear",
-                scale=(0.3, 1.0))  # fmt: skip
-    return DataConfig(**{**base, **kw})
+GPU = {"batch_size": 8, "loader": "gpu", "return_index": True, "interpolation": "bilinear",
+       "scale": (0.3, 1.0)}  # fmt: skip
 
 
 def _no_dali(monkeypatch) -> None:
@@ -32,13 +28,13 @@ def _no_dali(monkeypatch) -> None:
 def test_auto_never_picks_the_gpu_loader_without_cuda(digits_dir, monkeypatch):
     _no_dali(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    cfg = _cfg(digits_dir, loader="auto")
+    cfg = data_config(digits_dir, GPU, loader="auto")
     assert choose_loader(cfg, load_split(cfg, "train"), train=True) == "torch"
 
 
 def test_an_explicit_gpu_loader_on_a_cpu_node_is_refused_in_one_line(digits_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    cfg = _cfg(digits_dir)
+    cfg = data_config(digits_dir, GPU)
     with pytest.raises(DataConfigError, match="no CUDA device") as err:
         choose_loader(cfg, load_split(cfg, "train"), train=True)
     assert "\n" not in str(err.value)
@@ -47,10 +43,10 @@ def test_an_explicit_gpu_loader_on_a_cpu_node_is_refused_in_one_line(digits_dir,
 def test_auto_picks_the_gpu_loader_on_a_cuda_node_without_dali(digits_dir, monkeypatch):
     _no_dali(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cfg = _cfg(digits_dir, loader="auto")
+    cfg = data_config(digits_dir, GPU, loader="auto")
     split = load_split(cfg, "train")
     assert choose_loader(cfg, split, train=True) == "gpu"
-    with_aa = _cfg(digits_dir, loader="auto", auto_augment="rand-m9-mstd0.5-inc1")
+    with_aa = data_config(digits_dir, GPU, loader="auto", auto_augment="rand-m9-mstd0.5-inc1")
     assert choose_loader(with_aa, split, train=True) == "torch"  # RandAugment: PIL's
 
 
@@ -71,7 +67,7 @@ def _pil_reference(path: str, index: int, cfg: DataConfig, epoch: int) -> torch.
 
 
 def test_decoded_crops_match_the_pil_path_with_the_same_decisions(digits_dir):
-    cfg = _cfg(digits_dir)
+    cfg = data_config(digits_dir, GPU)
     loader = GpuDecodeLoader(load_split(cfg, "train"), cfg, 0, 1, train=True, device=CPU)
     loader.set_epoch(1)
     images, _, indices = next(iter(loader))
@@ -85,7 +81,7 @@ def test_decoded_crops_match_the_pil_path_with_the_same_decisions(digits_dir):
 
 
 def test_a_resumed_gpu_loader_continues_with_identical_pixels(digits_dir):
-    cfg = _cfg(digits_dir, reprob=0.5)
+    cfg = data_config(digits_dir, GPU, reprob=0.5)
     split = load_split(cfg, "train")
     full = GpuDecodeLoader(split, cfg, 0, 2, train=True, device=CPU)
     full.set_epoch(2)
@@ -104,7 +100,7 @@ def test_a_resumed_gpu_loader_continues_with_identical_pixels(digits_dir):
 def test_validation_matches_the_torch_loader(digits_dir):
     from vitpod.trainer.data.torch_loader import TorchLoader
 
-    cfg = _cfg(digits_dir, crop_pct=0.875)
+    cfg = data_config(digits_dir, GPU, crop_pct=0.875)
     split = load_split(cfg, "val")
     ours, _, idx = next(iter(GpuDecodeLoader(split, cfg, 0, 1, train=False, device=CPU)))
     theirs, _, idx_torch = next(iter(TorchLoader(split, cfg, 0, 1, train=False)))
@@ -117,7 +113,7 @@ def test_the_gpu_loader_applies_the_dali_loaders_decisions(digits_dir):
     draws.py: the same batch agrees up to resampling float error, erased pixels included."""
     from vitpod.trainer.data.dali_loader import DaliLoader
 
-    cfg = _cfg(digits_dir, loader="dali", reprob=1.0, workers=1)
+    cfg = data_config(digits_dir, GPU, loader="dali", reprob=1.0, workers=1)
     split = load_split(cfg, "train")
     ours_loader = GpuDecodeLoader(split, cfg, 0, 1, train=True, device=CPU)
     dali_loader = DaliLoader(split, cfg, 0, 1, train=True)

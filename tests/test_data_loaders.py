@@ -7,15 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.fixtures_data import data_config
 from vitpod.trainer.data import DataConfig, create_loader
 
 LOADERS = ["torch", "dali"]
 
 
-def _cfg(digits_dir: Path, loader: str, **kw) -> DataConfig:
-    base = dict(data_dir=str(digits_dir), img_size=32, batch_size=64, workers=1, loader=loader,
-                return_index=True, auto_augment=None, reprob=0.0)  # fmt: skip
-    return DataConfig(**{**base, **kw})
+INDEXED = {"workers": 1, "return_index": True}
 
 
 def _epoch(loader, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -35,7 +33,7 @@ def _check_labels(loader, batches) -> None:
 @pytest.mark.parametrize("kind", LOADERS)
 @pytest.mark.parametrize("split,world", [("train", 2), ("train", 3), ("val", 3)])
 def test_every_sample_is_seen_exactly_once_per_epoch_across_ranks(digits_dir, kind, split, world):
-    cfg = _cfg(digits_dir, kind, batch_size=48)
+    cfg = data_config(digits_dir, INDEXED, loader=kind, batch_size=48)
     loaders = [create_loader(cfg, split, r, world) for r in range(world)]
     assert type(loaders[0]).name == kind
     for epoch in (0, 1):
@@ -58,7 +56,7 @@ def test_every_sample_is_seen_exactly_once_per_epoch_across_ranks(digits_dir, ki
 def test_both_loaders_read_the_same_samples_in_the_same_order(digits_dir):
     orders = {}
     for kind in LOADERS:
-        loader = create_loader(_cfg(digits_dir, kind), "train", 1, 2)
+        loader = create_loader(data_config(digits_dir, INDEXED, loader=kind), "train", 1, 2)
         orders[kind] = [b[2].tolist() for b in _epoch(loader, 3)]
     assert orders["torch"] == orders["dali"]
 
@@ -67,7 +65,9 @@ def test_validation_images_agree_between_loaders(digits_dir):
     """Same file, same resize + center crop: DALI and PIL pixels agree closely."""
     images = {}
     for kind in LOADERS:
-        loader = create_loader(_cfg(digits_dir, kind, crop_pct=0.875), "val", 0, 1)
+        loader = create_loader(
+            data_config(digits_dir, INDEXED, loader=kind, crop_pct=0.875), "val", 0, 1
+        )
         images[kind], _, _ = next(iter(loader))
     same = (images["torch"] - images["dali"]).abs().mean().item()
     shifted = (images["torch"] - images["dali"].roll(1, dims=0)).abs().mean().item()
@@ -76,7 +76,7 @@ def test_validation_images_agree_between_loaders(digits_dir):
 
 @pytest.mark.parametrize("kind", LOADERS)
 def test_resume_mid_epoch_continues_where_the_checkpoint_left_off(digits_dir, kind):
-    cfg = _cfg(digits_dir, kind, batch_size=32)
+    cfg = data_config(digits_dir, INDEXED, loader=kind, batch_size=32)
     full = [b[2].tolist() for b in _epoch(create_loader(cfg, "train", 0, 2), 4)]
     first = create_loader(cfg, "train", 0, 2)
     first.set_epoch(4)
@@ -98,7 +98,7 @@ def test_resume_mid_epoch_continues_where_the_checkpoint_left_off(digits_dir, ki
 
 
 def test_resume_with_another_world_size_still_reads_each_sample_once(digits_dir):
-    cfg = _cfg(digits_dir, "torch", batch_size=32)
+    cfg = data_config(digits_dir, INDEXED, loader="torch", batch_size=32)
     before = [create_loader(cfg, "train", r, 2) for r in range(2)]
     seen = []
     for loader in before:
@@ -115,7 +115,7 @@ def test_resume_with_another_world_size_still_reads_each_sample_once(digits_dir)
 
 
 def test_validation_is_deterministic_and_plain_batches_are_pairs(digits_dir):
-    cfg = _cfg(digits_dir, "dali", batch_size=16)
+    cfg = data_config(digits_dir, INDEXED, loader="dali", batch_size=16)
     loader = create_loader(cfg, "val", 0, 1)
     a, b = _epoch(loader, 0)[0][0], _epoch(loader, 1)[0][0]
     assert torch.equal(a, b), "validation must be deterministic"
@@ -133,8 +133,9 @@ def test_random_augmentation_is_reproduced_after_a_mid_epoch_resume(digits_dir):
     """Crop, flip, RandAugment and erasing are seeded per (seed, epoch, sample): a resumed
     loader (a new worker, seeded by torch from a different global RNG draw) gives the same
     pixels; another epoch gives different ones."""
-    cfg = _cfg(digits_dir, "torch", batch_size=32, auto_augment="rand-m9-mstd0.5-inc1",
-               reprob=0.25, hflip=0.5, scale=(0.08, 1.0))  # fmt: skip
+    cfg = data_config(digits_dir, INDEXED, loader="torch", batch_size=32,
+                      auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, hflip=0.5,
+                      scale=(0.08, 1.0))  # fmt: skip
     full = _epoch(create_loader(cfg, "train", 1, 2), 2)[:6]
     first = create_loader(cfg, "train", 1, 2)
     first.set_epoch(2)

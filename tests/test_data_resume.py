@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitpod.trainer.data import DataConfig, create_loader
+from tests.fixtures_data import data_config
+from vitpod.trainer.data import create_loader
 from vitpod.trainer.data.draws import crop_window, draw, sample_rng
 
 DRAW_ARGS = dict(scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, layers=2, num_ops=14,
@@ -33,10 +34,9 @@ def test_crop_windows_stay_inside_the_image(size: tuple[int, int]) -> None:
         assert 0 <= x and 0 <= y and 0 < w and 0 < h and x + w <= width and y + h <= height
 
 
-def _cfg(digits_dir: Path, loader: str, **extra) -> DataConfig:
-    args = dict(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.5, hflip=0.5, scale=(0.08, 1.0))
-    return DataConfig(data_dir=str(digits_dir), img_size=32, batch_size=16, workers=1,
-                      loader=loader, seed=5, **{**args, **extra})  # fmt: skip
+RANDOM = {"batch_size": 16, "workers": 1, "seed": 5, "auto_augment": "rand-m9-mstd0.5-inc1",
+          "reprob": 0.5, "hflip": 0.5, "scale": (0.08, 1.0)}  # fmt: skip
+"""Every random augmentation of the recipe on: what a resumed loader must draw again."""
 
 
 def _batches(loader, epoch: int, count: int, state=None) -> list[torch.Tensor]:
@@ -56,7 +56,7 @@ def test_a_loader_rebuilt_mid_epoch_continues_bit_for_bit(digits_dir: Path, load
     """Rank 1 of 4 in epoch 1; the resumed loader is a new object, as after a requeue (a new
     DALI pipeline whose own RNG would restart; DALI had prefetched batches the first one never
     gave out)."""
-    cfg = _cfg(digits_dir, loader)
+    cfg = data_config(digits_dir, RANDOM, loader=loader)
     straight = _batches(create_loader(cfg, "train", 1, 4), epoch=1, count=9)
     first = create_loader(cfg, "train", 1, 4)
     assert len(_batches(first, epoch=1, count=4)) == 4
@@ -71,10 +71,8 @@ def test_a_loader_rebuilt_mid_epoch_continues_bit_for_bit(digits_dir: Path, load
 def test_dali_applies_the_host_drawn_flip(digits_dir: Path) -> None:
     """The flip decision is drawn after the crop window from the same per-sample stream, so
     hflip=1 and hflip=0 crop alike and differ only by the mirror: the draws reach DALI."""
-    plain = dict(auto_augment=None, reprob=0.0)
-    never = _batches(create_loader(_cfg(digits_dir, "dali", **plain, hflip=0.0), "train", 0, 2),
-                     epoch=0, count=2)  # fmt: skip
-    always = _batches(create_loader(_cfg(digits_dir, "dali", **plain, hflip=1.0), "train", 0, 2),
-                      epoch=0, count=2)  # fmt: skip
+    flips = [data_config(digits_dir, RANDOM, loader="dali", auto_augment=None, reprob=0.0,
+                         hflip=p) for p in (0.0, 1.0)]  # fmt: skip
+    never, always = (_batches(create_loader(c, "train", 0, 2), epoch=0, count=2) for c in flips)
     for a, b in zip(never, always, strict=True):
         assert torch.equal(a.flip(-1), b)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -11,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from vitpod.trainer.data import DataConfig, create_loader
+from tests.fixtures_data import data_config
+from tests.helpers import make
+from vitpod.trainer.data import create_loader
 from vitpod.trainer.data.shard_reader import INDEX, ShardReader
 from vitpod.trainer.data.shards import write_shards, write_split
 from vitpod.trainer.data.sources import Split, folder_split
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +24,7 @@ def shards_dir(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
                         samples_per_shard=200)  # fmt: skip
 
 
-def _cfg(root: Path, dataset: str, loader: str, **kw) -> DataConfig:
-    base = dict(data_dir=str(root), dataset=dataset, img_size=32, batch_size=64, workers=0,
-                loader=loader, auto_augment=None, reprob=0.0, return_index=True,
-                seed=5)  # fmt: skip
-    return DataConfig(**{**base, **kw})
+INDEXED = {"return_index": True, "seed": 5}
 
 
 def test_shards_hold_the_folder_byte_for_byte_with_labels_and_dali_indexes(digits_dir, shards_dir):
@@ -55,7 +50,7 @@ def test_two_ranks_read_every_training_sample_once_and_resume_mid_epoch(shards_d
     n = len(ShardReader(shards_dir / "train"))
     seen: list[int] = []
     for rank in range(2):
-        cfg = _cfg(shards_dir, "shards", loader)
+        cfg = data_config(shards_dir, INDEXED, dataset="shards", loader=loader)
         first = create_loader(cfg, "train", rank, 2)
         first.set_epoch(1)
         batches = iter(first)
@@ -70,8 +65,12 @@ def test_two_ranks_read_every_training_sample_once_and_resume_mid_epoch(shards_d
 
 
 def test_torch_loader_gives_the_same_images_from_shards_as_from_the_folder(digits_dir, shards_dir):
-    from_folder = create_loader(_cfg(digits_dir, "folder", "torch"), "val", 0, 1)
-    from_shards = create_loader(_cfg(shards_dir, "shards", "torch"), "val", 0, 1)
+    from_folder = create_loader(
+        data_config(digits_dir, INDEXED, dataset="folder", loader="torch"), "val", 0, 1
+    )
+    from_shards = create_loader(
+        data_config(shards_dir, INDEXED, dataset="shards", loader="torch"), "val", 0, 1
+    )
     for (a, ta, ia), (b, tb, ib) in zip(from_folder, from_shards, strict=True):
         assert torch.equal(ia, ib) and torch.equal(ta, tb) and torch.equal(a, b)
 
@@ -117,9 +116,8 @@ def test_arrays_are_packed_losslessly_as_png(tmp_path: Path):
 
 def test_make_shards_resizes_and_rejects_missing_arguments(digits_dir: Path, tmp_path: Path):
     out = tmp_path / "small"
-    done = subprocess.run(["make", "-s", "shards", f"DATA={digits_dir}", f"OUT={out}",
-                           "ARGS=--resize 16 --samples-per-shard 500"],
-                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    done = make("shards", f"DATA={digits_dir}", f"OUT={out}",
+                "ARGS=--resize 16 --samples-per-shard 500")  # fmt: skip
     assert done.returncode == 0, done.stderr
     from io import BytesIO
 
@@ -127,6 +125,5 @@ def test_make_shards_resizes_and_rejects_missing_arguments(digits_dir: Path, tmp
 
     reader = ShardReader(out / "train")
     assert min(Image.open(BytesIO(reader.read(0))).size) == 16  # digits are 32 px
-    missing = subprocess.run(["make", "-s", "shards", f"DATA={digits_dir}"], cwd=ROOT,
-                             capture_output=True, text=True)  # fmt: skip
+    missing = make("shards", f"DATA={digits_dir}")
     assert missing.returncode != 0 and "usage: make shards" in missing.stderr

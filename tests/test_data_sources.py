@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.fixtures_data import data_config
 from vitpod.trainer.data import (
     CorruptImageError,
     DataConfig,
@@ -37,10 +38,7 @@ def _small_folder(digits_dir: Path, root: Path, per_class: int = 6) -> Path:
     return root
 
 
-def _cfg(root: Path, **kw) -> DataConfig:
-    base = dict(data_dir=str(root), img_size=32, batch_size=4, workers=0, return_index=True,
-                auto_augment=None, reprob=0.0)  # fmt: skip
-    return DataConfig(**{**base, **kw})
+INDEXED = {"batch_size": 4, "return_index": True}
 
 
 def test_config_errors_name_the_field_and_the_fix():
@@ -67,18 +65,18 @@ def test_config_errors_name_the_field_and_the_fix():
 def test_missing_empty_and_mismatched_class_folders_are_named(digits_dir, tmp_path):
     root = _small_folder(digits_dir, tmp_path / "d")
     with pytest.raises(DataSourceError, match=r"nowhere/train is not a folder"):
-        load_split(_cfg(tmp_path / "nowhere"), "train")
+        load_split(data_config(tmp_path / "nowhere", INDEXED), "train")
     (root / "val" / "3").mkdir()
     with pytest.raises(DataSourceError, match=r"only in train: \[\], only in val: \['3'\]"):
-        load_split(_cfg(root), "train")
+        load_split(data_config(root, INDEXED), "train")
     (root / "train" / "3").mkdir()
     with pytest.raises(DataSourceError, match=r"class folder .*train/3 has no images"):
-        load_split(_cfg(root), "train")
+        load_split(data_config(root, INDEXED), "train")
     shutil.rmtree(root / "train" / "3")
     shutil.rmtree(root / "val" / "3")
     with pytest.raises(DataSourceError, match="num_classes=10 but .* has 3 classes"):
-        load_split(_cfg(root, num_classes=10), "val")
-    split = load_split(_cfg(root), "val")
+        load_split(data_config(root, INDEXED, num_classes=10), "val")
+    split = load_split(data_config(root, INDEXED), "val")
     assert split.classes == ["0", "1", "2"] and split.labels.tolist() == [0] * 6 + [1] * 6 + [2] * 6
 
 
@@ -120,10 +118,10 @@ def _corrupt_folder(digits_dir: Path, tmp_path: Path) -> tuple[Path, list[str]]:
 @pytest.mark.parametrize("kind", ["torch", "dali"])
 def test_corrupt_images_fail_naming_the_file_or_are_skipped_and_counted(digits_dir, tmp_path, kind):
     root, bad = _corrupt_folder(digits_dir, tmp_path)
-    failing = create_loader(_cfg(root, loader=kind, corrupt="fail"), "val", 0, 1)
+    failing = create_loader(data_config(root, INDEXED, loader=kind, corrupt="fail"), "val", 0, 1)
     with pytest.raises(CorruptImageError, match=r"cannot decode .*(0005|zzzz)\.jpg"):
         list(failing)
-    skipping = create_loader(_cfg(root, loader=kind, corrupt="skip"), "val", 0, 1)
+    skipping = create_loader(data_config(root, INDEXED, loader=kind, corrupt="skip"), "val", 0, 1)
     batches = list(skipping)
     assert sorted(skipping.skipped) == bad
     seen = torch.cat([b[2] for b in batches]).tolist()
@@ -158,7 +156,7 @@ def _write_cifar(root: Path, dataset: str, per_batch: int = 10) -> Path:
 @pytest.mark.parametrize("dataset,classes,train_size", [("cifar10", 10, 50), ("cifar100", 100, 10)])
 def test_cifar_pickles_load_with_their_labels(tmp_path, dataset, classes, train_size):
     root = _write_cifar(tmp_path, dataset)
-    cfg = _cfg(root, dataset=dataset, crop_pct=1.0)
+    cfg = data_config(root, INDEXED, dataset=dataset, crop_pct=1.0)
     train = create_loader(cfg, "train", 0, 1)
     assert train.num_classes == classes and len(train.split) == train_size
     val = create_loader(cfg, "val", 0, 1)
@@ -184,12 +182,14 @@ def test_synthetic_source_needs_no_files_and_is_sharded_exactly():
 
 
 def test_auto_takes_dali_for_jpeg_folders_and_explains_otherwise(digits_dir):
-    split = load_split(_cfg(digits_dir), "train")
-    assert choose_loader(_cfg(digits_dir, loader="auto"), split, True) == "dali"
-    policy = _cfg(digits_dir, loader="auto", auto_augment="original")
+    split = load_split(data_config(digits_dir, INDEXED), "train")
+    assert choose_loader(data_config(digits_dir, INDEXED, loader="auto"), split, True) == "dali"
+    policy = data_config(digits_dir, INDEXED, loader="auto", auto_augment="original")
     assert choose_loader(policy, split, True) == "torch"
     with pytest.raises(DataConfigError, match="implements RandAugment .* only"):
-        choose_loader(_cfg(digits_dir, loader="dali", auto_augment="original"), split, True)
+        choose_loader(
+            data_config(digits_dir, INDEXED, loader="dali", auto_augment="original"), split, True
+        )
 
 
 def _asdict(cfg: DataConfig) -> dict:
@@ -203,11 +203,14 @@ def test_auto_takes_torch_for_randaugment_without_a_gpu_and_workers_fork_when_sa
 
     from vitpod.trainer.data.torch_loader import worker_context
 
-    split = load_split(_cfg(digits_dir), "train")
-    recipe = _cfg(digits_dir, loader="auto", auto_augment="rand-m9-mstd0.5-inc1")
+    split = load_split(data_config(digits_dir, INDEXED), "train")
+    recipe = data_config(digits_dir, INDEXED, loader="auto", auto_augment="rand-m9-mstd0.5-inc1")
     expected = "dali" if torch.cuda.is_available() else "torch"
     assert choose_loader(recipe, split, True) == expected
-    assert choose_loader(recipe, load_split(_cfg(digits_dir), "val"), False) == expected
+    assert (
+        choose_loader(recipe, load_split(data_config(digits_dir, INDEXED), "val"), False)
+        == expected
+    )
     monkeypatch.setitem(sys.modules, "nvidia.dali", object())  # DALI loaded: its threads may run
     assert worker_context() == "forkserver"
     monkeypatch.delitem(sys.modules, "nvidia.dali")

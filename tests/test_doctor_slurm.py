@@ -6,14 +6,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.fixtures_slurm import REPO, wait_usable
-from tests.helpers import make
+from tests.fixtures_slurm import wait_usable
+from tests.helpers import make, submitted, vitpod
 from vitpod.analysis import calibrate as fitting
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.site.doctor import (
@@ -183,14 +181,10 @@ def test_a_doctor_true_job_fails_early_naming_the_bad_node(local_slurm, full_nod
     data.update(doctor=True, env={**data["env"], **full_node1})
     profile = tmp_path / "doctored.yaml"
     profile.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
-    cmd = [sys.executable, "-m", "vitpod.workflows", "submit", "--cluster", str(profile),
-           "--model", "volo_tiny", "--entry", "rankinfo"]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    job = re.search(r"submitted batch job (\d+)", done.stdout)[1]
+    argv = ["submit", "--cluster", str(profile), "--model", "volo_tiny", "--entry", "rankinfo"]
+    job, run = submitted(vitpod(*argv, runs=tmp_path / "runs", timeout=120))
     assert local_slurm.wait(job, timeout=120) == "FAILED"
-    logs = Path(done.stdout.strip().splitlines()[-1]).parent / "logs"
+    logs = run / "logs"
     text = (logs / f"sbatch-{job}-restart0.log").read_text()
     assert re.search(r"doctor: node1: bad: disk ENROOT_CACHE_PATH", text), text
     assert "doctor: node2: bad" not in text and "a node failed its checks" in text

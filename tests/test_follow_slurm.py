@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -19,20 +18,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.helpers import wait_until
+from tests.helpers import make, wait_until
 from vitpod.workflows.studies import scaling
 from vitpod.workflows.watching import follow
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def localslurm_data():
-    """The digits folder localslurm's storage.data points at: a sweep refuses a missing one."""
-    from vitpod.trainer.data.digits import write_digits_jpeg
-
-    return write_digits_jpeg(REPO / "data" / "digits", size=32)
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("localslurm_data")]
 
 
 def study_argv(study_dir: Path, gpus: str, args: str, *extra: str) -> list[str]:
@@ -65,11 +55,7 @@ def test_report_appears_by_itself_with_failed_points(local_slurm, tmp_path, caps
 
     # `make status RUN=... FOLLOW=1` on the ended study returns by itself (plain lines, no
     # terminal), names the failed points with their first error, and gives the report's path.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
-    shown = subprocess.run(
-        ["make", "-s", "status", f"RUN={study_dir}", "FOLLOW=1"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    shown = make("status", f"RUN={study_dir}", "FOLLOW=1", timeout=120)
     assert shown.returncode != 0, shown.stdout  # failed points: the command exits 1
     assert "failed points (shown as failed in the report): 1 GPU(s), 2 GPU(s)" in shown.stdout
     assert "10 classes" in shown.stdout

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import vitpod
 from vitpod.registry import runfiles
 from vitpod.workflows import cli
 from vitpod.workflows.pipeline.chain import Chain
@@ -323,8 +324,7 @@ def test_version_is_the_package_version():
         expected = importlib.metadata.version("vitpod")
     except importlib.metadata.PackageNotFoundError:
         expected = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M)[1]
-    done = subprocess.run([sys.executable, "-m", "vitpod.workflows", "--version"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = vitpod("--version", timeout=60)
     assert (done.returncode, done.stdout) == (0, f"vitpod {expected}\n")
 
 

@@ -5,7 +5,6 @@ resumed to the end."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,17 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures_slurm import queue_state
-from tests.helpers import last_step, profile_copy, wait_until
+from tests.helpers import last_step, profile_copy, vitpod, wait_until
 from tests.test_pipeline_slurm import COMMON
 from vitpod.registry import runfiles
 from vitpod.workflows.pipeline.chain import Chain
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _vitpod(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vitpod.workflows", *argv], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=os.environ)  # fmt: skip
 
 
 @pytest.mark.slurm
@@ -39,7 +33,7 @@ def test_pipeline_listed_reattached_cancelled_and_resumed(local_slurm, digits_di
     jobs = [j for s in chain.stages.values() for j in s.job_ids]
     wait_until("pretrain step 6 (a checkpoint kept)", lambda: last_step(pre.run_dir) >= 6, 150, 0.5)
 
-    listed = _vitpod("list", "--run-root", str(root), "--state", "RUNNING,PENDING", "--json")
+    listed = vitpod("list", "--run-root", str(root), "--state", "RUNNING,PENDING", "--json")
     assert listed.returncode == 0, listed.stderr
     (entry,) = [e for e in json.loads(listed.stdout) if e["kind"] == "pipeline"]
     assert Path(entry["path"]) == chain.directory and sorted(entry["job_ids"]) == sorted(jobs)
@@ -64,7 +58,7 @@ def test_pipeline_listed_reattached_cancelled_and_resumed(local_slurm, digits_di
     assert (chain.directory / runfiles.PIPELINE).is_file() and pre.run_dir.is_dir()  # kept
 
     stopped_at = last_step(pre.run_dir)
-    resumed = _vitpod("resume", "--run", str(pre.run_dir))
+    resumed = vitpod("resume", "--run", str(pre.run_dir))
     assert resumed.returncode == 0, resumed.stderr
     job = resumed.stdout.split("submitted batch job ")[1].split()[0]
     assert local_slurm.wait(job, timeout=240) == "COMPLETED"

@@ -23,8 +23,6 @@ from vitpod.registry import runfiles
 from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.submit.runjobs import run_job_ids
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def _make(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return make(*args, runs=tmp_path / "runs", timeout=timeout)

@@ -9,43 +9,14 @@ its node type decides the autocast dtype (A100: bf16; V100: fp16 with loss scali
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import make_pipeline_offline, recording_slurm
 from vitpod.registry.decision import read_decision
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline.chain import Chain
-
-REPO = Path(__file__).resolve().parents[1]
-SLURM_COMMANDS = ("sbatch", "sinfo", "squeue", "scontrol", "sacct", "srun", "scancel")
-
-
-def stub_slurm(tmp_path: Path) -> tuple[Path, Path]:
-    """A bin dir whose Slurm commands record that they were called, and the record's path."""
-    bin_dir, called = tmp_path / "stub-bin", tmp_path / "slurm-called"
-    bin_dir.mkdir()
-    for name in SLURM_COMMANDS:
-        stub = bin_dir / name
-        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> {called}\nexit 1\n')
-        stub.chmod(0o755)
-    return bin_dir, called
-
-
-def make(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
-    """`make pipeline VARIABLES` with run directories under tmp_path and stub Slurm first."""
-    bin_dir, _ = stub_slurm(tmp_path)
-    env = {
-        **os.environ,
-        "VITPOD_RUN_ROOT": str(tmp_path / "runs"),
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-    }
-    return subprocess.run(
-        ["make", "-s", "--no-print-directory", "pipeline", *variables],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
 
 
 def sbatch_lines(script: Path) -> dict[str, str]:
@@ -58,9 +29,11 @@ def sbatch_lines(script: Path) -> dict[str, str]:
 
 
 def test_make_pipeline_offline_writes_each_stage_on_its_partition_with_its_precision(tmp_path):
-    result = make(tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "OFFLINE=1")
+    result = make_pipeline_offline(
+        tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "OFFLINE=1"
+    )
     assert result.returncode == 0, result.stderr
-    assert not (tmp_path / "slurm-called").exists(), (tmp_path / "slurm-called").read_text()
+    assert not (tmp_path / "slurm-calls").exists(), (tmp_path / "slurm-calls").read_text()
     (pipeline,) = (tmp_path / "runs").iterdir()
     printed = result.stdout.splitlines()
     pre, fin = pipeline / "pretrain" / "job.sbatch", pipeline / "finetune" / "job.sbatch"
@@ -108,7 +81,9 @@ def test_make_pipeline_offline_writes_each_stage_on_its_partition_with_its_preci
 
 
 def test_make_pipeline_ft_nodes_beyond_the_partition_is_refused_in_one_line(tmp_path):
-    result = make(tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "FT_NODES=3", "OFFLINE=1")
+    result = make_pipeline_offline(
+        tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "FT_NODES=3", "OFFLINE=1"
+    )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
@@ -119,12 +94,12 @@ def test_make_pipeline_ft_nodes_beyond_the_partition_is_refused_in_one_line(tmp_
 
 
 def test_chain_offline_plan_gives_every_stage_script_without_slurm(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", f"{stub_slurm(tmp_path)[0]}:{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", recording_slurm(tmp_path)[0]["PATH"])
     runs = tmp_path / "runs"
     records = Chain(
         cluster="dgxpod", model="volo_d5", nodes=5, offline=True, run_root=str(runs)
     ).plan()
-    assert not (tmp_path / "slurm-called").exists()
+    assert not (tmp_path / "slurm-calls").exists()
     assert not runs.exists()  # plan() writes nothing
     pre, fin = records["pretrain"].plan, records["finetune"].plan
     assert "#SBATCH --partition=dgxa100" in pre.script and "#SBATCH --nodes=5" in pre.script
@@ -146,11 +121,11 @@ def test_chain_offline_plan_gives_every_stage_script_without_slurm(tmp_path, mon
         Chain(cluster="dgxpod", finetune_time="two hours", offline=True).plan()
     with pytest.raises(ConfigError, match="renders only"):
         Chain(cluster="dgxpod", offline=True, run_root=str(runs)).submit()
-    assert not runs.exists() and not (tmp_path / "slurm-called").exists()
+    assert not runs.exists() and not (tmp_path / "slurm-calls").exists()
 
 
 def test_chain_offline_render_writes_the_same_scripts_plan_returns(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", f"{stub_slurm(tmp_path)[0]}:{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", recording_slurm(tmp_path)[0]["PATH"])
     chain = Chain(cluster="dgxpod", nodes=5, offline=True, run_root=str(tmp_path / "runs"))
     written = chain.render()
     assert set(written) == {"pretrain", "finetune"}
@@ -160,7 +135,7 @@ def test_chain_offline_render_writes_the_same_scripts_plan_returns(tmp_path, mon
             read_decision(script.parent).resources.partition
             == chain.stages[stage].plan.spec.partition
         )
-    assert not (tmp_path / "slurm-called").exists()
+    assert not (tmp_path / "slurm-calls").exists()
 
 
 def test_bf16_asked_for_on_the_v100_finetune_is_refused_naming_the_gpu_and_fix(tmp_path):

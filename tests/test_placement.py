@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import subprocess
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import make
 from vitpod.analysis.goodput import Ledger
 from vitpod.analysis.layout import step_flops
 from vitpod.registry.decision import read_decision
@@ -24,7 +24,6 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import placement
 from vitpod.workflows.planning.plan import Request
 from vitpod.workflows.site.profile import PROFILE_DIR
-from vitpod.workflows.site.profile import REPO_ROOT as REPO
 from vitpod.workflows.submit import slurm
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0).astimezone()
@@ -272,10 +271,7 @@ def test_chain_places_its_first_stage_and_refuses_a_deadline_without_place(
      ("pretrain", "DEADLINE=6h", "DEADLINE='6h' chooses among placement candidates; add PLACE=1")],
 )  # fmt: skip
 def test_make_refuses_a_bad_deadline_before_asking_slurm(tmp_path, target, extra, words):
-    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
-    env.pop("MAKEFLAGS", None)
-    argv = ["make", "-s", target, "CLUSTER=localslurm", extra]
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = make(target, "CLUSTER=localslurm", extra, runs=tmp_path / "runs", timeout=120)
     assert done.returncode != 0 and words in done.stderr, done.stderr
     assert not (tmp_path / "runs").exists()
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures_slurm import REPO
-from tests.helpers import make
+from tests.helpers import make, submitted
 from vitpod.workflows.site import binding
 from vitpod.workflows.site.discover import gres_gpu, node_info
 from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
@@ -211,19 +210,16 @@ def test_check_finds_an_entry_made_wrong_on_purpose(discovered, tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_discovered_profile_passes_the_preflight_and_pretrains(discovered, local_slurm, tmp_path):
-    from vitpod.trainer.data.digits import write_digits_jpeg
-
-    write_digits_jpeg(REPO / "data" / "digits", size=32)  # localslurm's storage.data
+def test_discovered_profile_passes_the_preflight_and_pretrains(
+    discovered, local_slurm, localslurm_data, tmp_path
+):
     env = {"VITPOD_RUN_ROOT": str(tmp_path / "runs")}
     cluster = f"CLUSTER={discovered}"
     pre = make("preflight", cluster, "MODEL=volo_tiny", env=env)
     assert pre.returncode == 0 and "preflight passed" in pre.stdout, pre.stderr
     args = "ARGS=--max-steps 2 --epochs 1 --workers 0 --loader torch"
     sub = make("pretrain", cluster, "MODEL=volo_tiny", args, env=env)
-    assert sub.returncode == 0, sub.stderr
-    job = re.search(r"submitted batch job (\d+)", sub.stdout)[1]
+    job, run_dir = submitted(sub)
     assert local_slurm.wait(job, timeout=300) == "COMPLETED"
-    run_dir = Path(sub.stdout.strip().splitlines()[-1]).parent
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["steps"] == 2

@@ -46,7 +46,7 @@ def published(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return write_published(digits_dir, tmp_path_factory.mktemp("labels") / "token_label_data")
 
 
-def _cfg(digits_dir: Path, labels: Path) -> DataConfig:
+def _label_config(digits_dir: Path, labels: Path) -> DataConfig:
     return DataConfig(
         data_dir=str(digits_dir), img_size=32, batch_size=16, workers=0, token_label=True,
         token_label_data=str(labels), token_label_size=2,
@@ -95,7 +95,9 @@ def test_a_crops_label_map_is_the_crop_of_the_images_map(digits_dir: Path, tmp_p
     write_published(digits_dir, root, grid=(height, width), k=k)
     image = "train/3/" + sorted(p.name for p in (digits_dir / "train" / "3").iterdir())[0]
     torch.save(torch.stack([values, indices.float()]).half(), labellayout.label_file(root, image))
-    store = TokenLabelStore.open(_cfg(digits_dir, root), CLASSES, folder_split(digits_dir, "train"))
+    store = TokenLabelStore.open(
+        _label_config(digits_dir, root), CLASSES, folder_split(digits_dir, "train")
+    )
     assert isinstance(store, PublishedLabelStore) and store.grid == (8, 4) and store.k == 2
 
     dense = torch.zeros(CLASSES, height, width)
@@ -120,7 +122,7 @@ def test_a_crops_label_map_is_the_crop_of_the_images_map(digits_dir: Path, tmp_p
 
 def test_each_sample_is_cut_with_its_own_crop_box(digits_dir: Path, published: Path):
     """The loader's target is the store's crop for the box and flip the image got (same seed)."""
-    cfg = _cfg(digits_dir, published)
+    cfg = _label_config(digits_dir, published)
     split = folder_split(digits_dir, "train")
     store = TokenLabelStore.open(cfg, CLASSES, split)
     transform = BoxedTrainTransform(cfg)
@@ -154,7 +156,9 @@ def test_published_labels_that_do_not_fit_are_named(digits_dir: Path, tmp_path: 
     assert len(found) == 1 and "shape [5, 3, 3], not [2, k, H, W]" in found[0]
     victim.unlink()
     with pytest.raises(TokenLabelError, match=r"no label file for 1 of 1433 images"):
-        TokenLabelStore.open(_cfg(digits_dir, root), CLASSES, folder_split(digits_dir, "train"))
+        TokenLabelStore.open(
+            _label_config(digits_dir, root), CLASSES, folder_split(digits_dir, "train")
+        )
     for file in (root / "4").iterdir():
         file.unlink()
     (root / "4").rmdir()

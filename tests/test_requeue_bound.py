@@ -16,21 +16,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import wait_until
+from tests.helpers import vitpod, wait_until
 from vitpod.registry import runfiles
 from vitpod.workflows.planning import grace
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.watching import triage
 
-REPO = Path(__file__).resolve().parents[1]
 JOB = "77"
 
 
@@ -255,11 +253,7 @@ def test_grace_at_or_above_the_time_limit_is_refused_before_anything_is_written(
     profile = tmp_path / "short.yaml"
     profile.write_text(yaml.safe_dump(data))
     runs = tmp_path / "runs"
-    out = subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", "render", "--cluster", str(profile),
-         "--run-root", str(runs)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    out = vitpod("render", "--cluster", str(profile), "--run-root", str(runs), timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
@@ -268,11 +262,7 @@ def test_grace_at_or_above_the_time_limit_is_refused_before_anything_is_written(
     assert not runs.exists()
     data["preemption"]["grace_s"] = 59  # below the limit: accepted
     profile.write_text(yaml.safe_dump(data))
-    out = subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", "render", "--cluster", str(profile),
-         "--run-root", str(runs)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    out = vitpod("render", "--cluster", str(profile), "--run-root", str(runs), timeout=120)
     assert out.returncode == 0, out.stderr
 
 

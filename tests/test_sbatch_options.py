@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.test_pipeline_offline import make
+from tests.helpers import make, make_pipeline_offline
 from vitpod.registry import runfiles
 from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
@@ -179,8 +178,9 @@ def test_a_pipeline_names_the_fine_tunes_variable_and_unknown_keys(tmp_path):
 
 
 def test_make_pipeline_passes_the_ft_variables_to_the_fine_tune(tmp_path):
-    out = make(tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d1", "OFFLINE=1", "ACCOUNT=proj_a",
-               "FT_RESERVATION=maint_1", "SBATCH_EXTRA=--comment='two words'")  # fmt: skip
+    out = make_pipeline_offline(tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d1", "OFFLINE=1",
+                                "ACCOUNT=proj_a", "FT_RESERVATION=maint_1",
+                                "SBATCH_EXTRA=--comment='two words'")  # fmt: skip
     assert out.returncode == 0, out.stderr
     scripts = {Path(line.split(": ", 1)[1]).parent.name: Path(line.split(": ", 1)[1])
                for line in out.stdout.splitlines() if line.endswith("job.sbatch")}  # fmt: skip
@@ -191,8 +191,7 @@ def test_make_pipeline_passes_the_ft_variables_to_the_fine_tune(tmp_path):
 
 
 def test_make_refuses_an_ft_variable_for_one_stage():
-    out = subprocess.run(["make", "-s", "render", "FT_QOS=high"], cwd=Path(__file__).parents[1],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = make("render", "FT_QOS=high", timeout=60)
     assert out.returncode != 0 and "FT_QOS set the fine-tune of make pipeline" in out.stderr
 
 

@@ -11,16 +11,8 @@ import pytest
 from tests.helpers import one_rank_per_node, profile_copy
 from vitpod.workflows.studies.scaling import main
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("localslurm_data")]
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def localslurm_data():
-    """The digits folder localslurm's storage.data points at: a sweep refuses a missing one."""
-    from vitpod.trainer.data.digits import write_digits_jpeg
-
-    return write_digits_jpeg(REPO / "data" / "digits", size=32)
 
 
 def sweep(tmp_path, mode, batch):

@@ -13,7 +13,6 @@ ranks, the requeue bound) are in tests/test_requeue_bound.py.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +21,9 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import job_restarts
-from tests.helpers import wait_until
+from tests.helpers import submitted, vitpod, wait_until
 from vitpod.workflows.site.profile import PROFILE_DIR
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slurm]
 
 
@@ -49,15 +47,8 @@ def test_usr2_before_the_trainer_starts_requeues_and_completes(local_slurm, tmp_
     data["python"] = str(_slow_first_start_python(tmp_path))
     profile = tmp_path / "slow-start.yaml"
     profile.write_text(yaml.safe_dump(data))
-    out = subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", "submit", "--cluster", str(profile),
-         "--model", "volo_tiny", "--entry", "rankinfo", "--nodes", "1",
-         "--run-root", str(tmp_path / "runs")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    job = re.search(r"submitted batch job (\d+)", out.stdout)[1]  # type: ignore[index]
-    run = Path(out.stdout.strip().splitlines()[-1]).parent
+    argv = ["submit", "--cluster", str(profile), "--model", "volo_tiny", "--entry", "rankinfo"]
+    job, run = submitted(vitpod(*argv, "--nodes", "1", runs=tmp_path / "runs", timeout=120))
 
     def ready() -> bool:
         return all((tmp_path / f"ready-{r}").exists() for r in (0, 1))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import helpers
 from tests.fixtures_slurm import preempted_once_python
 from vitpod.workflows.planning.masterport import master_port
 from vitpod.workflows.site.profile import PROFILE_DIR
@@ -23,20 +23,13 @@ pytestmark = pytest.mark.slurm
 
 def submit(tmp_path: Path, *argv: str, make: bool = False) -> tuple[str, Path]:
     """Submit with `make pretrain` or `vitpod submit`; returns (job id, run dir)."""
-    env = {**os.environ, "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
-    cmd = (
-        ["make", "-s", "pretrain", *argv]
-        if make
-        else [sys.executable, "-m", "vitpod.workflows", "submit", *argv]
+    runner = helpers.make if make else helpers.vitpod
+    job, run_dir = helpers.submitted(
+        runner("pretrain" if make else "submit", *argv, runs=tmp_path / "runs", timeout=120)
     )
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    job = re.search(r"submitted batch job (\d+)", out.stdout)
-    assert job, out.stdout
-    script = Path(out.stdout.strip().splitlines()[-1])
-    manifest = json.loads((script.parent / "manifest.json").read_text())
-    assert manifest["job_ids"] == [job[1]]
-    return job[1], script.parent
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["job_ids"] == [job]
+    return job, run_dir
 
 
 def rank_facts(run_dir: Path, job: str, restart: int = 0) -> list[dict]:
@@ -73,10 +66,7 @@ def test_two_nodes_by_two_tasks_report_ranks_and_binding(local_slurm, tmp_path):
 
 
 @pytest.mark.slow
-def test_make_pretrain_runs_the_trainer_on_two_nodes(local_slurm, tmp_path):
-    from vitpod.trainer.data.digits import write_digits_jpeg
-
-    write_digits_jpeg(REPO / "data" / "digits", size=32)  # where localslurm's storage.data points
+def test_make_pretrain_runs_the_trainer_on_two_nodes(local_slurm, localslurm_data, tmp_path):
     args = "ARGS=--max-steps 2 --epochs 1 --workers 0 --loader torch"
     job, run_dir = submit(tmp_path, "CLUSTER=localslurm", "MODEL=volo_tiny", args, make=True)
     assert local_slurm.wait(job, timeout=240) == "COMPLETED"
@@ -181,9 +171,7 @@ def test_hostile_run_path_survives_real_sbatch_and_srun(local_slurm, tmp_path):
         text=True,
         timeout=60,
     )
-    assert out.returncode == 0, out.stderr
-    job = re.search(r"submitted batch job (\d+)", out.stdout)[1]  # type: ignore[index]
-    run_dir = Path(out.stdout.strip().splitlines()[-1]).parent
+    job, run_dir = helpers.submitted(out)
     assert run_dir.parent == root
     assert local_slurm.wait(job) == "COMPLETED"
     assert len(rank_facts(run_dir, job)) == 4  # every rank logged inside the hostile path

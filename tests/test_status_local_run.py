@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers import vitpod
 from vitpod.registry import runfiles
 from vitpod.registry.decision import read_decision
 from vitpod.workflows.pipeline.chain import Chain
 from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.watching import status
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 8
 ARGS = (f"--max-steps {STEPS} --epochs 1 --workers 0 --loader torch --log-interval 1 -b 8 "
         "--checkpoint-every 4")  # fmt: skip
@@ -45,15 +43,11 @@ def local_run(tmp_path_factory: pytest.TempPathFactory, digits_dir: Path) -> Pat
 
 
 def _rank0(run_dir: Path) -> list[dict]:
-    lines = runfiles.metrics_file(run_dir, 0).read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return runfiles.read_metrics(run_dir, 0)
 
 
 def _status_cli(run: Path) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", "status", "--run", str(run)],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    out = vitpod("status", "--run", str(run), timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout
 

@@ -5,7 +5,6 @@ the labels, and labels of the wrong grid are refused before sbatch."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import wait_until
+from tests.helpers import make, wait_until
 from vitpod.trainer.checkpointing.checkpoint import save_final
 from vitpod.trainer.model.models import create_model, model_manifest
 from vitpod.trainer.tokenlabels import labelset
@@ -23,11 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def setup(local_slurm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def setup(
+    local_slurm, localslurm_data, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
     """localslurm's digits folder, a teacher run directory and a private run root."""
-    from vitpod.trainer.data.digits import write_digits_jpeg
-
-    write_digits_jpeg(REPO / "data" / "digits", size=32)
     base = tmp_path_factory.mktemp("labels")
     teacher = base / "teacher-run"
     torch.manual_seed(0)
@@ -38,16 +36,15 @@ def setup(local_slurm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
     return {"teacher": teacher, "labels": base / "tl", "runs": base / "runs"}
 
 
-def make(target: str, setup: dict[str, Path], **variables: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "VITPOD_RUN_ROOT": str(setup["runs"])}
-    argv = ["make", "-s", "--no-print-directory", target, "CLUSTER=localslurm"]
-    argv += [f"{k}={v}" for k, v in variables.items()]
-    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+def make_localslurm(target: str, setup: dict[str, Path], **variables: str):
+    """`make TARGET CLUSTER=localslurm VARIABLES` with the run directories under setup's."""
+    pairs = [f"{k}={v}" for k, v in variables.items()]
+    return make(target, "CLUSTER=localslurm", *pairs, runs=setup["runs"], timeout=120)
 
 
 def label(setup: dict[str, Path]) -> tuple[str, str]:
-    out = make("token-labels", setup, TEACHER=str(setup["teacher"]), SHARDS="4",
-               ARGS=f"--label-dir {setup['labels']}")  # fmt: skip
+    out = make_localslurm("token-labels", setup, TEACHER=str(setup["teacher"]), SHARDS="4",
+                          ARGS=f"--label-dir {setup['labels']}")  # fmt: skip
     assert out.returncode == 0, out.stderr
     job = re.search(r"submitted array job (\d+)", out.stdout)
     assert job, out.stdout
@@ -76,8 +73,8 @@ def test_label_array_resume_use_and_refusal(setup):
     assert sum(t["images"] for t in manifest["throughput"]) == 1433
 
     # Matching labels: nothing is submitted again.
-    again = make("token-labels", setup, TEACHER=str(setup["teacher"]), SHARDS="4",
-                 ARGS=f"--label-dir {setup['labels']}")  # fmt: skip
+    again = make_localslurm("token-labels", setup, TEACHER=str(setup["teacher"]), SHARDS="4",
+                            ARGS=f"--label-dir {setup['labels']}")  # fmt: skip
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout
 
     # A lost shard (and so no manifest): the resubmitted array redoes only that one.
@@ -94,8 +91,8 @@ def test_label_array_resume_use_and_refusal(setup):
 
     # A token-labeled pretrain on Slurm reads them.
     flags = f"--token-label --token-label-size 2 --token-label-data {setup['labels']}"
-    train = make("pretrain", setup, NODES="1",
-                 ARGS=f"{flags} --max-steps 2 --workers 0 --loader torch --epochs 1")  # fmt: skip
+    args = f"{flags} --max-steps 2 --workers 0 --loader torch --epochs 1"
+    train = make_localslurm("pretrain", setup, NODES="1", ARGS=args)
     assert train.returncode == 0, train.stderr
     job = re.search(r"submitted batch job (\d+)", train.stdout)
     assert job and wait_done(job.group(1)) == ["COMPLETED"]
@@ -106,8 +103,9 @@ def test_label_array_resume_use_and_refusal(setup):
 
     # Labels of the wrong grid: refused before sbatch, with the command that makes them.
     before = sorted(setup["runs"].rglob("job.sbatch"))
-    wrong = make("pretrain", setup, ARGS=f"--img-size 64 --token-label --token-label-size 4 "
-                 f"--token-label-data {setup['labels']}")  # fmt: skip
+    wrong = make_localslurm("pretrain", setup,
+                            ARGS=f"--img-size 64 --token-label --token-label-size 4 "
+                                 f"--token-label-data {setup['labels']}")  # fmt: skip
     assert wrong.returncode == 2
     assert "grid 2 (labeled at 32 px)" in wrong.stderr and "grid 4" in wrong.stderr
     assert "make token-labels CLUSTER=localslurm" in wrong.stderr

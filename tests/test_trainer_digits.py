@@ -7,16 +7,13 @@ import pytest
 import torch
 
 from tests.helpers import logs, run_ranks
+from vitpod.registry import runfiles
 
 COMMON = [
     "--model", "volo_tiny", "--num-classes", "10", "-b", "16", "--workers", "0",
     "--loader", "torch", "--aa", "", "--reprob", "0", "--hflip", "0", "--scale", "0.5", "1",
     "--checkpoint-every", "0", "--log-interval", "1000", "--seed", "3",
 ]  # fmt: skip
-
-
-def summary(run: Path) -> dict:
-    return json.loads((run / "summary.json").read_text())
 
 
 @pytest.mark.slow
@@ -26,7 +23,7 @@ def test_pretrain_32px_then_finetune_64px_reaches_90_percent(digits_dir: Path, t
                           "--warmup-epochs", "1", "--lr", "3e-3", "--output", str(pre)],
                       tmp_path / "logs-pre")  # fmt: skip
     assert codes == [0, 0], logs(tmp_path / "logs-pre")
-    assert summary(pre)["world_size"] == 2
+    assert runfiles.read_summary(pre)["world_size"] == 2
 
     # The 64 px view starts the model near 60-75% again. With 4 epochs and no warmup it ended at
     # 89.3-92.0% over seeds 1-6 on an avx512 Xeon (89.8% with seed 3: failed there, passed on the
@@ -36,7 +33,7 @@ def test_pretrain_32px_then_finetune_64px_reaches_90_percent(digits_dir: Path, t
                           "--finetune", str(pre)],
                       tmp_path / "logs-fine")  # fmt: skip
     assert codes == [0, 0], logs(tmp_path / "logs-fine")
-    result = summary(fine)
+    result = runfiles.read_summary(fine)
     assert result["top1"] >= 90.0, result
     # The 64 px model really is a resampled 32 px one: a 2x2 VOLO position grid became 4x4.
     weights = torch.load(fine / "final" / "model.pt", weights_only=True)

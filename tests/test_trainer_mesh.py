@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import train
+from vitpod.registry import runfiles
 from vitpod.registry.models import stage_bounds
 from vitpod.trainer.engines.tensor_parallel import _head_major, _timm_major, use_head_major_qkv
 
@@ -40,13 +41,9 @@ def losses(run: Path, key: str = "loss") -> list:
     return [r[key] for r in map(json.loads, lines) if r["kind"] == "step"]
 
 
-def summary(run: Path) -> dict:
-    return json.loads((run / "summary.json").read_text())
-
-
 def train_summary(nproc: int, run: Path, digits: Path, *flags: str, steps: int = STEPS) -> dict:
     train(nproc, run, [str(digits), *COMMON, "--max-steps", str(steps), *flags], timeout=1500)
-    return summary(run)
+    return runfiles.read_summary(run)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +104,7 @@ def test_layout_loss_curve_matches_ddp(
         loss = losses(run)
         assert sum(loss[-5:]) < sum(loss[:5]), "the loss falls"
     assert result["mesh"] == mesh
-    ddp_bytes = summary(ddp_reference)["param_bytes_per_rank"]
+    ddp_bytes = runfiles.read_summary(ddp_reference)["param_bytes_per_rank"]
     assert result["param_bytes_per_rank"] <= 0.6 * ddp_bytes, (result, ddp_bytes)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from vitpod.registry import runfiles
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.telemetry.metrics import topk_correct, topk_counts
 
@@ -18,8 +19,7 @@ TINY = ["--model", "volo_tiny", "--num-classes", "10", "-b", "16", "--workers", 
 
 
 def _steps(run: Path) -> list[dict]:
-    lines = (run / "metrics" / "rank0.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "step"]
+    return [r for r in runfiles.read_metrics(run, 0) if r["kind"] == "step"]
 
 
 def test_every_step_keeps_its_exact_loss_whatever_the_log_interval(digits_dir: Path, tmp_path):

@@ -6,21 +6,18 @@ its final model damaged, which is caught and starts no fine-tune."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import last_step, profile_copy, wait_until
+from tests.helpers import last_step, make, profile_copy, vitpod, wait_until
 from vitpod.registry import runfiles
 from vitpod.workflows.pipeline import chain_cross
 from vitpod.workflows.pipeline.chain import Chain, ChainError
 from vitpod.workflows.submit import jobstate
 
-REPO = Path(__file__).resolve().parents[1]
 # Short stages (tests/test_pipeline_slurm.py's settings).
 ARGS = ("--workers 0 --loader torch -b 16 --seed 3 --log-interval 5 --aa rand-n0-m0 --reprob 0 "
         "--hflip 0 --scale 1 1 --epochs 1 --warmup-epochs 0 --checkpoint-every 0")  # fmt: skip
@@ -39,12 +36,9 @@ def test_make_pipeline_pretrains_on_cluster_1_and_fine_tunes_on_cluster_2(
     two_clusters, digits_dir, tmp_path
 ):
     first, second = _profiles(tmp_path, digits_dir.parent)
-    env = {k: v for k, v in os.environ.items() if k != "VITPOD_RUN_ROOT"}  # each its storage
-    done = subprocess.run(
-        ["make", "--no-print-directory", "pipeline", f"CLUSTER={first}", f"FT_CLUSTER={second}",
-         "NODES=1", f"ARGS={ARGS} --max-steps 6", "TIME=00:10:00"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    env: dict[str, str | None] = {"VITPOD_RUN_ROOT": None}  # each stage on its profile's storage
+    done = make("pipeline", f"CLUSTER={first}", f"FT_CLUSTER={second}", "NODES=1",
+                f"ARGS={ARGS} --max-steps 6", "TIME=00:10:00", env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     pre = Path(re.search(r"pretrain: submitted job \d+ \((.+)\)", done.stdout).group(1))
     record = json.loads((pre.parent / runfiles.PIPELINE).read_text())
@@ -74,8 +68,7 @@ def test_make_pipeline_pretrains_on_cluster_1_and_fine_tunes_on_cluster_2(
     config = json.loads((fin / runfiles.CONFIG).read_text())
     assert config["finetune"] == str(Path(moved["to"]).parent.parent)
     # status names the cluster that ran the fine-tune, asking it with -M.
-    shown = subprocess.run([sys.executable, "-m", "vitpod.workflows", "status", "--run",
-                            str(pre.parent)], capture_output=True, text=True, env=env)  # fmt: skip
+    shown = vitpod("status", "--run", str(pre.parent), env=env)
     assert re.search(rf"finetune\s+COMPLETED\s+jobs={fin_job} cluster=vitpod2", shown.stdout), (
         shown.stdout + shown.stderr
     )
@@ -117,8 +110,7 @@ def test_a_preempted_pretrain_hands_over_only_at_its_end_and_a_damaged_model_is_
 
     # `make status` from another process (the chain reattached from pipeline.json) hands over
     # as the submitting process would: the damage is caught, nothing is submitted.
-    shown = subprocess.run([sys.executable, "-m", "vitpod.workflows", "status", "--run",
-                            str(run.directory)], capture_output=True, text=True)  # fmt: skip
+    shown = vitpod("status", "--run", str(run.directory))
     assert re.search(r"copies failed.*sha256", shown.stdout), shown.stdout + shown.stderr
     record = json.loads((run.directory / runfiles.PIPELINE).read_text())
     assert "sha256" in record["handover"]["error"]
