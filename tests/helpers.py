@@ -185,10 +185,7 @@ def make(
     timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
     """`make -s ARGV` in the checkout as a user types it (user_env says with what)."""
-    return subprocess.run(
-        ["make", "-s", "--no-print-directory", *argv], cwd=REPO, env=user_env(runs, env),
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return _as_user(["make", "-s", "--no-print-directory", *argv], user_env(runs, env), timeout)
 
 
 def vitpod(
@@ -198,10 +195,11 @@ def vitpod(
     timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
     """`vitpod ARGV` (`python -m vitpod.workflows`) from the checkout as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "vitpod.workflows", *argv], cwd=REPO, env=user_env(runs, env),
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return _as_user([sys.executable, "-m", "vitpod.workflows", *argv], user_env(runs, env), timeout)
+
+
+def _as_user(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def submitted(out: subprocess.CompletedProcess[str]) -> tuple[str, Path]:
