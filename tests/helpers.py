@@ -1,5 +1,5 @@
-"""What the tests share: one deadline loop, a run's metrics read back, and the local launcher
-that starts trainer ranks the way torchrun does (tests import these, not each other's names)."""
+"""What the tests share: one deadline loop, a run's metrics read back, the local launcher that
+starts trainer ranks the way torchrun does, and make and vitpod run as a user runs them."""
 
 from __future__ import annotations
 
