@@ -41,7 +41,7 @@ def run_layout(name: str, flags: list[str], nproc: int, common: list[str], out: 
         return {"failed": proc.stdout[-2000:] + proc.stderr[-2000:]}
     from vitpod.registry import runfiles
 
-    summary = runfiles.read_summary(run) or {}
+    summary = runfiles.read_record(run / runfiles.SUMMARY)
     steps, peaks = [], []
     for path in runfiles.metrics_files(run):
         rows = [r for r in runfiles.read_jsonl(path) if r["kind"] == "step"]

@@ -223,10 +223,13 @@ def recording_slurm(tmp_path: Path) -> tuple[dict[str, str | None], Path]:
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls
 
 
-def make_pipeline_offline(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
-    """`make pipeline VARIABLES` with run directories under tmp_path/runs and recording_slurm."""
-    env, _ = recording_slurm(tmp_path)
-    return make("pipeline", *variables, runs=tmp_path / "runs", env=env, timeout=120)
+def make_pipeline_offline(
+    tmp_path: Path, *variables: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`make pipeline VARIABLES` with run directories under tmp_path/runs under recording_slurm:
+    its result and the file of Slurm calls."""
+    env, calls = recording_slurm(tmp_path)
+    return make("pipeline", *variables, runs=tmp_path / "runs", env=env, timeout=120), calls
 
 
 def one_rank_per_node(base: str = "localslurm") -> dict[str, Any]:

@@ -29,11 +29,11 @@ def sbatch_lines(script: Path) -> dict[str, str]:
 
 
 def test_make_pipeline_offline_writes_each_stage_on_its_partition_with_its_precision(tmp_path):
-    result = make_pipeline_offline(
+    result, calls = make_pipeline_offline(
         tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "OFFLINE=1"
     )
     assert result.returncode == 0, result.stderr
-    assert not (tmp_path / "slurm-calls").exists(), (tmp_path / "slurm-calls").read_text()
+    assert not calls.exists(), calls.read_text()
     (pipeline,) = (tmp_path / "runs").iterdir()
     printed = result.stdout.splitlines()
     pre, fin = pipeline / "pretrain" / "job.sbatch", pipeline / "finetune" / "job.sbatch"
@@ -81,7 +81,7 @@ def test_make_pipeline_offline_writes_each_stage_on_its_partition_with_its_preci
 
 
 def test_make_pipeline_ft_nodes_beyond_the_partition_is_refused_in_one_line(tmp_path):
-    result = make_pipeline_offline(
+    result, _ = make_pipeline_offline(
         tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "FT_NODES=3", "OFFLINE=1"
     )
     assert result.returncode == 2
@@ -94,12 +94,13 @@ def test_make_pipeline_ft_nodes_beyond_the_partition_is_refused_in_one_line(tmp_
 
 
 def test_chain_offline_plan_gives_every_stage_script_without_slurm(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", recording_slurm(tmp_path)[0]["PATH"])
+    env, calls = recording_slurm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
     runs = tmp_path / "runs"
     records = Chain(
         cluster="dgxpod", model="volo_d5", nodes=5, offline=True, run_root=str(runs)
     ).plan()
-    assert not (tmp_path / "slurm-calls").exists()
+    assert not calls.exists()
     assert not runs.exists()  # plan() writes nothing
     pre, fin = records["pretrain"].plan, records["finetune"].plan
     assert "#SBATCH --partition=dgxa100" in pre.script and "#SBATCH --nodes=5" in pre.script
@@ -121,11 +122,12 @@ def test_chain_offline_plan_gives_every_stage_script_without_slurm(tmp_path, mon
         Chain(cluster="dgxpod", finetune_time="two hours", offline=True).plan()
     with pytest.raises(ConfigError, match="renders only"):
         Chain(cluster="dgxpod", offline=True, run_root=str(runs)).submit()
-    assert not runs.exists() and not (tmp_path / "slurm-calls").exists()
+    assert not runs.exists() and not calls.exists()
 
 
 def test_chain_offline_render_writes_the_same_scripts_plan_returns(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", recording_slurm(tmp_path)[0]["PATH"])
+    env, calls = recording_slurm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
     chain = Chain(cluster="dgxpod", nodes=5, offline=True, run_root=str(tmp_path / "runs"))
     written = chain.render()
     assert set(written) == {"pretrain", "finetune"}
@@ -135,7 +137,7 @@ def test_chain_offline_render_writes_the_same_scripts_plan_returns(tmp_path, mon
             read_decision(script.parent).resources.partition
             == chain.stages[stage].plan.spec.partition
         )
-    assert not (tmp_path / "slurm-calls").exists()
+    assert not calls.exists()
 
 
 def test_bf16_asked_for_on_the_v100_finetune_is_refused_naming_the_gpu_and_fix(tmp_path):

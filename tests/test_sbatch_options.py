@@ -178,9 +178,9 @@ def test_a_pipeline_names_the_fine_tunes_variable_and_unknown_keys(tmp_path):
 
 
 def test_make_pipeline_passes_the_ft_variables_to_the_fine_tune(tmp_path):
-    out = make_pipeline_offline(tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d1", "OFFLINE=1",
-                                "ACCOUNT=proj_a", "FT_RESERVATION=maint_1",
-                                "SBATCH_EXTRA=--comment='two words'")  # fmt: skip
+    out, _ = make_pipeline_offline(tmp_path, "CLUSTER=dgxpod", "MODEL=volo_d1", "OFFLINE=1",
+                                   "ACCOUNT=proj_a", "FT_RESERVATION=maint_1",
+                                   "SBATCH_EXTRA=--comment='two words'")  # fmt: skip
     assert out.returncode == 0, out.stderr
     scripts = {Path(line.split(": ", 1)[1]).parent.name: Path(line.split(": ", 1)[1])
                for line in out.stdout.splitlines() if line.endswith("job.sbatch")}  # fmt: skip
