@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make
+from tests.helpers import make, user_env
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "containers" / "Dockerfile"
@@ -21,9 +20,8 @@ BUILD = REPO / "containers" / "build.sh"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
-    env.pop("IMAGE", None)
-    return {**env, **extra}
+    """A user's environment without an IMAGE of the caller's (the build would take it)."""
+    return user_env(env={"IMAGE": None, **extra})
 
 
 def build(**env: str) -> subprocess.CompletedProcess[str]:
