@@ -16,7 +16,7 @@ import yaml
 
 from tests.fixtures_container import BUILD
 from tests.fixtures_slurm import rank_logs, wait_job
-from tests.helpers import container_profile_copy, submitted, vitpod
+from tests.helpers import container_profile_copy, submitted, user_env, vitpod
 from vitpod.workflows.containers import containerpreflight, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
@@ -130,17 +130,17 @@ def registry_env(pyxis_slurm) -> dict[str, str]:
     assert oct(env_file.stat().st_mode & 0o777) == "0o600"
     values = dict(re.findall(r"^export (\w+)=(\S+)$", env_file.read_text(), re.M))
     assert {"VITPOD_REGISTRY_USER", "VITPOD_REGISTRY_PASSWORD"} <= set(values)
-    return {**os.environ, **values}
+    return user_env(env=values)
 
 
 @pytest.fixture(scope="session")
 def pushed(registry_env) -> str:
     """`make container CLUSTER=localregistry PUSH=1`: the pinned reference it prints."""
-    env = {k: v for k, v in registry_env.items() if k not in ("MAKEFLAGS", "IMAGE")}
+    env = {**registry_env, "IMAGE": None, "CLUSTER": "localregistry", "PUSH": "1"}
     out = subprocess.run(
         ["bash", str(BUILD)],
         cwd=REPO,
-        env={**env, "CLUSTER": "localregistry", "PUSH": "1"},
+        env=user_env(env=env),
         capture_output=True,
         text=True,
         timeout=1800,
