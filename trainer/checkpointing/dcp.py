@@ -2,9 +2,10 @@
 
 Each rank writes only its shards; the metadata records every tensor's global shape, so a
 checkpoint written at one (dp, tp, pp) loads into another: DCP reads the pieces each rank now
-owns (https://pytorch.org/docs/stable/distributed.checkpoint.html). Model and optimizer state
-go through torch's `get_state_dict`/`set_state_dict`, which key optimizer state by parameter
-name rather than position, so pipeline stages and shards find their own.
+owns (https://pytorch.org/docs/stable/distributed.checkpoint.html). Loads go through safeload's
+reader and planner: nothing is unpickled beyond DCP's metadata and plain values. Model and
+optimizer state go through torch's `get_state_dict`/`set_state_dict`, which key optimizer
+state by parameter name rather than position, so pipeline stages and shards find their own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+
+from vitpod.trainer.checkpointing import safeload
 
 log = logging.getLogger(__name__)
 SUBDIR = "dcp"
@@ -78,7 +81,7 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) ->
         )
     model_state, optim_state = get_state_dict(model, optimizer, options=FLAT)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(directory / SUBDIR))
+    safeload.load_dcp(state, directory / SUBDIR)
     set_state_dict(
         model,
         optimizer,
@@ -101,11 +104,10 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
     """Every model tensor of a sharded checkpoint as full CPU tensors, read by this process alone
     (no collective: a fine-tune reads its pretrain checkpoint before any mesh exists)."""
-    reader = dcp.FileSystemReader(str(directory / SUBDIR))
-    metadata = reader.read_metadata()
+    metadata = safeload.Reader(str(directory / SUBDIR)).read_metadata()
     state: dict[str, Any] = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
             state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    safeload.load_dcp(state, directory / SUBDIR, no_dist=True)
     return {k.removeprefix("model."): v for k, v in state.items()}

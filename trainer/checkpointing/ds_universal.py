@@ -103,8 +103,11 @@ def convert(ds_dir: Path, target: Path) -> None:
         # Our engine records no Megatron-style universal_checkpoint_info: DeepSpeed adds it.
         inject_missing_state=True,
     )  # fmt: skip
+    from vitpod.trainer.checkpointing import safeload
+
     try:
-        ds_to_universal.main(args)
+        with safeload.deepspeed_reads(ds_dir):  # its reads pass weights_only=False
+            ds_to_universal.main(args)
         (scratch / target.name).rename(target)
     finally:  # a failed conversion (a full disk) must not leave its partial copy behind
         shutil.rmtree(scratch, ignore_errors=True)

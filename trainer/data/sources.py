@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vitpod.registry import safepickle
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.digits import DIGITS_CLASSES, write_digits_jpeg
 from vitpod.trainer.data.shard_reader import INDEX, ShardReader
@@ -175,11 +175,41 @@ def _cifar_split(data_dir: Path, dataset: str, split: str) -> Split:
     return Split(split, classes, label_array, arrays=images, root=folder)
 
 
+_CIFAR_NUMPY = {
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+}  # fmt: skip
+
+
+def _cifar_names(module: str, name: str) -> Any:
+    """What a CIFAR batch holds besides dicts, lists and bytes: numpy arrays (numpy 1 and 2
+    module names, old and new protocols) and bytes written by Python 3 at protocol 2."""
+    if (module, name) == ("_codecs", "encode"):
+        import codecs
+
+        return codecs.encode
+    if (module, name) not in _CIFAR_NUMPY:
+        return None
+    import importlib
+
+    try:  # numpy 2 moved numpy.core to numpy._core (the old name warns)
+        found = importlib.import_module(module.replace("numpy.core", "numpy._core"))
+    except ImportError:
+        found = importlib.import_module(module)
+    return getattr(found, name)
+
+
 def _unpickle(path: Path) -> dict:
     if not path.is_file():
         raise DataSourceError(f"{path} is missing: expected the CIFAR python-pickle layout")
-    with path.open("rb") as f:
-        return pickle.load(f, encoding="bytes")
+    try:
+        data = safepickle.load(path, _cifar_names, "a CIFAR batch", encoding="bytes")
+    except safepickle.UnsafePickle as err:
+        raise DataSourceError(str(err)) from None
+    if not isinstance(data, dict):
+        raise DataSourceError(f"{path} holds a {type(data).__name__}, not a CIFAR batch's dict")
+    return data
 
 
 def _synthetic_split(cfg: DataConfig, split: str) -> Split:

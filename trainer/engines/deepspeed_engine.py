@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from vitpod.trainer.checkpointing import ds_universal as universal
+from vitpod.trainer.checkpointing import safeload
 from vitpod.trainer.checkpointing.checkpoint import ResumeError
 from vitpod.trainer.engines.engine import NotPipelined, token_label_forward
 
@@ -159,4 +160,6 @@ class DeepSpeedEngine(NotPipelined):
                     buffer.copy_(self._saved_buffers[name])
 
     def _load(self, directory: Path, tag: str) -> None:
-        self.engine.load_checkpoint(str(directory), tag=tag, load_lr_scheduler_states=False)
+        # DeepSpeed's readers pass weights_only=False: forced to True, a refusal names the file.
+        with safeload.deepspeed_reads(directory / tag):
+            self.engine.load_checkpoint(str(directory), tag=tag, load_lr_scheduler_states=False)

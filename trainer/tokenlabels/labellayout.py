@@ -2,7 +2,9 @@
 
 One torch file per training image, `<root>/<class dir>/<image stem>.pt`, as zihangJiang/
 TokenLabeling's generate_label.py writes it; `tensor_file_shape` reads a file's shape from its
-pickle header without running any of it. vitpod's own store is vitpod.trainer.tokenlabels.labelset.
+pickle header without running any of it (vitpod.registry.safepickle: nothing but a tensor's
+rebuild, its storage types and OrderedDict resolve, each to a stand-in here). vitpod's own
+store is vitpod.trainer.tokenlabels.labelset.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from vitpod.registry import safepickle
 from vitpod.trainer.tokenlabels.labelset import (
     FORMAT,
     IMAGE_SUFFIXES,
@@ -77,18 +80,22 @@ def _rebuild_tensor(storage: Any, _offset: int, size: Any, *_rest: Any) -> _Tens
     return _TensorHeader(tuple(int(s) for s in size), getattr(storage, "dtype", "?"))
 
 
-class _HeaderUnpickler(pickle.Unpickler):
-    """Reads a torch.save'd tensor's shape without torch and without running any code: only
-    torch's tensor rebuild, its storage types and OrderedDict are known names."""
+def _header_names(module: str, name: str) -> Any:
+    """torch's tensor rebuild, its storage types and OrderedDict, each to a stand-in."""
+    if module == "torch._utils" and name == "_rebuild_tensor_v2":
+        return _rebuild_tensor
+    if module == "torch" and name.endswith("Storage"):
+        return name.removesuffix("Storage") or "untyped"
+    if module == "collections" and name == "OrderedDict":
+        return collections.OrderedDict
+    return None
 
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            return _rebuild_tensor
-        if module == "torch" and name.endswith("Storage"):
-            return name.removesuffix("Storage") or "untyped"
-        if module == "collections" and name == "OrderedDict":
-            return collections.OrderedDict
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain tensor file")
+
+class _HeaderUnpickler(safepickle.RestrictedUnpickler):
+    """Reads a torch.save'd tensor's shape without torch and without running any code."""
+
+    def __init__(self, fh: Any, path: str) -> None:
+        super().__init__(fh, _header_names, path, "a plain tensor file")
 
     def persistent_load(self, pid: Any) -> _Storage:
         # ('storage', storage type, key, location, numel[, view metadata])
@@ -105,12 +112,14 @@ def tensor_file_shape(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], st
                 pkl = next((n for n in archive.namelist() if n.endswith("/data.pkl")), None)
                 if pkl is None:
                     raise ValueError("no data.pkl in the archive")
-                obj = _HeaderUnpickler(io_module.BytesIO(archive.read(pkl))).load()
-        else:
+                obj = _HeaderUnpickler(io_module.BytesIO(archive.read(pkl)), str(path)).load()
+        else:  # torch < 1.6: magic number, protocol, sys info, then the tensor: all restricted
             with open(path, "rb") as fh:
-                for _ in range(3):  # magic number, protocol, sys info
-                    pickle.Unpickler(fh).load()
-                obj = _HeaderUnpickler(fh).load()
+                for _ in range(3):
+                    _HeaderUnpickler(fh, str(path)).load()
+                obj = _HeaderUnpickler(fh, str(path)).load()
+    except safepickle.UnsafePickle as exc:
+        raise ValueError(str(exc)) from None
     except (OSError, ValueError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: not a torch tensor file ({exc})") from None
     if not isinstance(obj, _TensorHeader):

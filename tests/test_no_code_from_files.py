@@ -1,0 +1,182 @@
+"""No code runs from a file: each load path of a file vitpod did not write in this process is
+given a planted pickle whose unpickling would create a file. The file is not created, and the
+error names the planted file. Each case also shows the plant is live (plain pickle runs it)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.fixtures_data import data_config
+from tests.helpers import REPO, free_port
+from vitpod.trainer.checkpointing import safeload
+from vitpod.trainer.data.sources import DataSourceError, load_split
+from vitpod.trainer.model.models import read_weights
+from vitpod.trainer.tokenlabels import labellayout
+
+
+class Plant:
+    """Unpickled by anything that resolves any global, it creates `target`."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.target),))
+
+
+NAMED = r"names (pathlib\.Path\.touch|__builtin__\.getattr)"  # the plant at protocol 4+ or 2
+
+
+def _live(data: bytes, target: Path) -> None:
+    """The plant does run under plain pickle (so the tests below can fail)."""
+    pickle.loads(data)
+    assert target.exists()
+    target.unlink()
+
+
+def _dcp_checkpoint(directory: Path, extra: object = None) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state: dict = {"model.w": torch.arange(6.0).reshape(2, 3)}
+    if extra is not None:
+        state["model.extra"] = extra
+    dcp.save(state, checkpoint_id=str(directory / "dcp"), no_dist=True)
+
+
+def test_dcp_metadata_planted_runs_nothing_through_finetune(tmp_path: Path) -> None:
+    step, target = tmp_path / "step_000000004", tmp_path / "ran"
+    _dcp_checkpoint(step)
+    assert read_weights(str(step))[0]["w"].sum() == 15  # the honest checkpoint loads
+    planted = pickle.dumps(Plant(target))
+    _live(planted, target)
+    (step / "dcp" / ".metadata").write_bytes(planted)
+    with pytest.raises(safeload.UnsafeCheckpoint, match=r"dcp/\.metadata: " + NAMED):
+        read_weights(str(step))  # --finetune DIR
+    assert not target.exists()
+
+
+def test_dcp_value_planted_in_a_shard_runs_nothing(tmp_path: Path) -> None:
+    """A non-tensor value is stored as torch.save bytes; DCP's planner loads it with
+    weights_only=False: here weights_only, and the error names the shard file."""
+    step, target = tmp_path / "step_000000004", tmp_path / "ran"
+    _dcp_checkpoint(step, extra=Plant(target))
+    assert not target.exists()
+    with pytest.raises(safeload.UnsafeCheckpoint, match=r"dcp/__0_0\.distcp: holds more than"):
+        safeload.load_dcp({"model.extra": None}, step / "dcp", no_dist=True)
+    assert not target.exists()
+
+
+def test_cifar_batch_planted_runs_nothing(tmp_path: Path) -> None:
+    folder, target = tmp_path / "cifar-10-batches-py", tmp_path / "ran"
+    folder.mkdir()
+    names = {b"label_names": [f"c{i}".encode() for i in range(10)]}
+    (folder / "batches.meta").write_bytes(pickle.dumps(names, protocol=2))
+    batch = {b"data": np.zeros((4, 3072), np.uint8), b"labels": [0, 1, 2, 3]}
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4"):
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    (folder / "test_batch").write_bytes(pickle.dumps(batch, protocol=5))
+    planted = pickle.dumps({b"data": Plant(target), b"labels": [0]}, protocol=2)
+    _live(planted, target)
+    (folder / "data_batch_5").write_bytes(planted)
+    cfg = data_config(tmp_path, dataset="cifar10")
+    assert len(load_split(cfg, "val")) == 4  # numpy arrays at protocols 2 and 5 still load
+    with pytest.raises(DataSourceError, match=r"data_batch_5: " + NAMED):
+        load_split(cfg, "train")
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("layout", ["zip", "legacy"])
+def test_token_label_shape_probe_planted_runs_nothing(tmp_path: Path, layout: str) -> None:
+    """The login side's shape probe (render, preflight) on third-party label files."""
+    file, target = tmp_path / "n01" / "img1.pt", tmp_path / "ran"
+    file.parent.mkdir()
+    honest = tmp_path / "honest.pt"
+    torch.save(torch.zeros(2, 5, 14, 14, dtype=torch.float16), honest,
+               _use_new_zipfile_serialization=layout == "zip")  # fmt: skip
+    assert labellayout.tensor_file_shape(honest) == ((2, 5, 14, 14), "Half")
+    if layout == "zip":
+        torch.save(Plant(target), file)
+        with zipfile.ZipFile(file) as archive:
+            _live(archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl"))),
+                  target)  # fmt: skip
+    else:  # torch < 1.6 files: the plant is the first pickle (where the magic number goes)
+        file.write_bytes(pickle.dumps(Plant(target), protocol=2) + honest.read_bytes())
+        _live(file.read_bytes(), target)
+    with pytest.raises(ValueError, match=rf"{file}: {NAMED}"):
+        labellayout.tensor_file_shape(file)
+    problems = labellayout.published_problems(tmp_path, where="--token-label-data", data_dir=None)
+    assert any(str(file) in p for p in problems), problems
+    assert not target.exists()
+
+
+DEEPSPEED_RANK = """
+import os, sys, json
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch import nn
+dist.init_process_group("gloo")
+from vitpod.trainer.checkpointing import ds_universal, safeload
+from vitpod.trainer.engines.deepspeed_engine import DeepSpeedEngine, deepspeed_config
+step, planted = Path(sys.argv[1]), sys.argv[2]
+def engine():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    cfg = deepspeed_config(2, 1, 1, 1e-3, 0.05, 1, None, 1.0)
+    return DeepSpeedEngine(m, [{"params": list(m.parameters())}], cfg)
+e = engine()
+e.backward(e.forward(torch.randn(2, 3)).sum()); e.step()
+e.save_sharded(step)
+engine().load_sharded(step)  # the honest checkpoint loads
+files = sorted((step / "deepspeed").glob(planted))
+files[0].write_bytes(Path(os.environ["PLANT"]).read_bytes())
+errors = {}
+try:
+    engine().load_sharded(step)
+except safeload.UnsafeCheckpoint as err:
+    errors["load"] = str(err)
+try:
+    ds_universal.convert(step / "deepspeed", step / "universal")
+except safeload.UnsafeCheckpoint as err:
+    errors["convert"] = str(err)
+print("ERRORS " + json.dumps(errors))
+"""
+
+
+@pytest.mark.parametrize("planted", ["mp_rank_00_model_states.pt", "*_optim_states.pt"])
+def test_deepspeed_checkpoint_planted_runs_nothing(tmp_path: Path, planted: str) -> None:
+    """DeepSpeed's checkpoint engine and its ds_to_universal converter pass weights_only=False."""
+    target, plant = tmp_path / "ran", tmp_path / "plant.pt"
+    torch.save({"module": Plant(target)}, plant)
+    rank = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    env = {**os.environ, **rank, "PLANT": str(plant), "MASTER_PORT": str(free_port())}
+    done = subprocess.run(
+        [sys.executable, "-c", DEEPSPEED_RANK, str(tmp_path / "step_000000002"), planted],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = json.loads(done.stdout.split("ERRORS ", 1)[1].splitlines()[0])
+    name = "mp_rank_00_model_states.pt" if planted.startswith("mp") else "optim_states.pt"
+    assert name in errors["load"] and "holds more than tensors" in errors["load"], errors
+    assert name in errors["convert"] and "holds more than tensors" in errors["convert"], errors
+    assert not target.exists()
+
+
+def test_restricted_unpickler_resolves_nothing_by_default() -> None:
+    """safepickle's own contract: a table without the name refuses it, naming the path."""
+    from vitpod.registry import safepickle
+
+    data = pickle.dumps(io.BytesIO(b"x"))
+    with pytest.raises(safepickle.UnsafePickle, match=r"^some/file: names _io.BytesIO"):
+        safepickle.loads(data, safepickle.names({}), "a test file", "some/file")
