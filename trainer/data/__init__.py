@@ -26,21 +26,21 @@ def create_loader(cfg: DataConfig, split: str, rank: int, world_size: int) -> Lo
     data = load_split(cfg, split)
     train = split == "train"
     kind = choose_loader(cfg, data, train)
-    if kind == "dali":
-        from vitpod.trainer.data.dali_loader import DaliLoader
-
-        return DaliLoader(data, cfg, rank, world_size, train)
-    if kind == "gpu":
-        from vitpod.trainer.data.gpu_decode import GpuDecodeLoader
-
-        return GpuDecodeLoader(data, cfg, rank, world_size, train)
-    from vitpod.trainer.data.torch_loader import TorchLoader
-
     token_labels = None
-    if train and cfg.token_label:
+    if train and cfg.token_label:  # every loader cuts the maps with its own crop boxes
         from vitpod.trainer.data.token_label import TokenLabelStore
 
         token_labels = TokenLabelStore.open(cfg, num_classes=len(data.classes), split=data)
+    if kind == "dali":
+        from vitpod.trainer.data.dali_loader import DaliLoader
+
+        return DaliLoader(data, cfg, rank, world_size, train, token_labels=token_labels)
+    if kind == "gpu":
+        from vitpod.trainer.data.gpu_decode import GpuDecodeLoader
+
+        return GpuDecodeLoader(data, cfg, rank, world_size, train, token_labels=token_labels)
+    from vitpod.trainer.data.torch_loader import TorchLoader
+
     return TorchLoader(data, cfg, rank, world_size, train, token_labels=token_labels)
 
 
@@ -69,8 +69,6 @@ def _gpu_decode_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
         return "no CUDA device on this node (nvJPEG decodes on a GPU)"
     if data.kind not in ("files", "shards"):
         return f"dataset '{cfg.dataset}' is not encoded images"
-    if train and cfg.token_label:
-        return "token labeling needs the crop boxes of the torch loader"
     if train and cfg.auto_augment:
         return f"RandAugment ({cfg.auto_augment}) is not on the gpu loader; pass --aa ''"
     return ""
@@ -91,8 +89,6 @@ def _torch_faster(cfg: DataConfig) -> str:
 def _dali_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
     if data.kind not in ("files", "shards"):
         return f"dataset '{cfg.dataset}' is not encoded images (DALI decodes JPEG/PNG)"
-    if train and cfg.token_label:
-        return "token labeling needs the crop boxes of the torch loader"
     try:
         from vitpod.trainer.data.dali_augment import rand_augment_params
     except ImportError as err:

@@ -9,6 +9,10 @@ are in flight while the trainer computes.
 Training augmentation is exact across restarts: the crop window, flip, RandAugment operators and
 signs and the CutOut box of every sample are drawn on the host from (seed, epoch, index)
 (draws.py) and fed in beside the paths; the graph holds no random operator.
+With token labels the pipeline also returns, per sample, the decoder's image shape
+(peek_image_shape), the crop window it decoded and its flip; the label maps are cut with those
+boxes after the pipeline, on the images' device (label_maps.targets, the torch loader's cut),
+from maps read by a thread while DALI decodes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,6 +43,7 @@ from vitpod.trainer.data.dali_augment import (
     rand_augment_suite,
 )
 from vitpod.trainer.data.draws import SampleDraws, draw
+from vitpod.trainer.data.label_maps import targets
 from vitpod.trainer.data.loader import Batch, CorruptImageError, Loader
 from vitpod.trainer.data.sources import Split
 
@@ -46,7 +52,7 @@ types: Any = _types
 log = logging.getLogger(__name__)
 PREFETCH = 2
 INTERP = {"bicubic": types.INTERP_CUBIC, "bilinear": types.INTERP_LINEAR}
-TORCH_DTYPES = {types.FLOAT: torch.float32, types.INT64: torch.int64}
+TORCH_DTYPES = {types.FLOAT: torch.float32, types.INT64: torch.int64, types.INT32: torch.int32}
 
 
 # external_source outputs: paths and sample ids, then (training) the host-drawn decisions
@@ -69,9 +75,12 @@ def source_fields(cfg: DataConfig, train: bool) -> list[str]:
 
 
 @pipeline_def(enable_conditionals=True)  # RandAugment picks its operators with conditionals
-def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool, shards: bool = False):
+def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool, shards: bool = False,
+                   boxes: bool = False):  # fmt: skip
     """Read, decode the crop window + resize + flip (train) or resize + center-crop (val),
-    normalize. Training takes every random decision from the host (see draws.py)."""
+    normalize. Training takes every random decision from the host (see draws.py); with `boxes`
+    it also returns each sample's image shape (HWC), crop anchor and shape (pixels, x/y) and
+    flip, for the token-label cut."""
     names = source_fields(cfg, train)
     layout = [{**_INPUTS, **_DRAWS}[name] for name in names]
     outputs = fn.external_source(
@@ -120,6 +129,9 @@ def image_pipeline(source: Callable, cfg: DataConfig, train: bool, gpu: bool, sh
     )
     if "erase_anchor" in inputs:
         images = cutout(images, inputs["erase_anchor"], inputs["erase_shape"])
+    if train and boxes:
+        shape = fn.peek_image_shape(encoded)
+        return images, sample_ids, shape, inputs["crop_anchor"], inputs["crop_shape"], mirror
     return images, sample_ids
 
 
@@ -128,9 +140,13 @@ class DaliLoader(Loader):
 
     name = "dali"
 
-    def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool):
+    def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool,
+                 token_labels: Any = None):  # fmt: skip
         super().__init__(split, cfg, rank, world_size, train)
         assert split.files is not None or split.shards is not None
+        self.token_labels = token_labels if train else None
+        self._maps: deque[Future] = deque()  # label maps of the in-flight batches, being read
+        self._reader: ThreadPoolExecutor | None = None
         self.device_id = torch.cuda.current_device() if torch.cuda.is_available() else None
         self._files = split.files
         self._paths = [np.frombuffer(p.encode(), dtype=np.uint8) for p in split.files or []]
@@ -153,17 +169,33 @@ class DaliLoader(Loader):
         self._prepare(batches)
         while True:
             try:
-                images, ids = self._pipe.run()  # type: ignore[union-attr]
+                outputs = self._pipe.run()  # type: ignore[union-attr]
             except StopIteration:
                 return
             except RuntimeError as err:
                 self._pipe = None  # a failed pipeline is not reused
                 self._prepare(self._drop_corrupt(list(self._in_flight) + list(self._queue), err))
                 continue
-            indices = _to_torch(ids).reshape(-1)
+            images, indices = _to_torch(outputs[0]), _to_torch(outputs[1]).reshape(-1)
             if not torch.equal(indices, torch.from_numpy(self._in_flight.popleft())):
                 raise RuntimeError("DALI returned a batch out of order")  # a bug, not bad data
-            yield _to_torch(images), self._labels[indices], indices
+            labels = self._labels[indices]
+            if self.token_labels is not None:
+                shape, anchor, size, mirror = (_to_torch(out) for out in outputs[2:])
+                labels = self._token_targets(indices, labels, shape, anchor, size, mirror, images)
+            yield images, labels, indices
+
+    def _token_targets(self, indices: torch.Tensor, labels: torch.Tensor, shape: torch.Tensor,
+                       anchor: torch.Tensor, size: torch.Tensor, mirror: torch.Tensor,
+                       images: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Cut each sample's label map with the window and flip the pipeline applied."""
+        whole = shape[:, [1, 0]].double()  # (width, height) of each image as decoded
+        corner = anchor.double()
+        boxes = torch.cat([corner / whole, (corner + size.double()) / whole], 1)
+        relpaths = [self.split.relpath(int(i)) for i in indices]
+        maps = self._maps.popleft().result()
+        return targets(self.token_labels, relpaths, labels, boxes, mirror.reshape(-1).bool(),
+                       images.device, maps)  # fmt: skip
 
     def _source(self) -> tuple[list[Any], ...]:
         """Called by DALI (running ahead of the trainer) for the next batch's inputs."""
@@ -171,6 +203,11 @@ class DaliLoader(Loader):
             raise StopIteration
         batch = self._queue.popleft()
         self._in_flight.append(batch)
+        if self.token_labels is not None:  # read the batch's label maps while DALI decodes it
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(max(1, self.cfg.workers), "token-labels")
+            relpaths = [self.split.relpath(int(i)) for i in batch]
+            self._maps.append(self._reader.submit(_read_maps, self.token_labels, relpaths))
         if self.split.shards is not None:
             read = self.split.shards.read
             paths = [np.frombuffer(read(int(i)), dtype=np.uint8) for i in batch]
@@ -207,7 +244,7 @@ class DaliLoader(Loader):
                 except StopIteration:
                     break
             self._pipe.reset()
-        self._queue, self._in_flight = deque(batches), deque()
+        self._queue, self._in_flight, self._maps = deque(batches), deque(), deque()
         self._draw_epoch = self.epoch
         if self._pipe is None:
             self._builds += 1
@@ -220,6 +257,7 @@ class DaliLoader(Loader):
                 train=self.train,
                 gpu=self.device_id is not None,
                 shards=self.split.shards is not None,
+                boxes=self.token_labels is not None,
                 batch_size=self.cfg.batch_size,
                 num_threads=max(1, self.cfg.workers),
                 device_id=self.device_id,
@@ -259,6 +297,10 @@ class _WeakSource:
         if loader is None:
             raise StopIteration
         return loader._source()
+
+
+def _read_maps(store: Any, relpaths: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [store.maps(p) for p in relpaths]
 
 
 def _to_torch(batch: TensorListCPU | TensorListGPU) -> torch.Tensor:

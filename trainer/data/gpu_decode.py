@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.draws import SampleDraws, draw
+from vitpod.trainer.data.label_maps import targets
 from vitpod.trainer.data.loader import Batch, CorruptImageError, Loader
 from vitpod.trainer.data.sources import Split
 
@@ -66,13 +68,16 @@ class GpuDecodeLoader(Loader):
     which process or restart decodes a sample does not change its pixels (exact resume). The
     same code runs with device='cpu' (torchvision's libjpeg-turbo path), which the tests use.
     RandAugment is not implemented here: `--loader gpu` refuses a RandAugment policy.
+    With token labels, each sample's label map is cut with its drawn window and flip after the
+    batch is decoded, on `device` (label_maps.targets, the torch loader's cut).
     """
 
     name = "gpu"
 
     def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool,
-                 device: torch.device | None = None):  # fmt: skip
+                 device: torch.device | None = None, token_labels: Any = None):  # fmt: skip
         super().__init__(split, cfg, rank, world_size, train)
+        self.token_labels = token_labels if train else None
         self.device = device or torch.device("cuda", torch.cuda.current_device())
         self._mode = "bicubic" if cfg.interpolation == "bicubic" else "bilinear"
         mean, std = torch.tensor(cfg.mean) * 255, torch.tensor(cfg.std) * 255
@@ -107,14 +112,29 @@ class GpuDecodeLoader(Loader):
                 ) from err
             return None
 
-    def _transform(self, image: torch.Tensor, index: int) -> torch.Tensor:
+    def _transform(
+        self, image: torch.Tensor, index: int
+    ) -> tuple[torch.Tensor, SampleDraws | None]:
         cfg = self.cfg
         if not self.train:
-            return (eval_image(image, cfg) - self._mean) / self._std
+            return (eval_image(image, cfg) - self._mean) / self._std, None
         size = (int(image.shape[2]), int(image.shape[1]))
         d = draw(cfg.seed, self.epoch, index, size, scale=cfg.scale, ratio=cfg.ratio,
                  hflip=cfg.hflip, layers=0, num_ops=1, reprob=cfg.reprob)  # fmt: skip
-        return erase((train_image(image, d, cfg) - self._mean) / self._std, d)
+        return erase((train_image(image, d, cfg) - self._mean) / self._std, d), d
+
+    def _token_targets(self, pairs: list[tuple[int, torch.Tensor]], draws: list[Any],
+                       labels: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Cut each sample's label map with the window and flip its image got."""
+        boxes = []
+        for (_, image), d in zip(pairs, draws, strict=True):
+            (x, y), (w, h) = d.crop_anchor, d.crop_shape
+            width, height = int(image.shape[2]), int(image.shape[1])
+            boxes.append((x / width, y / height, (x + w) / width, (y + h) / height))
+        flips = torch.tensor([bool(d.mirror) for d in draws])
+        relpaths = [self.split.relpath(i) for i, _ in pairs]
+        boxes_ = torch.tensor(boxes, dtype=torch.float64)
+        return targets(self.token_labels, relpaths, labels, boxes_, flips, self.device)
 
     def _iter_batches(self, batches: list[np.ndarray]) -> Iterator[Batch]:
         labels = torch.as_tensor(self.split.labels, dtype=torch.long)
@@ -125,6 +145,10 @@ class GpuDecodeLoader(Loader):
             pairs = [
                 (i, im) for i, im in zip(batch.tolist(), decoded, strict=True) if im is not None
             ]
-            images = [self._transform(img, i) for i, img in pairs]
+            done = [self._transform(img, i) for i, img in pairs]
             indices = torch.tensor([i for i, _ in pairs], dtype=torch.long)
-            yield torch.stack(images) if images else torch.empty(0), labels[indices], indices
+            images = torch.stack([img for img, _ in done]) if done else torch.empty(0)
+            targets_ = labels[indices]
+            if self.token_labels is not None and done:
+                targets_ = self._token_targets(pairs, [d for _, d in done], targets_)
+            yield images, targets_, indices

@@ -30,6 +30,7 @@ class Loader:
     """
 
     name = "base"
+    token_labels: Any = None  # the training split's token-label store, or None
 
     def __init__(self, split: Split, cfg: DataConfig, rank: int, world_size: int, train: bool):
         if world_size < 1 or not 0 <= rank < world_size:
@@ -51,6 +52,11 @@ class Loader:
 
     def __len__(self) -> int:
         return len(self._plan(0))
+
+    @property
+    def token_label_info(self) -> dict[str, Any] | None:
+        """The token-label data this loader reads (layout, grid, k), or None."""
+        return getattr(self.token_labels, "info", None)
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:

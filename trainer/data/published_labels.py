@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from vitpod.trainer.data.config import DataConfig
-from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores
+from vitpod.trainer.data.label_maps import TokenLabelError, scatter, targets
 from vitpod.trainer.data.sources import Split
 from vitpod.trainer.tokenlabels import labellayout, labelset
 
@@ -91,27 +90,25 @@ class PublishedLabelStore:
         return {"layout": self.layout, "path": str(self.path), "grid": list(self.grid),
                 "k": self.k, "token_grid": [self.size, self.size]}  # fmt: skip
 
+    softmax = True  # TokenLabeling's scores are logits: softmax after the cut, as VOLO's get_label
+
     def target(
         self, relpath: str, label: int, box: tuple[float, float, float, float], flipped: bool
     ) -> torch.Tensor:
         """[2 + S*S, C]: one-hot label, class-token target, token targets of the crop `box`."""
-        tokens = self.tokens(relpath, box, flipped)
-        one_hot = F.one_hot(torch.tensor(label), self.num_classes).float()
-        return torch.cat([one_hot[None], tokens.mean(0, keepdim=True), tokens])
+        return targets(
+            self, [relpath], torch.tensor([label]), torch.tensor([box], dtype=torch.float64),
+            torch.tensor([flipped]),
+        )[0]  # fmt: skip
 
-    def tokens(
-        self, relpath: str, box: tuple[float, float, float, float], flipped: bool
-    ) -> torch.Tensor:
-        """[S*S, C]: the crop `box` of the image's score map on the S x S token grid, flipped
-        with the image, softmax over the classes."""
-        return crop_scores(self.dense(relpath), box, self.size, flipped, softmax=True)
+    def maps(self, relpath: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The image's file: top-k logits [k, H, W] (float) and their class indices."""
+        maps = _load(labellayout.label_file(self.path, relpath), self.num_classes)
+        return maps[0].float(), maps[1].float().round().long()
 
     def dense(self, relpath: str) -> torch.Tensor:
         """The image's top-k scores scattered into a zero [C, H, W] map (VOLO's get_featuremaps)."""
-        maps = _load(labellayout.label_file(self.path, relpath), self.num_classes)
-        values, indices = maps[0].float(), maps[1].float().round().long()
-        dense = torch.zeros(self.num_classes, *values.shape[1:])
-        return dense.scatter_(0, indices, values)
+        return scatter(*self.maps(relpath), self.num_classes)
 
 
 def _load(file: Path, num_classes: int) -> torch.Tensor:

@@ -11,7 +11,8 @@ then resampled to S x S = token_label_size^2.
 
 A directory in TokenLabeling's published layout (`<class>/<image stem>.pt`, [2, k, H, W] per
 image, no vitpod manifest) is read by `published_labels.PublishedLabelStore` through the same
-crop path (`crop_scores`); `open` picks the reader from the directory's layout.
+cut (`label_maps.targets`, which every loader uses); `open` picks the reader from the
+directory's layout.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from vitpod.trainer.data.config import DataConfig
-from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores
+from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores, scatter, targets
 from vitpod.trainer.data.sources import Split
 from vitpod.trainer.tokenlabels import labellayout, labelset
 
+__all__ = ["TokenLabelError", "TokenLabelStore", "crop_scores"]
 FORMAT = "vitpod-token-labels/1"
 log = logging.getLogger(__name__)
 
@@ -128,29 +129,35 @@ class TokenLabelStore:
         self.grid, self.k = state.get("grid", (0, 0)), state.get("k", 0)
         self._data = None
 
+    softmax = False  # stored scores are probabilities: normalized after the cut
+
     def target(
         self, relpath: str, label: int, box: tuple[float, float, float, float], flipped: bool
     ) -> torch.Tensor:
         """[2 + S*S, C]: one-hot label, class-token target, token targets of the crop `box`."""
+        return targets(
+            self, [relpath], torch.tensor([label]), torch.tensor([box], dtype=torch.float64),
+            torch.tensor([flipped]),
+        )[0]  # fmt: skip
+
+    def maps(self, relpath: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image `relpath`'s stored top-k: probabilities [k, H, W] (float) and class indices."""
         row = self.data["index"].get(relpath)
         if row is None:
             raise TokenLabelError(f"{self.path} has no token labels for {relpath}: regenerate it")
-        dense = self.dense(row)
-        tokens = crop_scores(dense, box, self.size, flipped)
-        one_hot = F.one_hot(torch.tensor(label), self.num_classes).float()
-        return torch.cat([one_hot[None], tokens.mean(0, keepdim=True), tokens])
+        return self._row(row)
 
-    def dense(self, row: int) -> torch.Tensor:
-        """The stored top-k of image `row` as a dense [C, H, W] distribution."""
+    def _row(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
         data = self.data
         if "shards" in data:  # row -> (shard, row in shard): shards stay memory-mapped
             shard = data["shard_of"][row]
             part, row = data["shards"][shard], row - data["starts"][shard]
-            values, indices = part["values"][row].float(), part["indices"][row].long()
-        else:
-            values, indices = data["values"][row].float(), data["indices"][row].long()
-        dense = torch.zeros(self.num_classes, *values.shape[1:])
-        return dense.scatter_(0, indices, values)
+            return part["values"][row].float(), part["indices"][row].long()
+        return data["values"][row].float(), data["indices"][row].long()
+
+    def dense(self, row: int) -> torch.Tensor:
+        """The stored top-k of image `row` as a dense [C, H, W] distribution."""
+        return scatter(*self._row(row), self.num_classes)
 
 
 def _load_shards(path: Path, teacher_sha256: str | None = None) -> dict[str, Any]:

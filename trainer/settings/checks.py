@@ -91,7 +91,23 @@ def problems(cfg: TrainConfig, for_training: bool = True) -> list[str]:
         )
     if cfg.finetune:
         out += _finetune_problems(cfg)
-    return out + _timm_flag_problems(cfg)
+    return out + _timm_flag_problems(cfg) + _loader_problems(cfg)
+
+
+def _loader_problems(cfg: TrainConfig) -> list[str]:
+    """What an explicit --loader cannot read or apply, refused when the job is rendered; what
+    only the node knows (a CUDA device, DALI installed) the ranks check when they start."""
+    out: list[str] = []
+    if cfg.loader in ("dali", "gpu") and cfg.dataset in ("cifar10", "cifar100", "synthetic"):
+        out.append(f"--loader {cfg.loader}: --dataset {cfg.dataset} is arrays, not encoded "
+                   "images (JPEG/PNG); use --loader torch or auto")  # fmt: skip
+    if cfg.loader == "gpu" and cfg.aa:
+        out.append(f"--loader gpu with --aa {cfg.aa}: the gpu loader has no RandAugment; pass "
+                   "--aa '' or use --loader dali or torch")  # fmt: skip
+    if cfg.loader == "dali" and cfg.aa and not cfg.aa.startswith("rand"):
+        out.append(f"--loader dali with --aa {cfg.aa}: DALI runs RandAugment ('rand-m<M>-n<N>"
+                   "...') only; use --loader torch")  # fmt: skip
+    return out
 
 
 def _opt_problem(opt: str) -> str | None:

@@ -1,0 +1,192 @@
+"""Token labels on the DALI and gpu loaders: the pipeline returns each sample's decoded shape,
+crop window and flip, and the label maps are cut with them after the loader by the torch
+loader's code; training, MixToken and exact resume hold, for vitpod's store and TokenLabeling's
+published [2, k, H, W] files alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.fixtures_data import data_config
+from tests.helpers import last_step
+from tests.test_published_token_labels import write_published
+from tests.test_token_label_sets import labels, teacher_run  # noqa: F401 (fixtures)
+from vitpod.trainer.__main__ import main
+from vitpod.trainer.data import create_loader
+from vitpod.trainer.data.dali_loader import DaliLoader
+from vitpod.trainer.data.draws import draw
+from vitpod.trainer.data.gpu_decode import GpuDecodeLoader
+from vitpod.trainer.data.token_label import TokenLabelStore
+from vitpod.trainer.exitcodes import OK, REQUEUE
+
+AUGMENT = {"batch_size": 16, "workers": 1, "seed": 3, "hflip": 0.5, "scale": (0.08, 1.0),
+           "token_label": True, "token_label_size": 2}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def published(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_published(digits_dir, tmp_path_factory.mktemp("published") / "tl")
+
+
+@pytest.fixture(params=["vitpod", "published"])
+def label_dir(request: pytest.FixtureRequest) -> Path:
+    """vitpod's sharded store (3 shards, k=3, grid 2) or the published files (k=5, grid 6x5)."""
+    return request.getfixturevalue("labels" if request.param == "vitpod" else "published")
+
+
+def _expected(loader, store, epoch: int, index: int) -> tuple[torch.Tensor, bool]:
+    """What the torch loader's cut gives for the window and flip drawn for `index`."""
+    cfg, split = loader.cfg, loader.split
+    with Image.open(split.files[index]) as img:
+        width, height = img.size
+    d = draw(cfg.seed, epoch, index, (width, height), scale=cfg.scale, ratio=cfg.ratio,
+             hflip=cfg.hflip, layers=0, num_ops=1, reprob=0.0)  # fmt: skip
+    (x, y), (w, h) = d.crop_anchor, d.crop_shape
+    box = (x / width, y / height, (x + w) / width, (y + h) / height)
+    flipped = bool(d.mirror)
+    return store.target(split.relpath(index), int(split.labels[index]), box, flipped), flipped
+
+
+def _check_targets(loader, store, batches: int) -> None:
+    loader.set_epoch(1)
+    flips: set[bool] = set()
+    for count, (images, targets) in enumerate(loader, 1):
+        assert targets.shape == (len(images), 2 + 4, 10)
+        for row, index in enumerate(loader.last_indices.tolist()):
+            want, flipped = _expected(loader, store, 1, index)
+            flips.add(flipped)
+            assert torch.allclose(targets[row], want, atol=1e-6), (index, flipped)
+            assert targets[row, 0].argmax() == loader.split.labels[index]
+        if count == batches:
+            break
+    assert flips == {True, False}, "both flipped and unflipped samples"
+
+
+def test_dali_targets_are_the_torch_cut_of_the_window_and_flip_it_decoded(
+    digits_dir: Path, label_dir: Path
+):
+    cfg = data_config(digits_dir, AUGMENT, loader="dali", token_label_data=str(label_dir))
+    loader = create_loader(cfg, "train", 1, 2)
+    assert isinstance(loader, DaliLoader) and loader.token_label_info["token_grid"] == [2, 2]
+    store = TokenLabelStore.open(cfg, 10, loader.split)
+    _check_targets(loader, store, batches=3)
+    # The cut depends on the box: another seed draws other windows, other targets.
+    other = create_loader(
+        data_config(digits_dir, AUGMENT, loader="dali", seed=4, token_label_data=str(label_dir)),
+        "train", 1, 2,
+    )  # fmt: skip
+    other.set_epoch(1)
+    loader.set_epoch(1)
+    assert not torch.allclose(next(iter(other))[1], next(iter(loader))[1])
+
+
+def test_gpu_loader_targets_are_the_torch_cut_of_its_windows(digits_dir: Path, label_dir: Path):
+    """The gpu loader's code on the CPU (libjpeg-turbo): cut on its device after decoding."""
+    cfg = data_config(digits_dir, AUGMENT, loader="gpu", token_label_data=str(label_dir))
+    split = create_loader(data_config(digits_dir), "train", 0, 1).split
+    store = TokenLabelStore.open(cfg, 10, split)
+    loader = GpuDecodeLoader(split, cfg, 0, 1, True, device=torch.device("cpu"), token_labels=store)
+    _check_targets(loader, store, batches=3)
+
+
+def _batches(loader, epoch: int, count: int, state=None) -> dict[int, tuple]:
+    loader.set_epoch(epoch)
+    if state is not None:
+        loader.load_state_dict(state)
+    out: dict[int, tuple] = {}
+    for n, (images, targets) in enumerate(loader, 1):
+        for row, index in enumerate(loader.last_indices.tolist()):
+            out[index] = (images[row].clone(), targets[row].clone())
+        if n == count:
+            break
+    return out
+
+
+def test_a_dali_loader_rebuilt_mid_epoch_gives_the_same_crops_flips_and_targets(
+    digits_dir: Path, published: Path
+):
+    """Exact resume (a new loader from the state after 4 batches, as after a requeue) and
+    elastic resume (that state read by 1 rank instead of 2): every sample's image and target
+    are those of the loader that never stopped."""
+    cfg = data_config(digits_dir, AUGMENT, loader="dali", token_label_data=str(published))
+    straight = _batches(create_loader(cfg, "train", 0, 2), epoch=1, count=8)
+    first = create_loader(cfg, "train", 0, 2)
+    _batches(first, epoch=1, count=4)
+    state = first.state_dict()
+    resumed = _batches(create_loader(cfg, "train", 0, 2), epoch=1, count=4, state=state)
+    assert len(resumed) == 4 * 16 and set(resumed) <= set(straight)
+    for index, (image, target) in resumed.items():
+        assert torch.equal(image, straight[index][0]) and torch.equal(target, straight[index][1])
+    alone = _batches(create_loader(cfg, "train", 0, 1), epoch=1, count=2, state=state)
+    rank1 = _batches(create_loader(cfg, "train", 1, 2), epoch=1, count=8)
+    both = {**straight, **rank1}
+    assert set(alone) <= set(both)
+    for index, (image, target) in alone.items():
+        assert torch.equal(image, both[index][0]) and torch.equal(target, both[index][1])
+
+
+TRAIN = ["--model", "volo_tiny", "--num-classes", "10", "--img-size", "32", "--workers", "1",
+         "--loader", "dali", "--token-label", "--ground-truth", "--resume", "none"]  # fmt: skip
+
+
+def test_a_dali_run_trains_on_token_labels(digits_dir: Path, label_dir: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    code = main([str(digits_dir), *TRAIN, "-b", "16", "--max-steps", "3",
+                 "--token-label-data", str(label_dir), "--output", str(run)])  # fmt: skip
+    assert code == OK
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["token_labels"]["path"] == str(label_dir)
+    steps = [json.loads(x) for x in (run / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    assert all(s["loss"] > 0 for s in steps if s["kind"] == "step")
+    assert json.loads((run / "config.json").read_text())["loader"] == "dali"
+
+
+def _preempt_when(run: Path, step: int, stop: threading.Event) -> None:
+    """SIGUSR2 to this process (the trainer in it) once it has logged `step`."""
+    while not stop.wait(0.02):
+        if (run / "metrics" / "rank0.jsonl").exists() and last_step(run) >= step:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            return
+
+
+def test_a_preempted_dali_token_label_run_resumes_bit_for_bit(
+    digits_half_dir: Path, tmp_path: Path
+):
+    """Random crops, flips, MixToken and drop path on; a real SIGUSR2 mid-epoch 1 in the same
+    process, then the run again: its final weights are those of the run never stopped."""
+    labels_dir = write_published(digits_half_dir, tmp_path / "tl")
+    args = [str(digits_half_dir), *TRAIN, "-b", "32", "--epochs", "2", "--warmup-epochs", "1",
+            "--drop-path", "0.1", "--hflip", "0.5", "--scale", "0.08", "1", "--seed", "5",
+            "--checkpoint-every", "0", "--log-interval", "1", "--aa", "", "--reprob", "0",
+            "--token-label-data", str(labels_dir)]  # fmt: skip
+    args = [a for a in args if a not in ("--resume", "none")]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        assert main([*args, "--output", str(straight)]) == OK
+        done = threading.Event()
+        watcher = threading.Thread(target=_preempt_when, args=(stopped, 30, done), daemon=True)
+        watcher.start()
+        try:
+            assert main([*args, "--output", str(stopped)]) == REQUEUE
+        finally:
+            done.set()
+        assert not (stopped / "final").exists()
+        assert 30 <= last_step(stopped) < 46
+        assert main([*args, "--output", str(stopped)]) == OK
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    a, b = (torch.load(r / "final" / "model.pt", weights_only=True) for r in (straight, stopped))
+    differing = [k for k in a if not torch.equal(a[k], b[k])]
+    assert a.keys() == b.keys() and not differing, differing[:5]
+    summaries = [json.loads((r / "summary.json").read_text()) for r in (straight, stopped)]
+    assert summaries[0]["steps"] == summaries[1]["steps"] == 46
