@@ -226,16 +226,21 @@ def check_container_paths(profile: Profile) -> None:
         raise ConfigError(f"container.image: {container.image!r} ({path}) is not readable")
 
 
-def mount_specs(container: Container, extra_paths: Sequence[str] = ()) -> list[str]:
-    """`--container-mounts` entries: the profile's mounts, then each of `extra_paths` (the run's
-    directories) at the same path unless a profile mount already covers it."""
+def mount_specs(container: Container, extra_paths: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """`--container-mounts` entries: the profile's mounts, then each of `extra_paths` ((what the
+    user set it with, path): the run root, a fine-tune source) at the same path unless a profile
+    mount already covers it. Every path is checked as a profile mount is: a ',' or ':' in one
+    would make pyxis read another mount (`--run-root "/x,y:/etc"` would mount /etc)."""
     specs, dsts = [], []
-    for m in container.mounts:
+    for i, m in enumerate(container.mounts):
         src, dst = host_path(m.src), host_path(m.dst)
+        for side, value in (("src", src), ("dst", dst)):
+            _check_mount_side(f"container.mounts[{i}].{side}", value)
         specs.append(f"{src}:{dst}" + (":ro" if m.readonly else ""))
         dsts.append(Path(dst))
-    for extra in extra_paths:
+    for what, extra in extra_paths:
         path = Path(host_path(extra))
+        _check_mount_side(what, str(path))
         if not any(path == d or d in path.parents for d in dsts):
             specs.append(f"{path}:{path}")
             dsts.append(path)
@@ -243,7 +248,7 @@ def mount_specs(container: Container, extra_paths: Sequence[str] = ()) -> list[s
 
 
 def srun_args(
-    container: Container, env_names: Sequence[str], extra_paths: Sequence[str] = ()
+    container: Container, env_names: Sequence[str], extra_paths: Sequence[tuple[str, str]] = ()
 ) -> list[str]:
     """The pyxis flags of every rank (one function for the sbatch and submitit paths)."""
     image = sqsh_path(container.image) or container.image

@@ -304,8 +304,10 @@ def _container_args(spec: JobSpec, env_names: list[str]) -> list[str]:
         return []
     # The run's directory tree (its siblings: a pipeline's other stage) and a fine-tune source
     # are mounted at the same paths when no profile mount covers them.
-    extra = [str(Path(spec.run_dir).parent)]
-    extra += [p for p in (last_value(list(spec.command), "--finetune"),) if p]
+    root = "run root (--run-root, VITPOD_RUN_ROOT or storage.runs)"
+    extra = [(root, str(Path(spec.run_dir).parent))]
+    finetune = last_value(list(spec.command), "--finetune")
+    extra += [("--finetune (FINETUNE_FROM)", finetune)] if finetune else []
     return container.srun_args(spec.profile.container, env_names, extra)
 
 

@@ -44,7 +44,8 @@ NODE_FIELDS = (
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re.IGNORECASE)
+# KEY, TOKEN, SECRET, PASS or CREDENTIAL anywhere; PAT only as a word part (GITHUB_PAT, not PATH).
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|(?<![A-Z])PAT(?![A-Z])", re.IGNORECASE)
 _HCA = re.compile(r"^[A-Za-z0-9_]+:\d+$")
 _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 ROCE_ONLY_ENV = ("NCCL_IB_GID_INDEX", "NCCL_IB_ROCE_VERSION_NUM")
