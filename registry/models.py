@@ -131,9 +131,10 @@ def arch_of(name: str) -> Volo | Vit:
     return get(name).arch
 
 
-def build(name: str, img_size: int, num_classes: int, drop_path: float = 0.0) -> Any:
+def build(name: str, img_size: int, num_classes: int, drop_path: float = 0.0, **kwargs: Any) -> Any:
     """The timm model of a registered name, no pretrained weights (timm is imported here only,
-    so the registry stays importable on a login node without torch)."""
+    so the registry stays importable on a login node without torch); kwargs: more arguments of
+    its constructor (timm's --drop as drop_rate, --model-kwargs)."""
     import timm
     from timm.models.vision_transformer import VisionTransformer
     from timm.models.volo import VOLO
@@ -142,19 +143,19 @@ def build(name: str, img_size: int, num_classes: int, drop_path: float = 0.0) ->
     if info.timm_name is not None:
         return timm.create_model(
             info.timm_name, pretrained=False, img_size=img_size, num_classes=num_classes,
-            drop_path_rate=drop_path,
+            drop_path_rate=drop_path, **kwargs,
         )  # fmt: skip
     a = info.arch
     if isinstance(a, Vit):
         return VisionTransformer(
             img_size=img_size, patch_size=a.patch_size, embed_dim=a.embed_dim, depth=a.depth,
             num_heads=a.num_heads, mlp_ratio=a.mlp_ratio, num_classes=num_classes,
-            drop_path_rate=drop_path,
+            drop_path_rate=drop_path, **kwargs,
         )  # fmt: skip
     return VOLO(
         img_size=img_size, layers=list(a.layers), embed_dims=list(a.embed_dims),
         num_heads=list(a.num_heads), patch_size=a.patch_size, stem_hidden_dim=a.stem_hidden_dim,
-        mlp_ratio=a.mlp_ratio, num_classes=num_classes, drop_path_rate=drop_path,
+        mlp_ratio=a.mlp_ratio, num_classes=num_classes, drop_path_rate=drop_path, **kwargs,
     )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from tests.helpers import QUICK, logs, run_ranks
 from tests.test_trainer_config import PRETRAIN
 from vitpod.trainer.config import ConfigError
 from vitpod.trainer.settings.flags import parse_args
-from vitpod.trainer.settings.timmargs import NOT_IMPLEMENTED, TIMM
+from vitpod.trainer.settings.timmargs import TIMM
 from vitpod.workflows.errors import ConfigError as PlanError
 from vitpod.workflows.planning.plan import Request, plan_job
 
@@ -46,26 +46,22 @@ def test_dash_c_reads_timms_args_yaml_and_maps_its_keys() -> None:
     )  # fmt: skip
     assert cfg.dataset == "folder" and cfg.scale == (0.08, 1.0)
     assert cfg.config == str(TIMM_ARGS)
-    # The table knows every key timm's train.py writes, once.
-    assert set(yaml.safe_load(TIMM_ARGS.read_text())) <= set(TIMM) | {
-        "output",
-        "experiment",
-        "local_rank",
-    }
-    assert set(NOT_IMPLEMENTED) <= set(TIMM)
+    # The table knows every key timm's train.py writes; output and experiment: timm's layout.
+    assert set(yaml.safe_load(TIMM_ARGS.read_text())) <= set(TIMM)
+    assert cfg.output == "/runs/volo-d1"
 
 
 def test_timm_keys_vitpod_lacks_are_refused_in_one_message_unless_at_timms_default(tmp_path):
-    path = timm_args(tmp_path, jsd_loss=True, sync_bn=True, cooldown_epochs=10, bce_loss=False)
+    path = timm_args(tmp_path, jsd_loss=True, vflip=0.5, lr_cycle_limit=3, split_bn=False)
     with pytest.raises(ConfigError) as err:
         parse_args(["-c", str(path)])
     message = str(err.value)
-    assert message.startswith(f"--config {path} (timm's args.yaml): vitpod does not implement ")
-    for named in ("jsd_loss: True (timm's default: False)", "sync_bn: True (timm's default: False)",
-                  "cooldown_epochs: 10 (timm's default: 0)"):  # fmt: skip
+    assert message.startswith(f"--config {path} (timm's args.yaml): --jsd-loss: in timm, the ")
+    for named in ("--vflip 0.5: in timm, flips images vertically; vitpod's loaders flip "
+                  "horizontally only (--hflip)", "--lr-cycle-limit 3: in timm, restart cycles"):
         assert named in message
-    assert "bce_loss" not in message  # at timm's default: a no-op, accepted
-    assert "docs/trainer.md#config-files" in message
+    assert "split" not in message.replace("splits", "")  # at timm's default: asks nothing
+    assert "docs/trainer.md#timms-trainpy-options" in message
 
 
 def test_timm_values_vitpod_cannot_take_are_refused_naming_the_key(tmp_path) -> None:
@@ -73,7 +69,7 @@ def test_timm_values_vitpod_cannot_take_are_refused_naming_the_key(tmp_path) -> 
     cfg = parse_args(["-c", str(timm_args(tmp_path, opt="sgd", momentum=0.8, sched="step",
                                           decay_epochs=30, opt_betas=None))])  # fmt: skip
     assert (cfg.opt, cfg.momentum, cfg.sched, cfg.decay_epochs) == ("sgd", 0.8, "step", 30)
-    with pytest.raises(ConfigError, match=r"argument --decay-rate: invalid float value: 'x'"):
+    with pytest.raises(ConfigError, match=r"argument --decay-rate/--dr: invalid float value: 'x'"):
         parse_args(["-c", str(timm_args(tmp_path, decay_rate="x"))])
     # timm scales lr_base by sqrt(batch) for AdamW when lr is unset; vitpod linearly.
     with pytest.raises(ConfigError, match=r"lr: None with lr_base_scale 'sqrt'.*give lr"):
@@ -123,7 +119,7 @@ def test_a_config_file_in_args_beats_the_recipe_and_the_command_line_beats_it(tm
     assert cfg["output"].startswith(str(tmp_path / "runs"))  # the planner's run directory
     assert planned(f"-c {path} --epochs 40")["epochs"] == 40
     path.write_text("jsd_loss: true\nsched: cosine\n")
-    with pytest.raises(PlanError, match=r"^ARGS: --config .*vitpod does not implement jsd_loss"):
+    with pytest.raises(PlanError, match=r"^ARGS: --config .*--jsd-loss: in timm, "):
         planned(f"-c {path}")
 
 

@@ -43,7 +43,9 @@ from vitpod.trainer.model.models import (
     load_finetune,
     load_initial_checkpoint,
     model_manifest,
+    pretrained_file,
     set_grad_checkpointing,
+    sync_batchnorm,
 )
 from vitpod.trainer.model.optim import current_lr, optimizer_for, schedule_for
 from vitpod.trainer.speed.attention import choose_kernel
@@ -96,7 +98,7 @@ class Trainer:
             cfg.milestone_every, elastic=Resize(cfg.global_batch_size, self.engine.name),
             await_files=self.engine.sharded_files,
         )  # fmt: skip
-        total = cfg.max_steps or self.steps_per_epoch * cfg.epochs
+        total = cfg.max_steps or self.steps_per_epoch * cfg.train_epochs
         self.metrics = MetricsLogger(
             self.run_dir, env.rank, env.world_size, total, cfg.log_interval, self.device,
             config=cfg.record(),
@@ -117,7 +119,12 @@ class Trainer:
 
     def _build_model(self) -> nn.Module:
         cfg = self.cfg
-        model = create_model(cfg.model, cfg.img_size, num_classes(cfg), cfg.drop_path or 0.0)
+        model = create_model(cfg.model, cfg.img_size, num_classes(cfg), cfg.drop_path or 0.0,
+                             cfg.drop, cfg.model_kwargs)  # fmt: skip
+        if cfg.pretrained:  # timm's --pretrained: read from disk, a new head where classes differ
+            load_finetune(model, pretrained_file(cfg.model, cfg.pretrained_path), cfg.model)
+        if cfg.sync_bn:
+            model = sync_batchnorm(model, self.device, self.env.world_size)
         if cfg.initial_checkpoint:
             load_initial_checkpoint(model, cfg.initial_checkpoint, cfg.model)
         if cfg.finetune:
@@ -137,13 +144,15 @@ class Trainer:
         rank, world = self.data_rank, self.data_world
         return (
             create_loader(data_cfg, "train", rank, world),
-            create_loader(dataclasses.replace(data_cfg, token_label=False), "val", rank, world),
+            create_loader(val_cfg, "val", rank, world),
         )
 
     # ----------------------------------------------------------------------------- the loop
     def run(self) -> int:
         cfg = self.cfg
         self.preemption.install()  # main() installed it already; again for Trainers built directly
+        batch = self.cfg.validation_batch_size or data_cfg.batch_size  # timm's -vb
+        val_cfg = dataclasses.replace(data_cfg, token_label=False, aug_repeats=0, batch_size=batch)
         if self.env.is_main:
             io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, cfg.record())
             io.write_text_atomic(self.run_dir / runfiles.ARGS, cfg.args_yaml())
@@ -154,7 +163,7 @@ class Trainer:
             return self._requeue_before_training()
         if cfg.checkpoint_steps:
             self.checkpointer.preallocate(self._state(epoch_end=False))
-        while self.epoch < cfg.epochs and not self._reached_max_steps():
+        while self.epoch < cfg.train_epochs and not self._reached_max_steps():
             self.train_loader.set_epoch(self.epoch)
             if self._train_epoch() == "preempted":
                 self._save(epoch_end=False, wait=True)

@@ -46,6 +46,14 @@ class DataConfig:
     hflip: float = 0.5
     interpolation: str = "bicubic"
     """Resize filter of both loaders: 'bicubic' (VOLO's) or 'bilinear' (faster, see benchmarks)."""
+    train_interpolation: str = ""
+    """Training resize filter of the torch loader ('': interpolation; 'random': bilinear or
+    bicubic per image, timm's default); DALI and gpu resize with `interpolation`."""
+    color_jitter: float = 0.4
+    """timm's color jitter strength (torch loader; off while auto_augment is set, as in timm)."""
+    aug_repeats: int = 0
+    """Training: timm's repeated augmentation (RepeatAugSampler), each image this many times an
+    epoch on different ranks (sharding.repeated_order); 0 = off."""
     auto_augment: str | None = "rand-m9-mstd0.5-inc1"
     """timm RandAugment string (both loaders; DALI: rand-* policies); None or '' turns it off."""
     reprob: float = 0.25
@@ -77,6 +85,8 @@ class DataConfig:
         _check_choice("loader", self.loader, LOADERS)
         _check_choice("corrupt", self.corrupt, CORRUPT_POLICIES)
         _check_choice("interpolation", self.interpolation, INTERPOLATIONS)
+        _check_choice("train_interpolation", self.train_interpolation,
+                      ("", "random", *INTERPOLATIONS))  # fmt: skip
         for name in (
             "img_size",
             "batch_size",

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from vitpod.trainer.data.config import DataConfig
-from vitpod.trainer.data.sharding import epoch_order, rank_batches, samples_after
+from vitpod.trainer.data.sharding import epoch_order, rank_batches, repeated_order, samples_after
 from vitpod.trainer.data.sources import Split
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # images, targets, sample indices
@@ -120,3 +120,7 @@ class Loader:
 
     def _iter_batches(self, batches: list[np.ndarray]) -> Iterator[Batch]:
         raise NotImplementedError
+        if self.train and self.cfg.aug_repeats:  # --aug-repeats: timm's RepeatAugSampler
+            order = repeated_order(len(self.split), self.cfg.seed, self.epoch,
+                                   self.cfg.aug_repeats, self.world_size, self.cfg.batch_size,
+                                   self.cfg.accum_steps)  # fmt: skip

@@ -27,6 +27,26 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.nd
     return np.random.default_rng([seed, epoch]).permutation(num_samples).astype(np.int64)
 
 
+def repeated_order(
+    num_samples: int, seed: int, epoch: int, repeats: int, world_size: int, batch_size: int,
+    accum: int = 1,
+) -> np.ndarray:  # fmt: skip
+    """timm's RepeatAugSampler (--aug-repeats; Hoffer et al. 2020, DeiT) as a global order cut by
+    rank_batches: the epoch's permutation with each sample `repeats` times in a row, dealt
+    round-robin to the ranks (rank r reads repeated[r::W], so a sample's copies go to different
+    ranks and get different augmentations), each rank keeping timm's share, num_samples // 256 *
+    256 / W (all samples, / W, for a set under 256), rounded down to whole optimizer steps here
+    so the order has no partial step. A function of (seed, epoch, W, B, A): resuming at a
+    consumed-sample count reads the same samples as the run that was not stopped."""
+    repeated = np.repeat(epoch_order(num_samples, seed, epoch, shuffle=True), repeats)
+    per_rank = -(-len(repeated) // world_size)
+    streams = np.resize(repeated, per_rank * world_size).reshape(-1, world_size).T  # wrap-pad
+    kept = num_samples // 256 * 256 // world_size or -(-num_samples // world_size)
+    kept = min(kept, per_rank) // (batch_size * accum) * (batch_size * accum)
+    # step-major, as rank_batches reads it: micro-step s, rank r -> streams[r, s*B:(s+1)*B]
+    return streams[:, :kept].reshape(world_size, -1, batch_size).transpose(1, 0, 2).reshape(-1)
+
+
 def rank_batches(
     order: np.ndarray,
     rank: int,

@@ -47,7 +47,12 @@ class BoxedTrainTransform:
             cfg.ratio,
             cfg.hflip,
         )
-        self.resample = Image.Resampling[cfg.interpolation.upper()]
+        filters = (
+            ("bilinear", "bicubic")
+            if cfg.train_interpolation == "random"
+            else (cfg.train_interpolation or cfg.interpolation,)
+        )  # timm's 'random': one of the two per image
+        self.resamples = [Image.Resampling[f.upper()] for f in filters]
 
     def __call__(self, img: Image.Image) -> tuple[Any, tuple[float, float, float, float], bool]:
         src_w, src_h = img.size
@@ -56,7 +61,8 @@ class BoxedTrainTransform:
         )
         box = (left / src_w, top / src_h, (left + width) / src_w, (top + height) / src_h)
         window = (left, top, left + width, top + height)
-        img = img.resize((self.size, self.size), self.resample, box=window)
+        resample = random.choice(self.resamples)
+        img = img.resize((self.size, self.size), resample, box=window)
         flipped = random.random() < self.hflip
         if flipped:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
@@ -87,7 +93,8 @@ def _train_args(cfg: DataConfig) -> dict[str, Any]:
         ratio=cfg.ratio,
         hflip=cfg.hflip,
         auto_augment=cfg.auto_augment or None,
-        interpolation=cfg.interpolation,
+        interpolation=cfg.train_interpolation or cfg.interpolation,
+        color_jitter=cfg.color_jitter,
         re_prob=cfg.reprob,
         re_mode="pixel",
         mean=cfg.mean,

@@ -97,14 +97,14 @@ class DDPEngine(NotPipelined):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
                  exchange: str, ps_servers: int, accum_steps: int, clip_grad: float | None,
-                 token_label: bool = False) -> None:  # fmt: skip
+                 token_label: bool = False, clip_mode: str = "norm") -> None:  # fmt: skip
         world = dist.get_world_size()
         self.name = exchange
         self.model = model
         self.optimizer = optimizer
         self.precision = precision
         self.accum_steps = accum_steps
-        self.clip_grad = clip_grad
+        self.clip_grad, self.clip_mode = clip_grad, clip_mode
         device_ids = [precision.device.index] if precision.device.type == "cuda" else None
         wrapped = TrainForward(model) if token_label else model
         # Exact resume needs one bucket layout for the whole run. DDP reduces a process's first
@@ -144,7 +144,9 @@ class DDPEngine(NotPipelined):
         if self.clip_grad:
             if scaler:
                 scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
+            from timm.utils import dispatch_clip_grad  # timm's --clip-mode: norm, value, agc
+
+            dispatch_clip_grad(self.model.parameters(), self.clip_grad, mode=self.clip_mode)
         if scaler:
             scaler.step(self.optimizer)
             scaler.update()

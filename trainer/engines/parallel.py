@@ -51,7 +51,7 @@ def _ddp(model: nn.Module, optimizer_factory, precision: Precision, cfg, loss_fn
     optimizer = optimizer_factory(model)
     return DDPEngine(
         model, optimizer, precision, cfg.engine, servers, cfg.accum_steps, cfg.clip_grad,
-        cfg.token_label,
+        cfg.token_label, cfg.clip_mode,
     )  # fmt: skip
 
 

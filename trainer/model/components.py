@@ -20,8 +20,21 @@ def data_config(cfg: TrainConfig):
         token_label_data=cfg.token_label_data or "",
         token_label_size=cfg.token_label_size or cfg.img_size // 16,
         ground_truth=cfg.ground_truth, corrupt=cfg.corrupt, seed=cfg.seed,
-        drop_last=cfg.drop_last,
+        drop_last=cfg.drop_last, ratio=(cfg.ratio[0], cfg.ratio[1]),
+        interpolation=cfg.interpolation or "bicubic", train_interpolation=cfg.train_interpolation,
+        color_jitter=cfg.color_jitter, aug_repeats=int(cfg.aug_repeats),
+        **_normalisation(cfg),
     )  # fmt: skip
+
+
+def _normalisation(cfg: TrainConfig) -> dict:
+    """--mean/--std as timm reads them: one value for every channel, or three."""
+    out = {}
+    for name in ("mean", "std"):
+        value = getattr(cfg, name)
+        if value is not None:
+            out[name] = tuple(value) * 3 if len(value) == 1 else tuple(value)
+    return out
 
 
 def resolve_num_classes(cfg: TrainConfig) -> None:
@@ -41,6 +54,14 @@ def make_criterion(cfg: TrainConfig) -> nn.Module:
         from vitpod.trainer.tokenlabels.token_loss import TokenLabelCriterion
 
         return TokenLabelCriterion(ground_truth=cfg.ground_truth)
+    if cfg.bce_loss:  # timm's train.py: smoothing is Mixup's when it is on, else the loss's
+        from timm.loss import BinaryCrossEntropy
+
+        return BinaryCrossEntropy(
+            smoothing=0.0 if cfg.mixup_active else cfg.smoothing,
+            target_threshold=cfg.bce_target_thresh, sum_classes=cfg.bce_sum,
+            pos_weight=cfg.bce_pos_weight,
+        )  # fmt: skip
     if cfg.mixup_active:  # Mixup's targets are soft, --smoothing already in them
         from timm.loss import SoftTargetCrossEntropy
 

@@ -27,16 +27,59 @@ class ModelLoadError(ValueError):
     """A fine-tune checkpoint that cannot be loaded into the model; the message says why."""
 
 
-def create_model(name: str, img_size: int, num_classes: int, drop_path: float) -> nn.Module:
-    """Build `name` (no pretrained weights: nothing is downloaded inside a job)."""
+def create_model(
+    name: str, img_size: int, num_classes: int, drop_path: float, drop: float = 0.0,
+    model_kwargs: dict[str, Any] | None = None,
+) -> nn.Module:  # fmt: skip
+    """Build `name` (no pretrained weights: nothing is downloaded inside a job; --pretrained
+    loads them from disk afterwards, see pretrained_file). drop and model_kwargs are timm's
+    --drop (drop_rate) and --model-kwargs, passed to the constructor as timm's train.py does."""
     if not known_model(name):
         raise ModelLoadError(f"--model {name}: unknown; use volo_d1..volo_d5, volo_tiny or vit_*")
-    if models.known(name):
-        return models.build(name, img_size, num_classes, drop_path)  # type: ignore[no-any-return]
-    return timm.create_model(
-        name, pretrained=False, img_size=img_size, num_classes=num_classes,
-        drop_path_rate=drop_path,
-    )  # fmt: skip
+    kwargs = {"drop_rate": drop, **(model_kwargs or {})}
+    try:
+        if models.known(name):
+            return models.build(name, img_size, num_classes, drop_path, **kwargs)  # type: ignore[no-any-return]
+        return timm.create_model(
+            name, pretrained=False, img_size=img_size, num_classes=num_classes,
+            drop_path_rate=drop_path, **kwargs,
+        )  # fmt: skip
+    except TypeError as err:  # a --model-kwargs key the constructor does not take
+        raise ModelLoadError(f"--model-kwargs {model_kwargs}: {err}; give arguments of "
+                             f"{name}'s constructor") from None  # fmt: skip
+
+
+def pretrained_file(name: str, path: str | None) -> str:
+    """timm's --pretrained: --pretrained-path, else the model's weights in the local Hugging Face
+    cache (timm's hf_hub_id); never the network (compute nodes have none)."""
+    if path:
+        return path
+    from huggingface_hub import constants, try_to_load_from_cache
+    from timm.models import get_pretrained_cfg
+
+    timm_name = models.get(name).timm_name if models.known(name) else name
+    cfg = get_pretrained_cfg(timm_name) if timm_name else None
+    repo = getattr(cfg, "hf_hub_id", None)
+    if not repo:
+        raise ModelLoadError(f"--pretrained: timm has no pretrained weights for --model {name}; "
+                             "pass --pretrained-path FILE")  # fmt: skip
+    for filename in ("model.safetensors", "pytorch_model.bin"):
+        found = try_to_load_from_cache(repo, filename, cache_dir=constants.HF_HUB_CACHE)
+        if isinstance(found, str):
+            return found
+    raise ModelLoadError(
+        f"--pretrained: {name}'s weights ({repo}) are not in the local Hugging Face cache "
+        f"{constants.HF_HUB_CACHE} and compute nodes download nothing; fetch them on a login "
+        f"node (`hf download {repo}`, with HF_HUB_CACHE pointing at shared storage) or pass "
+        "--pretrained-path FILE"
+    )
+
+
+def sync_batchnorm(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:
+    """timm's --sync-bn: BatchNorm statistics over all ranks (torch's SyncBatchNorm, GPU only)."""
+    if device.type != "cuda" and world_size > 1:
+        raise ModelLoadError("--sync-bn: torch's SyncBatchNorm runs on GPUs only; drop it on CPU")
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def resolve_finetune_file(path: str) -> Path:

@@ -105,7 +105,7 @@ def choose_implementation(opt: str, device: torch.device) -> str:
 def create_optimizer(
     model: nn.Module, opt: str, lr: float, weight_decay: float, device: torch.device,
     eps: float | None = None, betas: tuple[float, ...] | None = None, momentum: float = 0.9,
-    layer_decay: float | None = None,
+    layer_decay: float | None = None, opt_kwargs: dict[str, Any] | None = None,
 ) -> tuple[torch.optim.Optimizer, str]:  # fmt: skip
     """The optimizer (timm's create_optimizer_v2 for every name but the AdamW fast path) and the
     name of the implementation chosen (logged once)."""
@@ -114,7 +114,7 @@ def create_optimizer(
                           "use its timm counterpart (e.g. adamw, lamb, sgd) here")  # fmt: skip
     impl = choose_implementation(opt, device)
     groups = param_groups(model, weight_decay, layer_decay)
-    kwargs = timm_kwargs(eps, betas, momentum)
+    kwargs = {**timm_kwargs(eps, betas, momentum), **(opt_kwargs or {})}  # timm's --opt-kwargs
     optimizer: torch.optim.Optimizer
     try:
         if impl == "torch fused":
@@ -130,6 +130,10 @@ def create_optimizer(
             )  # fmt: skip
     except ImportError as err:  # timm's bnb*/fused* need bitsandbytes/apex
         raise ConfigError(f"--opt {opt}: {err}; install it or pick another --opt") from err
+    except TypeError as err:  # an --opt-kwargs key the optimizer does not take
+        raise ConfigError(
+            f"--opt-kwargs {opt_kwargs}: {err}; give arguments of --opt {opt}"
+        ) from None
     log.info("optimizer %s: %s implementation", opt, impl)
     return optimizer, impl
 
@@ -145,21 +149,45 @@ def create_schedule(
     decay_epochs: float | None = None,
     decay_milestones: tuple[int, ...] = (90, 180, 270),
     decay_rate: float = 0.1,
+    on_updates: bool = True,
+    cooldown_epochs: int = 0,
 ):
-    """timm's warmup + `sched`, stepped per optimizer update (`step_update(global_step)`): its
-    position is the step count, so a resumed run's LR is the uninterrupted run's."""
+    """timm's warmup + `sched` (+ --cooldown-epochs at min_lr), moved by `step_update(global
+    step)`: its position is the step count, so a resumed run's LR is the uninterrupted run's.
+    on_updates=False is timm's per-epoch stepping (its train.py default): the LR changes at
+    epoch starts only (EpochStepped)."""
     decay: dict[str, Any] = {} if decay_epochs is None else {"decay_epochs": decay_epochs}
+    updates = max(1, steps_per_epoch)
     try:
         scheduler, _ = create_scheduler_v2(
             optimizer, sched=sched, num_epochs=epochs, warmup_epochs=warmup_epochs,
             warmup_lr=warmup_lr, min_lr=min_lr, decay_milestones=list(decay_milestones),
-            decay_rate=decay_rate, step_on_epochs=False, updates_per_epoch=max(1, steps_per_epoch),
+            decay_rate=decay_rate, step_on_epochs=not on_updates, updates_per_epoch=updates,
+            cooldown_epochs=cooldown_epochs,
             # unset: timm's own default (timm < 1.0.31 multiplies a None here and fails)
             **decay,
         )  # fmt: skip
     except ValueError as err:  # wsd/rsqrt: a decay length that does not fit the run
         raise ConfigError(f"--sched {sched}: {err}") from err
-    return scheduler
+    return scheduler if on_updates else EpochStepped(scheduler, updates)
+
+
+class EpochStepped:
+    """A timm schedule built per epoch (step_on_epochs), driven by the update count as every
+    vitpod schedule is: update n is in epoch n // updates_per_epoch, whose LR timm's
+    `scheduler.step(epoch)` sets; a function of n, so resuming needs no state of its own."""
+
+    def __init__(self, scheduler: Any, updates_per_epoch: int) -> None:
+        self.scheduler, self.updates_per_epoch = scheduler, updates_per_epoch
+
+    def step_update(self, num_updates: int) -> None:
+        self.scheduler.step(num_updates // self.updates_per_epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
@@ -189,7 +217,7 @@ def optimizer_for(model: nn.Module, cfg: TrainConfig, device: torch.device) -> A
     --momentum and --layer-decay."""
     optimizer, _ = create_optimizer(
         model, cfg.opt, cfg.lr or 0.0, cfg.weight_decay, device, cfg.opt_eps, cfg.opt_betas,
-        cfg.momentum, cfg.layer_decay,
+        cfg.momentum, cfg.layer_decay, cfg.opt_kwargs,
     )  # fmt: skip
     return optimizer
 
@@ -198,5 +226,6 @@ def schedule_for(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_e
     """create_schedule with the run's --sched, warmup, floor and decay flags."""
     return create_schedule(
         optimizer, cfg.epochs, cfg.warmup_epochs, cfg.warmup_lr, cfg.min_lr, steps_per_epoch,
-        cfg.sched, cfg.decay_epochs, cfg.decay_milestones, cfg.decay_rate,
+        cfg.sched, cfg.decay_epochs, cfg.decay_milestones, cfg.decay_rate, cfg.sched_on_updates,
+        cfg.cooldown_epochs,
     )  # fmt: skip

@@ -158,6 +158,43 @@ def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
                    "(NCHW) weights only; drop --channels-last")  # fmt: skip
     if cfg.initial_checkpoint and cfg.finetune:
         out.append("--initial-checkpoint and --finetune both load the weights; drop one")
+    return out + _timm_setting_problems(cfg)
+
+
+def _timm_setting_problems(cfg: TrainConfig) -> list[str]:
+    """timm train.py's settings (trainer/settings/timmargs.py) where this run cannot honour them."""
+    out = []
+    if cfg.pretrained_path and not cfg.pretrained:
+        out.append("--pretrained-path without --pretrained: timm reads the file only with "
+                   "--pretrained; add --pretrained (or use --finetune PATH)")  # fmt: skip
+    if cfg.pretrained and (cfg.finetune or cfg.initial_checkpoint):
+        out.append("--pretrained with --finetune/--initial-checkpoint: each loads the weights; "
+                   "drop one")  # fmt: skip
+    if cfg.sync_bn and cfg.engine not in DDP_ENGINES:
+        out.append("--sync-bn: DDP (ring/ps) only (DeepSpeed and the mesh engine wrap the model "
+                   "themselves); drop it or --deepspeed/--fsdp/--tp/--pp")  # fmt: skip
+    if cfg.clip_mode != "norm" and cfg.clip_grad and cfg.engine not in DDP_ENGINES:
+        out.append(f"--clip-mode {cfg.clip_mode}: DDP (ring/ps) only (DeepSpeed and the mesh "
+                   "engine clip the global norm); use --clip-mode norm there")  # fmt: skip
+    if cfg.bce_loss and cfg.token_label:
+        out.append("--bce-loss with --token-label: token labeling has its own loss; drop one")
+    if cfg.aug_repeats < 0 or cfg.aug_repeats % 1:
+        out.append(f"--aug-repeats {cfg.aug_repeats}: a whole number of copies (timm's "
+                   "RepeatAugSampler repeats each index that often); e.g. 3")  # fmt: skip
+    if cfg.aug_repeats and cfg.token_label:
+        out.append("--aug-repeats with --token-label: token-label maps are read per image once "
+                   "an epoch by their loader; drop one")  # fmt: skip
+    for name in ("mean", "std"):
+        value = getattr(cfg, name)
+        if value is not None and len(value) not in (1, 3):
+            out.append(f"--{name} {' '.join(map(str, value))}: give one value or three (RGB)")
+    if cfg.train_interpolation not in ("", cfg.interpolation or "bicubic") and cfg.loader in (
+        "dali",
+        "gpu",
+    ):
+        out.append(f"--train-interpolation {cfg.train_interpolation} with --loader {cfg.loader}: "
+                   "that loader resizes with --interpolation; use --loader torch or set "
+                   "--interpolation")  # fmt: skip
     return out
 
 

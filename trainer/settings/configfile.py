@@ -14,7 +14,7 @@ from vitpod.trainer.settings import timmargs
 
 # Keys of a run's config.json (and --print-config) that record how it started or what it
 # derived; a file fed back sets them again by itself, so they are read as nothing.
-RECORD_KEYS = ("config", "plan", "print_config", "world_size", "global_batch_size")
+RECORD_KEYS = ("config", "plan", "print_config", "world_size", "global_batch_size", "no_effect")
 
 
 def read_config(path: str, fields: set[str]) -> dict[str, Any]:

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import os
 import sys
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any
 
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
+from vitpod.trainer.settings import timmargs
 from vitpod.trainer.settings.configfile import read_config
 from vitpod.trainer.settings.decision import read_plan, refuse_overrides
+
+log = logging.getLogger(__name__)
 
 
 def flag_name(f: dataclasses.Field) -> str:
@@ -25,6 +31,7 @@ def _cli_fields() -> list[dataclasses.Field]:
 def _field_type(f: dataclasses.Field) -> type:
     text = str(f.type)
     for name, kind in (
+        ("dict", dict),
         ("bool", bool),
         ("int", int),
         ("float", float),
@@ -44,6 +51,37 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message}; see `python -m vitpod.trainer --help` for the valid flags")
 
 
+def _cli_value(option: timmargs.TimmOption | None, kind: Any) -> Any:
+    """The argparse type of a flag: its kind, then timm's value spelled as vitpod's (a converter
+    that means "not set" (SKIP) for some input is no command-line type)."""
+    convert = option.value if option is not None else None
+    if convert not in (timmargs.dataset_name, timmargs.amp_dtype_name, timmargs.opt_name,
+                       timmargs.compile_backend):  # fmt: skip
+        return kind
+
+    def typed(text: str) -> Any:
+        try:
+            return convert(kind(text))
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    typed.__name__ = getattr(kind, "__name__", "value")
+    return typed
+
+
+def _kwargs_pair(text: str) -> tuple[str, Any]:
+    try:
+        return timmargs.kwarg_pair(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _timm_option(field: str, flags: Sequence[str]) -> timmargs.TimmOption | None:
+    """timm's option spelled as one of the field's flags (its values are timm's too)."""
+    return next((o for o in timmargs.OPTIONS if o.field == field and set(o.flags) & set(flags)),
+                None)  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m vitpod.trainer",
@@ -54,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     for f in _cli_fields():
         meta = f.metadata
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
-        if f.name == "data_dir":
-            group.add_argument("data_dir", nargs="?", default=None, help=meta["help"])
+        if f.name == "data_dir":  # the positional or --data-dir (SUPPRESS: absent sets nothing)
+            group.add_argument("data_dir", nargs="?", default=argparse.SUPPRESS, help=meta["help"])
+            group.add_argument("--data-dir", dest="data_dir", default=None, metavar="DIR",
+                               help="dataset root (timm's name)")  # fmt: skip
             continue
         flags = meta["flags"] or (flag_name(f),)
         kind = _field_type(f)
@@ -64,13 +104,50 @@ def build_parser() -> argparse.ArgumentParser:
             group.add_argument(
                 *flags, dest=f.name, action=action, default=f.default, help=meta["help"]
             )
+        elif kind is dict:
+            group.add_argument(*flags, dest=f.name, type=_kwargs_pair, nargs="*", default={},
+                               metavar="KEY=VALUE", help=meta["help"])  # fmt: skip
         else:
+            typed = _cli_value(_timm_option(f.name, flags), meta.get("type", kind))
             group.add_argument(
-                *flags, dest=f.name, type=meta.get("type", kind), default=f.default,
-                choices=meta.get("choices"),
+                *flags, dest=f.name, type=typed, default=f.default, choices=meta.get("choices"),
                 nargs=meta.get("nargs"), const=meta.get("const"), help=meta["help"],
             )  # fmt: skip
+    _add_timm_options(parser)
     return parser
+
+
+def _add_timm_options(parser: argparse.ArgumentParser) -> None:
+    """timm's flags vitpod has under another spelling (--torchcompile), and every timm flag that
+    sets no field: parsed as timm parses them, then recorded or refused by parse_args."""
+    group = parser.add_argument_group(
+        "timm train.py", "timm's other options: no effect here, or refused with the reason "
+        "(docs/trainer.md#timms-trainpy-options)"
+    )  # fmt: skip
+    known = parser._option_string_actions
+    for option in timmargs.OPTIONS:
+        flags = [f for f in option.flags if f not in known]
+        if not flags:
+            continue
+        if option.field is not None:
+            const = option.value("inductor") if option.nargs == "?" and option.value else None
+            group.add_argument(
+                *flags,
+                dest=option.field,
+                nargs=option.nargs,
+                const=const,
+                default=argparse.SUPPRESS,
+                type=_cli_value(option, option.kind),
+                help=argparse.SUPPRESS,
+            )
+            continue  # fmt: skip
+        dest = timmargs.dest(option.key)
+        if option.kind is bool:
+            group.add_argument(*flags, dest=dest, action="store_true", default=argparse.SUPPRESS,
+                               help=argparse.SUPPRESS)  # fmt: skip
+        else:
+            group.add_argument(*flags, dest=dest, type=option.kind, nargs=option.nargs,
+                               default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # fmt: skip
 
 
 def _long_flag(f: dataclasses.Field) -> str:
@@ -88,7 +165,7 @@ def _arity(action: argparse.Action, rest: list[str]) -> int:
         return 1
     if action.nargs == "?":
         return 1 if rest and not rest[0].startswith("-") else 0
-    if action.nargs == "+":
+    if action.nargs in ("+", "*"):
         return next((i for i, t in enumerate(rest) if t.startswith("-")), len(rest))
     return int(action.nargs)  # type: ignore[arg-type]
 
@@ -119,6 +196,9 @@ def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> li
     fields = {f.name: f for f in _cli_fields()}
     positional, flags = [], []
     for name, value in values.items():
+        if name.startswith("timm_") and name not in fields:  # a timm option of no field
+            flags += _timm_tokens(timmargs.TIMM[name.removeprefix("timm_")], value)
+            continue
         f, flag = fields[name], _long_flag(fields[name])
         if value is None:
             if f.default is not None:
@@ -129,6 +209,8 @@ def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> li
             if not isinstance(value, bool):
                 raise ConfigError(f"{source} {path}: {name}: {value!r}; write true or false")
             flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict):
+            flags += [flag, *(f"{k}={v!r}" for k, v in value.items())] if value else []
         elif isinstance(value, list | tuple):
             flags += [flag, *map(_text, value)]
         else:
@@ -138,6 +220,16 @@ def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> li
     except ConfigError as exc:
         raise ConfigError(f"{source} {path}: {exc}") from None
     return [*positional, *flags]
+
+
+def _timm_tokens(option: timmargs.TimmOption, value: Any) -> list[str]:
+    if option.kind is bool:
+        return [option.flag] if value else []
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return [option.flag, *map(_text, value)]
+    return [f"{option.flag}={_text(value)}"]
 
 
 def _text(value: Any) -> str:
@@ -166,7 +258,7 @@ def layered_argv(
     keys are dropped. Without a config file: base, fixed, argv as given."""
     path = config_path(argv)
     if path is None:
-        return [*base, *fixed, *argv]
+        return _fit_recipe_warmup([*base, *fixed, *argv], base, [*fixed, *argv])
     parser = build_parser()
     own = _chunks(parser, argv)
     above = {dest for dest, _ in [*own, *_chunks(parser, fixed)]} | set(owned)
@@ -175,7 +267,49 @@ def layered_argv(
     layer = {k: v for k, v in read_config(path, config_keys()).items() if k not in above}
     below = [t for dest, tokens in _chunks(parser, base) if dest not in layer for t in tokens]
     rest = [t for dest, tokens in own if dest != "config" for t in tokens]
-    return [*below, *_as_flags(layer, path), *fixed, *rest]
+    above_base = [*_as_flags(layer, path), *fixed, *rest]
+    return _fit_recipe_warmup([*below, *above_base], base, above_base)
+
+
+def _fit_recipe_warmup(argv: list[str], base: Sequence[str], given: list[str]) -> list[str]:
+    """A warmup the user did not give (the recipe's, base's, or the default) that does not fit
+    the run's --epochs (a short run of a 300-epoch recipe) shortens to the recipe's share of
+    the run, said once in the log; a warmup the user gave (flag or config file) is left for
+    the checks to refuse."""
+    parser = build_parser()
+    if any(d == "warmup_epochs" for d, _ in _chunks(parser, given)):
+        return argv
+    try:
+        ns, _ = parser.parse_known_args(argv)
+        recipe, _ = parser.parse_known_args(list(base))
+    except ConfigError:
+        return argv  # parse_args names the bad flag
+    if ns.warmup_epochs <= 0 or ns.warmup_epochs < ns.epochs:
+        return argv
+    share = recipe.warmup_epochs / max(recipe.epochs, 1)
+    fitted = min(ns.epochs - 1, max(0, round(ns.epochs * share)))
+    _say_once(f"--warmup-epochs: the recipe's {ns.warmup_epochs} does not fit --epochs "
+              f"{ns.epochs}; warming up {fitted} (the recipe's share, {recipe.warmup_epochs}/"
+              f"{recipe.epochs} epochs); give --warmup-epochs to choose")  # fmt: skip
+    return [*argv, "--warmup-epochs", str(fitted)]
+
+
+@cache
+def _say_once(message: str) -> None:
+    log.warning("%s", message)
+
+
+def _timm_layout(ns: argparse.Namespace, planned: bool) -> None:
+    """timm's spellings of vitpod settings: --input-size C H W is --img-size H (square RGB only),
+    --experiment NAME puts the run in OUTPUT/NAME (a plan's output has it already)."""
+    if ns.input_size is not None:
+        channels, height, width = ns.input_size
+        if channels != 3 or height != width:
+            raise ConfigError(f"--input-size {channels} {height} {width}: vitpod trains square RGB "
+                              f"images; give --input-size 3 N N or --img-size N")  # fmt: skip
+        ns.img_size = height
+    if ns.experiment and not planned:
+        ns.output = os.path.join(ns.output, ns.experiment)
 
 
 def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainConfig:
@@ -199,10 +333,22 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainC
     for f in _cli_fields():  # argparse gives nargs values as a list: the field's tuple
         if str(f.type).startswith("tuple") and isinstance(getattr(ns, f.name), list):
             setattr(ns, f.name, tuple(getattr(ns, f.name)))
+        if str(f.type).startswith("dict") and isinstance(getattr(ns, f.name), list):
+            setattr(ns, f.name, dict(getattr(ns, f.name)))  # KEY=VALUE pairs, last wins
+    unmapped = {k.removeprefix("timm_"): v for k, v in vars(ns).items() if k.startswith("timm_")}
+    for key in unmapped:
+        delattr(ns, timmargs.dest(key))
+    no_effect, refused = timmargs.unmapped_values(unmapped)
+    if refused:
+        raise ConfigError("; ".join(refused))
     if decision is not None:
         refuse_overrides(vars(ns), decision, plan_path or "")
     requested = {k: v for k, v in vars(ns).items() if k not in ("config", "plan", "print_config")}
-    cfg = resolve(TrainConfig(**vars(ns), world_size=world_size, requested=requested))
+    requested.update({k: v for k, v in unmapped.items() if timmargs.TIMM[k].flag in no_effect})
+    requested = timmargs.timm_names(requested)  # args.yaml: timm's train.py reads it back
+    _timm_layout(ns, planned=decision is not None)
+    cfg = resolve(TrainConfig(**vars(ns), world_size=world_size, requested=requested,
+                              no_effect=no_effect))  # fmt: skip
     if decision is not None and cfg.engine != decision.engine.name:
         raise ConfigError(
             f"--plan {plan_path}: its trainer settings run engine {cfg.engine!r} but its engine is "
