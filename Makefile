@@ -78,23 +78,23 @@ PLACE_FLAG = $(if $(filter-out 0,$(PLACE)),--place) --deadline "$$DEADLINE"
 LIST_CLUSTER = $(if $(filter command line environment,$(origin CLUSTER)),--cluster "$$CLUSTER")
 # This submission's sbatch options (workflows/planning/sbatchopts.py); FT_...: a pipeline's
 # fine-tune.
-SLURM_ARGS = --account="$$ACCOUNT" --qos="$$QOS" --reservation="$$RESERVATION" \
+SLURM_ARGS = --time="$$TIME" --account="$$ACCOUNT" --qos="$$QOS" --reservation="$$RESERVATION" \
   --constraint="$$CONSTRAINT" --exclude="$$EXCLUDE" --sbatch-extra="$$SBATCH_EXTRA"
-FT_SLURM_ARGS = --finetune-account="$$FT_ACCOUNT" --finetune-qos="$$FT_QOS" \
+FT_SLURM_ARGS = --finetune-time="$$FT_TIME" --finetune-account="$$FT_ACCOUNT" --finetune-qos="$$FT_QOS" \
   --finetune-reservation="$$FT_RESERVATION" --finetune-constraint="$$FT_CONSTRAINT" \
   --finetune-exclude="$$FT_EXCLUDE" --finetune-sbatch-extra="$$FT_SBATCH_EXTRA"
-STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --time "$$TIME" --args="$$ARGS" $(SLURM_ARGS)
+STAGE_ARGS = --cluster "$$CLUSTER" --model "$$MODEL" --nodes "$$NODES" --args="$$ARGS" $(SLURM_ARGS)
 # FT_NODES/FT_TIME/FT_ACCOUNT/... are the fine-tune stage's of `make pipeline`; one stage takes
 # NODES/TIME/ACCOUNT/...
 FT_SET = $(strip $(foreach v,FT_CLUSTER FT_NODES FT_TIME $(filter FT_%,$(SLURM_VARS)),$(if $($(v)),$(v))))
 FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; make $@ runs one stage: use the name without FT_ (NODES=, TIME=, ACCOUNT=, ...)))$(if $(TEACHER)$(TEACHER_CKPT),$(error TEACHER/TEACHER_CKPT make token labels in make pipeline and make token-labels; make $@ would ignore them: drop TEACHER, or pass the labels with ARGS="--token-label-data DIR"))
 
-.PHONY: help setup test lint render place preflight pretrain finetune resume pipeline demo status scaling report \
+.PHONY: help setup test lint render place preflight pretrain finetune submit resume pipeline demo status scaling report \
         container slurm-up slurm-down bench calibrate token-labels shards profile doctor list cancel \
         clean-runs
 
 help:
-	@echo "targets: setup test lint render place preflight pretrain finetune resume pipeline demo status list cancel clean-runs scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
+	@echo "targets: setup test lint render place preflight pretrain finetune submit resume pipeline demo status list cancel clean-runs scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
 	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_CLUSTER= (pipeline, demo: the fine-tune's profile, e.g. another Slurm cluster) FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too) CLUSTERS=$(CLUSTERS) (slurm-up: 2 = also the second local cluster, profile localslurm2) PLACE= DEADLINE= (place, and PLACE=1 on pretrain, finetune, pipeline: the node count by predicted finish; DEADLINE=2026-11-28T06:00 or 6h: the fewest GPU-hours finishing by then)"
 
 setup:
@@ -128,6 +128,12 @@ pretrain:
 finetune:
 	$(FT_ONLY)$(WF) submit --stage finetune $(STAGE_ARGS) $(OFFLINE_FLAG) $(DRY_FLAG) $(PLACE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
+# RUN=<run or pipeline dir> written by make render / make pipeline OFFLINE=1 (reviewed): the
+# preflight again against the live cluster, then exactly those files submitted; a file changed
+# since rendering is refused by name (rendered.sha256). DRY_RUN=1: the checks only (one run).
+submit:
+	$(if $(RUN),,$(error make submit needs RUN=<the run or pipeline directory make render / make pipeline OFFLINE=1 printed>))$(WF) submit "$$RUN" $(DRY_FLAG)
+
 # RUN=<run dir> NODES=M: continue a stopped run on M nodes, same global batch
 # (workflows/submit/resume.py). CANCEL=1: cancel the run's job still pending or running first
 # (resume refuses otherwise).
@@ -135,7 +141,7 @@ resume:
 	$(WF) resume --run "$$RUN" --nodes "$$NODES" $(if $(filter-out 0,$(CANCEL)),--cancel-running)
 
 pipeline:
-	$(WF) pipeline $(STAGE_ARGS) --finetune-cluster "$$FT_CLUSTER" --finetune-nodes "$$FT_NODES" --finetune-time "$$FT_TIME" $(FT_SLURM_ARGS) \
+	$(WF) pipeline $(STAGE_ARGS) --finetune-cluster "$$FT_CLUSTER" --finetune-nodes "$$FT_NODES" $(FT_SLURM_ARGS) \
 	  --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" $(OFFLINE_FLAG) $(DRY_FLAG) \
 	  $(PLACE_FLAG) --finetune-from "$$FINETUNE_FROM"
 
@@ -168,7 +174,7 @@ token-labels:
 	  --shards "$$SHARDS" --teacher "$$TEACHER" --teacher-checkpoint "$$TEACHER_CKPT" --args="$$ARGS" $(SLURM_ARGS) $(DRY_FLAG)
 
 scaling:
-	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(SLURM_ARGS) $(FOLLOW_FLAG) $(DRY_FLAG)
+	$(WF) scaling --cluster "$$CLUSTER" --model "$$MODEL" --mode "$$MODE" --gpus "$$GPUS" --batch "$$BATCH" --accum "$$ACCUM" --args="$$ARGS" $(SLURM_ARGS) $(FOLLOW_FLAG) $(DRY_FLAG) $(OFFLINE_FLAG)
 
 report:
 	$(PY) -m vitpod.analysis report "$$STUDY"

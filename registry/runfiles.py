@@ -48,6 +48,9 @@ BIND = "bind.sh"
 SBATCH = "job.sbatch"
 LOCAL_SCRIPT = "job.sh"
 SUBMITIT = "submitit"
+RENDERED = "rendered.sha256"
+"""sha256 of every file vitpod rendered into a run directory (`sha256sum -c` reads it): a file
+changed since rendering is refused at submission."""
 REQUEUE_PROGRESS = "requeue-progress"
 """One line `JOB NEWEST COUNT`, rewritten by the batch script's teardown at each requeue: the job,
 the newest complete checkpoint step then (-1: none) and how many requeues of that job in a row

@@ -149,12 +149,12 @@ def test_local_profile_renders_a_torchrun_script(tmp_path, capsys):
     assert (record.trainer.data["dataset"], record.trainer.optim["max_steps"]) == ("digits", 3)
 
 
-def test_launch_plan_is_the_one_source_for_script_and_submitit(tmp_path):
+def test_launch_plan_is_the_one_source_of_the_script(tmp_path):
     profile, recipe = load_profile("dgxpod"), load_recipe("volo_d1")
     spec = build_spec(profile, recipe, "pretrain", run_dir=tmp_path / "run", nodes=2)
     plan = launch_for(spec)
     assert all(isinstance(a, str) and a.startswith("--") for a in plan.srun_args)
-    assert shlex.split(plan.python_command) == ["bash", str(tmp_path / "run" / "bind.sh"), "python"]
+    assert list(plan.launcher) == ["bash", str(tmp_path / "run" / "bind.sh"), "python"]
     assert plan.argv[: len(plan.launcher)] == plan.launcher
     assert any(
         line.startswith("MASTER_ADDR=$(scontrol show hostnames") for line in plan.setup_lines

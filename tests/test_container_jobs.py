@@ -170,17 +170,18 @@ def test_the_python_api_runs_every_rank_in_the_container(pyxis_image, tmp_path):
         run_root=str(tmp_path / "runs"),
     ).submit()
     record = run.stages["pretrain"]
-    assert wait_job(record.job_ids[0], timeout=400) == "COMPLETED"
-    outs = sorted((record.run_dir / "submitit").glob("*_log.out"))
-    assert len(outs) == 4
-    for out in outs:
-        assert re.findall(r"^container: (\S+)$", out.read_text(), re.M) == [pyxis_image.digest]
+    job = record.job_ids[0]
+    assert wait_job(job, timeout=400) == "COMPLETED"
+    logs = rank_logs(record.run_dir, job)  # the stage's job.sbatch, as make pretrain's
+    assert len(logs) == 4
+    for log in logs:
+        assert re.findall(r"^container: (\S+)$", log, re.M) == [pyxis_image.digest]
     manifest = json.loads((record.run_dir / "manifest.json").read_text())
     assert manifest["image"]["digest"] == pyxis_image.digest
 
 
 def test_the_python_api_starts_the_container_once_per_node(pyxis_image, tmp_path):
-    """container.start_once on the submitit path: one named container per node, measured cold
+    """container.start_once on the Python API's path: one named container per node, measured cold
     and warm, and every rank's step runs inside it (its root is pyxis_<name> on its node)."""
     from vitpod.workflows.pipeline.chain import Chain
 
@@ -189,7 +190,7 @@ def test_the_python_api_starts_the_container_once_per_node(pyxis_image, tmp_path
                 run_root=str(tmp_path / "runs")).submit()  # fmt: skip
     record = run.stages["pretrain"]
     job = record.job_ids[0]
-    assert wait_job(job, timeout=600) == "COMPLETED", list((record.run_dir / "submitit").iterdir())
+    assert wait_job(job, timeout=600) == "COMPLETED", list((record.run_dir / "logs").iterdir())
     start = json.loads((record.run_dir / "container_start.json").read_text())
     assert sorted(start["nodes"]) == ["node1", "node2"]
     assert all(0 < n["warm_s"] < n["cold_s"] for n in start["nodes"].values())

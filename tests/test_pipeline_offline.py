@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_pipeline_offline, recording_slurm
+from tests.helpers import make_pipeline_offline, recording_slurm, vitpod
 from vitpod.registry.decision import read_decision
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline.chain import Chain
@@ -156,3 +156,36 @@ def test_bf16_asked_for_on_the_v100_finetune_is_refused_naming_the_gpu_and_fix(t
     ).plan()  # fmt: skip
     precision = records["pretrain"].decision.precision  # type: ignore[union-attr]
     assert precision is not None and (precision.dtype, precision.source) == ("bf16", "flags")
+
+
+def test_a_rendered_pipeline_is_submitted_only_as_rendered(tmp_path, monkeypatch):
+    """Render, review, submit: a file changed since rendering is refused by name, by
+    Chain.submit() after render(), Chain.from_dir(...).submit() and `vitpod submit DIR`, before
+    Slurm is asked; an unchanged render goes on to the live preflight (here: stub Slurm refuses),
+    never to "already submitted", which needs job ids."""
+    env, calls = recording_slurm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
+    chain = Chain(cluster="dgxpod", nodes=5, offline=True, run_root=str(tmp_path / "runs"))
+    written = chain.render()
+    assert chain.directory is not None
+    with pytest.raises(ConfigError, match=r"sbatch|Slurm|partition") as live:
+        Chain.from_dir(chain.directory).submit()  # rendered, unchanged: the live preflight runs
+    assert "changed since" not in str(live.value) and calls.exists()
+    sums = (written["pretrain"].parent / "rendered.sha256").read_text().splitlines()
+    assert sorted(line.split("  ")[1] for line in sums) == ["bind.sh", "job.sbatch", "plan.json"]
+    calls.unlink()
+    script = written["finetune"]
+    script.write_text(script.read_text().replace("--nodes=2", "--nodes=1"))
+    for submit in (chain.submit, Chain.from_dir(chain.directory).submit):
+        with pytest.raises(ConfigError, match=rf"{script} changed since it was rendered"):
+            submit()
+    assert not calls.exists()  # refused before Slurm was asked
+    (written["pretrain"].parent / "plan.json").unlink()
+    out = vitpod("submit", str(chain.directory), env=env)
+    assert out.returncode == 2 and f"{script} changed since it was rendered" in out.stderr
+    assert "plan.json was rendered but is gone" in out.stderr
+    one = vitpod("submit", str(written["pretrain"].parent), env=env)
+    assert one.returncode == 2 and "plan.json was rendered but is gone" in one.stderr
+    assert not calls.exists()
+    record = json.loads((chain.directory / "pipeline.json").read_text())
+    assert all(not s["job_ids"] and s["state"] == "RENDERED" for s in record["stages"].values())

@@ -1,9 +1,9 @@
-"""The pipeline on the real local Slurm: two preemptions of the pretrain, exact resume, afterok."""
+"""The pipeline on the real local Slurm: rendered offline, reviewed and submitted as rendered
+(Slurm runs those bytes), two preemptions of the pretrain, exact resume, afterok."""
 
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +24,12 @@ def _preempt(job_id: str) -> None:
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
 
 
+def _batch_script(job_id: str) -> bytes:
+    """The batch script Slurm keeps for a job that is still pending or running."""
+    return subprocess.run(["scontrol", "write", "batch_script", job_id, "-"],
+                          capture_output=True, check=True).stdout  # fmt: skip
+
+
 def _sacct_times(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     out = subprocess.run(
         ["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", "JobIDRaw,Start,End"],
@@ -40,7 +46,16 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
     torch = pytest.importorskip("torch")
     cluster = str(profile_copy(tmp_path, data=digits_dir.parent))
     common = dict(nodes=1, args=COMMON, pretrain_args=PRETRAIN, run_root=str(tmp_path / "runs"))
-    run = Chain(cluster, "volo_tiny", finetune_args=FINETUNE, **common).submit()
+    # Rendered OFFLINE, reviewed (read here), then submitted from its directory, as a user does
+    # with make pipeline OFFLINE=1 and make submit RUN=<pipeline dir>.
+    rendered = Chain(cluster, "volo_tiny", finetune_args=FINETUNE, offline=True, **common)
+    reviewed = {stage: path.read_bytes() for stage, path in rendered.render().items()}
+    assert rendered.directory is not None
+    run = Chain.from_dir(rendered.directory).submit()
+    # Slurm holds, byte for byte, the scripts reviewed: traps included, no dependency in them.
+    ran = {s: _batch_script(rec.job_ids[0]) for s, rec in run.stages.items()}
+    assert ran == reviewed
+    assert b"trap 'vitpod_signal USR2' USR2" in ran["pretrain"]
     # The same pretrain, never interrupted, side by side: the reference for exactness.
     reference = Chain(cluster, "volo_tiny", stages=("pretrain",), **common).submit()
 
@@ -75,11 +90,9 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
     fin_job = run.stages["finetune"].job_ids[0]
     times = _sacct_times([job, fin_job])
     assert times[fin_job][0] >= times[job][1]
-    # The kept script is byte for byte what sbatch received, dependency included.
+    # The afterok was sbatch's command line, recorded in the manifest; the script is unchanged.
     fin = run.stages["finetune"]
-    kept = (fin.run_dir / "job.sbatch").read_text()
-    assert kept == Path(fin.job.paths.submission_file).read_text()
-    assert f"#SBATCH --dependency=afterok:{job}" in kept
+    assert (fin.run_dir / "job.sbatch").read_bytes() == reviewed["finetune"]
     manifest = json.loads((fin.run_dir / "manifest.json").read_text())
     assert manifest["resolved"]["dependency"] == f"afterok:{job}"
     assert manifest["stage"] == "finetune" and manifest["job_ids"] == [fin_job]

@@ -13,7 +13,8 @@ from tests.helpers import one_rank_per_node, profile_copy
 from vitpod.registry import runfiles
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.submit.resume import archive, plan_resume, write_plan
+from vitpod.workflows.submit.resume import archive, plan_resume
+from vitpod.workflows.submit.submission import materialize
 
 
 def _render(tmp_path: Path, args: str, nodes: int = 2, cluster: str = "localslurm") -> Path:
@@ -31,7 +32,7 @@ def test_resume_on_fewer_nodes_keeps_the_global_batch_and_the_old_plan(tmp_path:
     assert (plan.trainer["accum_steps"], plan.trainer["global_batch_size"]) == (2, 32)
     assert plan.decision.resources.nodes == 1 and plan.decision.layout.dp == 2
     assert archive(run, plan.script_name) == 1
-    write_plan(plan, checks=None, restart=1)
+    materialize(plan, plan.manifest(restart=1), existing=True)  # as resume writes it
     assert json.loads((run / "plan.restart1.json").read_text()) == before
     assert "#SBATCH --nodes=2" in (run / "job.restart1.sbatch").read_text()
     assert "#SBATCH --nodes=1" in (run / runfiles.SBATCH).read_text()

@@ -1,5 +1,6 @@
-"""Per-submission sbatch options (ACCOUNT, QOS, RESERVATION, CONSTRAINT, EXCLUDE, SBATCH_EXTRA;
-a pipeline's FT_...): in the #SBATCH header, plan.json, the manifest and submitit's script;
+"""Per-submission sbatch options (TIME, ACCOUNT, QOS, RESERVATION, CONSTRAINT, EXCLUDE,
+SBATCH_EXTRA; a pipeline's FT_...): taken by every command that submits, in the #SBATCH header,
+plan.json and the manifest;
 bad values refused naming the variable before anything is written; `sbatch --test-only` in the
 preflight (a stand-in sbatch here: no Slurm is asked)."""
 
@@ -11,17 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make, make_pipeline_offline
+from tests.helpers import make, make_pipeline_offline, recording_slurm
 from vitpod.registry import runfiles
 from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.pipeline import chain_cli, labels
 from vitpod.workflows.pipeline.chain import Chain
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.planning.templating import sbatch_value
+from vitpod.workflows.site import calibrate, doctor_cli
+from vitpod.workflows.studies import scaling
 from vitpod.workflows.submit import slurmchecks
-from vitpod.workflows.submit.executor import make_executor
 from vitpod.workflows.submit.resume import plan_resume, resume_request
 
 OPTIONS = ["--account=proj_a", "--qos=high", "--reservation=maint_1", "--constraint=a100&ib",
@@ -195,16 +198,54 @@ def test_make_refuses_an_ft_variable_for_one_stage():
     assert out.returncode != 0 and "FT_QOS set the fine-tune of make pipeline" in out.stderr
 
 
-def test_submitit_script_of_a_pipeline_stage_carries_them(tmp_path):
-    plan = plan_job(Request(cluster="dgxpod", model="volo_d1", offline=True,
-                            run_root=str(tmp_path), slurm=SbatchOptions(
-                                account="proj_a", reservation="maint_1", exclude="n1",
-                                extra="--mail-type=END --comment='a b' --hold")))  # fmt: skip
-    text = make_executor(plan, None)._make_submission_file_text("true", "uid")
-    words = [sbatch_words(line) for line in text.splitlines() if line.startswith("#SBATCH")]
-    for word in ("--account=proj_a", "--reservation=maint_1", "--exclude=n1",
-                 "--mail-type=END", "--comment=a b", "--hold"):  # fmt: skip
-        assert [word] in words, word
+SUBMITTING = {  # every command that submits a job: its parser
+    "render/preflight/submit": lambda: cli.stage_parser("submit"),
+    "pipeline": chain_cli.build_parser,
+    "scaling": scaling.build_parser,
+    "token-labels": labels.build_parser,
+    "calibrate": calibrate.build_parser,
+    "doctor": doctor_cli.build_parser,
+}
+
+
+@pytest.mark.parametrize("command", sorted(SUBMITTING))
+def test_every_command_that_submits_takes_the_one_set_of_options(command):
+    ns = SUBMITTING[command]().parse_args([])
+    names = ["time", "account", "qos", "reservation", "constraint", "exclude", "sbatch_extra"]
+    assert all(getattr(ns, name) == "" for name in names), command
+    if command == "pipeline":  # the fine-tune's own, FT_...
+        assert all(getattr(ns, f"finetune_{name}") == "" for name in names)
+
+
+def test_make_scaling_time_reaches_every_points_script(tmp_path):
+    env, calls = recording_slurm(tmp_path)
+    out = make("scaling", "CLUSTER=dgxpod", "MODEL=volo_d1", "GPUS=8 16", "TIME=00:20:00",
+               "OFFLINE=1", "ACCOUNT=proj_a", runs=tmp_path / "runs", env=env,
+               timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    study = next((tmp_path / "runs" / "studies").iterdir())
+    header = _header((study / scaling.SCRIPT_NAME).read_text())
+    assert "#SBATCH --time=00:20:00" in header and "#SBATCH --account=proj_a" in header
+    for point in json.loads((study / runfiles.STUDY).read_text())["points"]:
+        decision = read_decision(study / point["run_dir"])
+        assert decision.resources.time == "00:20:00", point["run_dir"]
+    assert not calls.exists()  # OFFLINE: Slurm not asked
+
+
+def test_time_reaches_the_label_array_and_the_calibration(tmp_path):
+    teacher = tmp_path / "teacher.pt"
+    teacher.write_bytes(b"weights")
+    job = labels.prepare(
+        "localslurm", "volo_tiny", teacher=str(teacher), time="00:07:00", run_root=str(tmp_path)
+    )  # a bare weights file: not opened here
+    assert "#SBATCH --time=00:07:00" in _header(job.script)
+    ns = calibrate.build_parser().parse_args(["--cluster", "localslurm", "--time", "0:09:00",
+                                              "--run-root", str(tmp_path)])  # fmt: skip
+    plan, _ = calibrate.prepare(ns)
+    assert "#SBATCH --time=0:09:00" in _header(plan.script)
+    with pytest.raises(ConfigError, match="TIME='soon' is not a Slurm time"):
+        calibrate.prepare(calibrate.build_parser().parse_args(["--cluster", "localslurm",
+                                                               "--time", "soon"]))  # fmt: skip
 
 
 def test_resume_keeps_the_runs_options(tmp_path):

@@ -1,11 +1,16 @@
-"""sbatch outcomes: a timeout keeps the run directory (the job may be queued), a rejection not."""
+"""sbatch outcomes through the one submission function: a timeout keeps the run directory (the
+job may be queued), a rejection of a run written just now removes it; and `vitpod submit RUN_DIR`
+submits a rendered run as it is, after the live preflight, refusing a file changed since."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.submit import slurm, submission
@@ -17,7 +22,14 @@ def _script(tmp_path, partition: str = "pretrain"):
     if partition != "pretrain":
         text = script.read_text().replace("--partition=pretrain", f"--partition={partition}")
         script.write_text(text)
+        # a deliberate change, recorded as rendered: this test is about sbatch's refusal
+        submission.record_checksums(script.parent, [script, script.parent / "bind.sh",
+                                                    script.parent / "plan.json"])  # fmt: skip
     return plan, script
+
+
+def _submit(script):
+    return submission.submit(script, {}, remove_on_refusal=True)
 
 
 def test_sbatch_timeout_keeps_run_dir_and_says_how_to_check(local_slurm, tmp_path, monkeypatch):
@@ -25,7 +37,7 @@ def test_sbatch_timeout_keeps_run_dir_and_says_how_to_check(local_slurm, tmp_pat
     monkeypatch.setitem(slurm.TIMEOUT_S, "sbatch", 0.001)
     try:
         with pytest.raises(submission.SbatchUnanswered) as caught:
-            submission.sbatch_run(script)
+            _submit(script)
     finally:  # it may have been queued after all
         subprocess.run(["scancel", "--name", plan.spec.job_name], timeout=30, check=False)
     message = str(caught.value)
@@ -39,6 +51,30 @@ def test_sbatch_rejection_removes_run_dir(local_slurm, tmp_path):
     with pytest.raises(
         ConfigError, match=r"^`sbatch --parsable .*` failed \(exit 1: .*partition"
     ) as caught:
-        submission.sbatch_run(script)
+        _submit(script)
     assert not isinstance(caught.value, submission.SbatchUnanswered)
     assert not script.parent.exists()
+
+
+def test_vitpod_submit_runs_the_rendered_run_as_rendered(local_slurm, tmp_path, capsys):
+    """make render, review, make submit RUN=...: Slurm holds the reviewed bytes; a second
+    submission of the same run is refused (it has a job id)."""
+    runs = tmp_path / "runs"
+    argv = ["--cluster", "localslurm", "--entry", "rankinfo", "--nodes", "1",
+            "--run-root", str(runs), "--time", "0:03:00"]  # fmt: skip
+    assert cli.main(["render", *argv]) == 0
+    script = Path(capsys.readouterr().out.splitlines()[-1])
+    reviewed = script.read_bytes()
+    assert cli.main(["submit", str(script.parent)]) == 0
+    out = capsys.readouterr().out
+    job = out.split("submitted batch job ")[1].split()[0]
+    try:
+        held = subprocess.run(["scontrol", "write", "batch_script", job, "-"],
+                              capture_output=True, check=True).stdout  # fmt: skip
+        assert held == reviewed and b"#SBATCH --time=0:03:00" in held
+        assert "ok: sbatch --test-only accepts the script" in out  # the live preflight ran
+        assert json.loads((script.parent / "manifest.json").read_text())["job_ids"] == [job]
+        assert cli.main(["submit", str(script.parent)]) == 2
+        assert f"was already submitted (job {job})" in capsys.readouterr().err
+    finally:
+        subprocess.run(["scancel", job], timeout=30, check=False)

@@ -6,7 +6,6 @@ import argparse
 import importlib
 import importlib.metadata
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,8 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import placement, preflight, sbatchopts
 from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
-from vitpod.workflows.submit import slurm
-from vitpod.workflows.submit.rundir import write_json
-from vitpod.workflows.submit.submission import materialize, sbatch_run
+from vitpod.workflows.submit import rendered
+from vitpod.workflows.submit.submission import materialize, submit_plan
 
 # Each command's `main(argv) -> int`, imported only when used, so one area's missing module
 # breaks only its own command.
@@ -49,7 +47,8 @@ DESCRIPTIONS = {
     "render": "write one stage's job into a new run directory (no preflight)",
     "place": "render the candidate (node count) Slurm and the step-time model say finishes first",
     "preflight": "every check a submission makes; nothing written or submitted",
-    "submit": "plan, preflight, render and sbatch one stage (--dry-run: print it only)",
+    "submit": "plan, preflight, render and sbatch one stage (--dry-run: print it only); "
+    "RUN_DIR: submit a rendered run or pipeline as reviewed",
     "pipeline": "the pretrain -> fine-tune chain, token labels first with --teacher",
     "demo": "the whole 224->512 style chain on this machine",
     "status": "state, progress and root cause of a run, pipeline or study (--follow)",
@@ -72,11 +71,17 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
     """Arguments of render/preflight/submit; an empty string (from make) means 'not given'."""
     p = argparse.ArgumentParser(
         prog=f"vitpod {prog}",
-        parents=[request_flags("stage", "cluster", "model", "nodes", "time", "args", "run-root",
+        parents=[request_flags("stage", "cluster", "model", "nodes", "args", "run-root",
                                nodes="override the stage partition's node count",
                                args="extra trainer flags, shell-quoted")],
     )  # fmt: skip
     p.add_argument("--finetune-from", default="", help="run dir or checkpoint to fine-tune")
+    if prog == "submit":
+        p.add_argument(
+            "rendered", nargs="?", default="", metavar="RUN_DIR",
+            help="a run or pipeline directory written by make render / make pipeline OFFLINE=1: "
+            "preflight it against the live cluster and submit its files as they are",
+        )  # fmt: skip
     p.add_argument("--dependency", default="", help="sbatch dependency, e.g. afterok:123")
     p.add_argument(
         "--entry",
@@ -188,29 +193,44 @@ def preflight_main(argv: list[str]) -> int:
 
 
 def submit_main(argv: list[str]) -> int:
-    """Plan, preflight, render, then sbatch it (slurm) or run it here (local)."""
+    """Plan, preflight, render, then sbatch it (slurm) or run it here (local); with RUN_DIR,
+    the rendered run or pipeline there (workflows/submit/rendered.py)."""
     ns = stage_parser("submit").parse_args(argv)
     if ns.dry_run:
+    if ns.rendered:
+        return _submit_rendered(ns.rendered, ns.dry_run)
         return _dry_run(ns)
     if ns.offline:
         raise ConfigError("--offline (OFFLINE=1) is for render/preflight only: a submission "
                           "needs Slurm's answer; drop OFFLINE=1")  # fmt: skip
     plan = _planned(ns)
     checks = preflight.check(plan)
-    script = materialize(plan, plan.manifest(preflight=checks))
     if plan.profile.scheduler == "local":
-        return _run_local(plan, script)
-    with slurm.on_cluster(plan.profile.cluster):
-        job_id = sbatch_run(script)
-    write_json(script.parent / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks))
+        return _run_local(plan, materialize(plan, plan.manifest(preflight=checks)))
+    job = submit_plan(plan, checks)
     _print_decisions(plan)
-    print(f"submitted batch job {job_id}")
-    print(f"run directory: {script.parent}")
-    print(script)
+    print(f"submitted batch job {job.job_id}")
+    print(f"run directory: {job.script.parent}")
+    print(job.script)
     return 0
 
 
 def _dry_run(ns: argparse.Namespace) -> int:
+def _submit_rendered(path: str, dry_run: bool) -> int:
+    """RUN_DIR: a pipeline directory (pipeline.json) through its Chain, else one run."""
+    if (Path(path).expanduser() / runfiles.PIPELINE).is_file():
+        from vitpod.workflows.pipeline.chain import Chain
+
+        if dry_run:
+            raise ConfigError("--dry-run with a pipeline directory: its scripts are the files "
+                              "there; drop --dry-run to submit them")  # fmt: skip
+        chain = Chain.from_dir(path).submit()
+        print(f"status: make status RUN={chain.directory}")
+        print(chain.directory)
+        return 0
+    return rendered.submit_run(path, dry_run)
+
+
     """submit --dry-run: the plan and its preflight (none of Slurm's checks with --offline);
     prints the script, writes nothing."""
     plan = _planned(ns)
@@ -224,9 +244,7 @@ def _dry_run(ns: argparse.Namespace) -> int:
 
 
 def _run_local(plan: JobPlan, script: Path) -> int:
-    print(f"running {script} here (profile {plan.profile.name} has no scheduler)", flush=True)
-    rc = subprocess.run(["bash", str(script)], check=False).returncode
-    write_json(script.parent / runfiles.MANIFEST, plan.manifest(local_exit_status=rc))
+    rc = rendered.run_here(script, plan.profile.name)
     print(f"run directory: {script.parent}")
     print(script)
     return rc

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.trainer.tokenlabels import labelset
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.pipeline import chain_cross, chain_watch, labels
-from vitpod.workflows.pipeline.chain_labels import cancel_labels, plan_labels
+from vitpod.workflows.pipeline import chain_cross, chain_submit, chain_watch
+from vitpod.workflows.pipeline.chain_labels import plan_labels
 from vitpod.workflows.pipeline.chain_stage import StageRecord
 from vitpod.workflows.pipeline.chain_watch import ChainError
 from vitpod.workflows.planning import placement, preflight, sbatchopts
@@ -27,16 +26,7 @@ from vitpod.workflows.planning.recipe import recipe_name
 from vitpod.workflows.planning.stageres import StageResources, write_rendered
 from vitpod.workflows.site.profile import load_profile
 from vitpod.workflows.submit import slurm
-from vitpod.workflows.submit.executor import make_executor, trainer_task
-from vitpod.workflows.submit.rundir import (
-    DIR_MODE,
-    new_run_path,
-    remove_run_dir,
-    runs_root,
-    write_atomic,
-    write_json,
-)
-from vitpod.workflows.submit.submission import materialize
+from vitpod.workflows.submit.rundir import new_run_path, runs_root, write_json
 from vitpod.workflows.watching import jobctl, status
 
 __all__ = ["STAGES", "Chain", "ChainError", "StageRecord"]
@@ -49,17 +39,23 @@ class Chain:
     >>> run = Chain(cluster="dgxpod", model="volo_d5", nodes=5, finetune_nodes=2).submit()
     >>> run.status(); run.wait(timeout=3600)
 
-    Per-stage nodes/time: workflows/planning/stageres.py. offline=True: plan()/render() ask Slurm
-    nothing. slurm=, finetune_slurm= (the fine-tune's, winning): sbatch options
+    Render, review, submit: Chain(..., offline=True).render() writes every stage's run
+    directory and asks Slurm nothing; submit() (on it, or on Chain.from_dir(<that directory>))
+    then sbatches exactly those files, after the preflight again against the live cluster, and
+    refuses a file changed since rendering (workflows/pipeline/chain_submit.py).
+
+    Per-stage nodes/time: workflows/planning/stageres.py. slurm=, finetune_slurm= (the fine-tune's, winning): sbatch options
     (workflows/planning/sbatchopts.py), e.g. slurm={"account": "proj", "extra": "--mail-type=END"}.
     place=True: the first stage's node count by predicted finish (workflows/planning/placement.py).
 
-    Slurm profiles: the finetune is submitted at once with `dependency=afterok:<pretrain>`, so
+    Slurm profiles: each stage's job.sbatch is submitted as rendered; the finetune at once
+    with `sbatch --dependency=afterok:<pretrain>`, so
     it starts only after the pretrain really completed (requeues included). finetune_cluster=
     another profile (another Slurm cluster or storage root): the fine-tune is submitted there by
     wait()/follow()/status() once the pretrain completed and its model was carried across
     (workflows/pipeline/chain_cross.py); finetune_run_root= its run root (default: that profile's).
-    The local profile (submitit's LocalExecutor) starts it from status()/wait() after the pretrain.
+    The local profile (submitit's LocalExecutor running each stage's job.sh) starts it from
+    status()/wait() after the pretrain.
     """
 
     def __init__(
@@ -216,68 +212,29 @@ class Chain:
 
     # ---- submission
     def submit(self) -> Chain:
-        """Validate both stages, create their run directories, and submit."""
+        """Submit the chain: planned, preflighted and written here, or, after render() (or
+        Chain.from_dir of a rendered pipeline), the rendered files as they are, once their
+        sha256 still match and the preflight passed again against the live cluster."""
+        submitted = [j for rec in self.stages.values() for j in rec.job_ids]
+        if submitted or self.label_job_ids:
+            ids = " ".join(submitted + self.label_job_ids)
+            raise RuntimeError(f"this chain was already submitted (jobs {ids}); create a new "
+                               "Chain (or Chain.from_dir(...) to watch it)")  # fmt: skip
         if self.stages:
-            raise RuntimeError("this chain was already submitted; create a new Chain")
+            chain_submit.submit_rendered(self)
+            return self
         if self.offline:
-            raise ConfigError("offline=True (OFFLINE=1) renders only: a submission needs "
-                              "Slurm's answer; drop OFFLINE=1 (or call render())")  # fmt: skip
+            raise ConfigError("offline=True (OFFLINE=1) renders only: call render(), review the "
+                              "files, then submit() (Slurm is asked then)")  # fmt: skip
         records = self.plan()
         assert self.directory is not None
-        self.directory.parent.mkdir(parents=True, exist_ok=True)
-        self.directory.mkdir(mode=DIR_MODE)
-        try:
-            for rec in records.values():
-                materialize(rec.job_plan, self._manifest(rec))
-                if rec.decision is not None:
-                    print(rec.decision.log_line(), flush=True)
-            self.stages = records
-            first = next(iter(records.values()))
-            self._submit_labels()
-            ids = ":".join(self.label_job_ids)
-            self._submit_stage(first, dependency=f"afterok:{ids}" if ids else None)
-            if self.crossing:
-                chain_cross.announce(records["finetune"], self.finetune_cluster)
-            elif self.uses_slurm and "finetune" in records and first.stage == "pretrain":
-                self._submit_stage(records["finetune"], dependency=f"afterok:{first.job_ids[0]}")
-        except BaseException:
-            self._roll_back()
-            raise
-        self._save()
+        write_rendered(self.directory, self.label_jobs, records, self._manifest)
+        self.stages = records
+        for rec in records.values():
+            if rec.decision is not None:
+                print(rec.decision.log_line(), flush=True)
+        chain_submit.launch(self, owned=True)
         return self
-
-    def _submit_labels(self) -> None:
-        """Queue each labeling array (Slurm: the first stage waits for them, afterok); without
-        Slurm, label here before the first stage starts."""
-        for stage, job in self.label_jobs.items():
-            job_id = labels.launch(job)
-            if job_id is not None:
-                self.label_job_ids.append(job_id)
-            print(f"labels for {stage}: {job.label_dir} (grid {labelset.grid_of(job.img_size)})",
-                  flush=True)  # fmt: skip
-
-    def _roll_back(self) -> None:
-        """A submission that failed half way: cancel what was queued and remove the pipeline
-        directory; when a cancel fails, its jobs may still run and write there, so the
-        directory stays (pipeline.json names the jobs) and stderr says what to do."""
-        assert self.directory is not None
-        outcome = self._cancel_submitted()
-        labels_problem = cancel_labels(self.label_job_ids)
-        if not outcome.startswith("jobs not cancelled") and labels_problem is None:
-            remove_run_dir(self.directory)
-            self.stages = {}
-            return
-        ids = [i for rec in self.stages.values() for i in rec.job_ids] + self.label_job_ids
-        try:
-            self._save()
-        except Exception as exc:  # the warning below still names the jobs
-            print(f"warning: could not record {runfiles.PIPELINE}: {exc}", file=sys.stderr)
-        print(
-            f"error: the submission failed and its jobs {' '.join(ids)} could not all be "
-            f"cancelled, so the pipeline directory {self.directory} is kept (they may run and "
-            f"write there): cancel them with `scancel {' '.join(ids)}`, then remove it",
-            file=sys.stderr,
-        )
 
     @property
     def uses_slurm(self) -> bool:
@@ -286,25 +243,15 @@ class Chain:
         first = next(iter(self.stages.values()))
         return first.job_plan.profile.scheduler == "slurm"
 
-    def _manifest(self, rec: StageRecord, dependency: str | None = None) -> dict[str, Any]:
+    def _manifest(self, rec: StageRecord) -> dict[str, Any]:
+        """A stage's manifest.json as rendered (submission adds its job id and dependency)."""
         manifest = rec.job_plan.manifest(
-            rec.job_ids,
-            pipeline={"directory": str(self.directory), "submitted_via": "submitit"},
-            submitit_folder=str(rec.run_dir / runfiles.SUBMITIT),
+            pipeline={"directory": str(self.directory), "submitted_via": "sbatch"}
         )
-        manifest["resolved"]["dependency"] = dependency
         return {**manifest, **rec.manifest_extra}
 
     def _submit_stage(self, rec: StageRecord, dependency: str | None) -> None:
-        executor = make_executor(rec.job_plan, dependency)
-        rec.job = executor.submit(trainer_task(rec.job_plan))
-        rec.job_ids = [str(rec.job.job_id)]
-        rec.state = "SUBMITTED"
-        if self.uses_slurm:  # keep exactly what sbatch received: submitit's script
-            kept = Path(rec.job.paths.submission_file).read_text()
-            write_atomic(rec.run_dir / rec.job_plan.script_name, kept, mode=0o750)
-        write_json(rec.run_dir / runfiles.MANIFEST, self._manifest(rec, dependency))
-        print(f"{rec.stage}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)
+        chain_submit.submit_stage(self, rec, dependency)
 
     def _cancel_submitted(self) -> str:
         """Cancel every submitted stage; 'jobs cancelled' or what scancel said when it failed."""
@@ -351,7 +298,10 @@ class Chain:
                 }
                 for stage, job in self.label_jobs.items()
             }
-            or self.recorded.get("labels", {}),  # fmt: skip
+            or {
+                s: {**e, "job_ids": self.label_job_ids}
+                for s, e in self.recorded.get("labels", {}).items()
+            },  # fmt: skip
             "stages": {name: rec.record() for name, rec in self.stages.items()},
         }
 

@@ -15,18 +15,13 @@ from vitpod.workflows.submit.rundir import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m vitpod.workflows pipeline", description=__doc__,
-        parents=[request_flags("cluster", "model", "nodes", "time", "args", "timeout",
+        parents=[request_flags("cluster", "model", "nodes", "args", "timeout",
                                nodes="node count of every stage (a fine-tune partition with "
                                "fewer nodes keeps its own count)",
-                               time="Slurm time limit of every stage",
                                args="extra trainer flags for both stages")],
     )  # fmt: skip
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     parser.add_argument("--finetune-from", default="", help="skip pretrain; finetune this run")
     parser.add_argument("--teacher", default="", help="make missing token labels with this teacher")
     parser.add_argument("--teacher-checkpoint", default="", help="weights of a timm-name teacher")
@@ -34,7 +29,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--finetune-nodes", default="", help="the fine-tune's node count (FT_NODES)"
     )
-    parser.add_argument("--finetune-time", default="", help="the fine-tune's time limit (FT_TIME)")
     parser.add_argument(
         "--finetune-cluster", default="",
         help="the fine-tune's profile (FT_CLUSTER; default: --cluster's); another Slurm cluster "
@@ -60,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--deadline", default="", help="with --place: the fewest GPU-hours "
                         "finishing by then (DEADLINE=)")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
     chain = Chain(
         ns.cluster,

@@ -22,7 +22,7 @@ from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline import handover
 from vitpod.workflows.site.profile import Profile, load_profile
-from vitpod.workflows.submit import jobstate, slurm, submission
+from vitpod.workflows.submit import jobstate, slurm
 from vitpod.workflows.submit.rundir import image_info, write_json
 
 WAITING = "WAITING"
@@ -150,15 +150,8 @@ def hand_over(chain: Any, pre: Any, fin: Any) -> None:
         _record(pre.run_dir, "transfers", moved, append=True)
         fin.manifest_extra["transfer"] = {**moved, "from_cluster": _name(pre.recorded_cluster)}
     chain.handover = {"transfer": moved, "image": image}
-    with slurm.on_cluster(fin.recorded_cluster):
-        if fin.plan is not None:
-            chain._submit_stage(fin, dependency=None)
-        else:  # reattached, no plan: the stage's rendered script, as `make finetune` submits it
-            fin.job_ids = [submission.sbatch(fin.run_dir / manifest["script"])]
-            fin.state = "SUBMITTED"
-            write_json(fin.run_dir / runfiles.MANIFEST,
-                       {**manifest, "job_ids": fin.job_ids, **fin.manifest_extra})  # fmt: skip
-            print(f"finetune: submitted job {fin.job_ids[0]} ({fin.run_dir})", flush=True)
+    with slurm.on_cluster(fin.recorded_cluster):  # its kept job.sbatch, planned or reattached
+        chain._submit_stage(fin, dependency=None)
     chain._save()
 
 

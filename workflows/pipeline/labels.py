@@ -29,9 +29,9 @@ from vitpod.workflows.planning.quantities import whole_number
 from vitpod.workflows.planning.recipe import load_recipe, recipe_name
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.site.profile import Profile, load_profile, resolve_path
-from vitpod.workflows.submit import jobstate
-from vitpod.workflows.submit.rundir import new_run_path, runs_root, write_json
-from vitpod.workflows.submit.submission import materialize, sbatch_run
+from vitpod.workflows.submit import jobstate, submission
+from vitpod.workflows.submit.rundir import new_run_path, runs_root
+from vitpod.workflows.submit.submission import materialize
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def prepare(
     cluster: str, model: str = "", stage: str = "pretrain", *, teacher: str,
     teacher_checkpoint: str = "", nodes: int | str | None = None, shards: str | int = "",
     args: str = "", run_root: str = "", dependency: str = "", run_dir: Path | None = None,
-    slurm: SbatchOptions | None = None,
+    slurm: SbatchOptions | None = None, time: str = "",
 ) -> LabelJob:  # fmt: skip
     """Plan the labeling array (ConfigError on bad input); nothing is written."""
     profile = load_profile(cluster)
@@ -154,7 +154,7 @@ def prepare(
         Request(
             cluster=cluster, model=model, stage=stage, nodes=node_count, entry="labels",
             args=shlex.join(defaults) + (" " + args if args else ""), run_dir=run_dir,
-            dependency=dependency, slurm=slurm or SbatchOptions(),
+            dependency=dependency, slurm=slurm or SbatchOptions(), time=time,
         )
     )  # fmt: skip
     labeler = _parse_labeler(plan)
@@ -243,15 +243,22 @@ def launch(job: LabelJob) -> str | None:
     print(f"labels: {job.tasks} array task(s) x {job.shards // job.tasks} rank(s) = "
           f"{job.shards} shard(s) -> {job.label_dir}; run directory {script.parent}",
           flush=True)  # fmt: skip
-    if plan.profile.scheduler != "slurm":
+    return start(script.parent, written_now=True)
+
+
+def start(run_dir: Path, written_now: bool = False) -> str | None:
+    """The labeling run's kept script: sbatched as it is (its job id) or, without Slurm, run
+    here (None). `written_now`: a refused array removes the run directory it was written in."""
+    manifest = runfiles.read_manifest(run_dir)
+    script = run_dir / manifest["script"]
+    if manifest["profile"]["values"]["scheduler"] != "slurm":
         rc = subprocess.run(["bash", str(script)], check=False).returncode
         if rc:
-            raise ConfigError(f"labeling failed (status {rc}); see {script.parent / runfiles.LOGS}")
+            raise ConfigError(f"labeling failed (status {rc}); see {run_dir / runfiles.LOGS}")
         return None
-    job_id = sbatch_run(script)
-    write_json(script.parent / runfiles.MANIFEST, job.manifest([job_id]))
-    print(f"submitted array job {job_id}", flush=True)
-    return job_id
+    job = submission.submit(script, manifest, remove_on_refusal=written_now)
+    print(f"submitted array job {job.job_id}", flush=True)
+    return job.job_id
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,7 +287,7 @@ def main(argv: list[str]) -> int:
     job = prepare(
         ns.cluster, ns.model, ns.stage, teacher=ns.teacher,
         teacher_checkpoint=ns.teacher_checkpoint, nodes=ns.nodes or None, shards=ns.shards,
-        args=ns.args, run_root=ns.run_root, slurm=sbatchopts.from_namespace(ns),
+        args=ns.args, run_root=ns.run_root, slurm=sbatchopts.from_namespace(ns), time=ns.time,
     )  # fmt: skip
     if ns.dry_run:
         print(f"# dry run: would write {job.plan.run_dir} and submit this array; nothing written")

@@ -1,6 +1,8 @@
-"""Per-submission sbatch options: ACCOUNT, QOS, RESERVATION, CONSTRAINT, EXCLUDE and the
+"""Per-submission sbatch options: TIME, ACCOUNT, QOS, RESERVATION, CONSTRAINT, EXCLUDE and the
 SBATCH_EXTRA pass-through (a pipeline's fine-tune: FT_<name>), checked before anything is
-written; the one table of sbatch's long options and of those vitpod sets itself."""
+written; the one table of sbatch's long options and of those vitpod sets itself. Every command
+that submits takes them with `add_flags` (make's SLURM_ARGS); the node range and requeue come
+from the profile, and every #SBATCH line from one template (templates/partials/header.sh.j2)."""
 
 from __future__ import annotations
 
@@ -255,7 +257,9 @@ def apply(spec: JobSpec, sbatch: Sbatch) -> JobSpec:
 
 
 def add_flags(parser: argparse.ArgumentParser, prefix: str = "") -> None:
-    """--account ... --sbatch-extra (prefix 'finetune-': a pipeline's FT_... variables)."""
+    """--time, --account ... --sbatch-extra (prefix 'finetune-': a pipeline's FT_...
+    variables): every command that submits takes them from here, so TIME= reaches each of its
+    jobs' #SBATCH --time (a job with a fixed limit of its own says so in its help)."""
     ft = "FT_" if prefix else ""
     for field in FIELDS:
         what = f"sbatch --{field}" if field != "extra" else "more sbatch long options, shell-quoted"
@@ -270,8 +274,19 @@ def _flag(field: str) -> str:
 def from_namespace(ns: argparse.Namespace, prefix: str = "") -> SbatchOptions:
     """add_flags' values as options whose errors name the make variables."""
     attr = prefix.replace("-", "_")
+def excluding(opts: SbatchOptions, nodes: Sequence[str]) -> SbatchOptions:
+    """EXCLUDE plus `nodes` (the doctor's bad nodes), so the rendered script excludes them."""
+    merged = ",".join(filter(None, [str(opts.exclude), *nodes]))
+    return dataclasses.replace(opts, exclude=merged)
+
+
     ft = "FT_" if prefix else ""
     return SbatchOptions(
         **{f: getattr(ns, attr + _flag(f).replace("-", "_")) for f in FIELDS},
         names={f: ft + VARIABLES[f] for f in FIELDS},
+    )
+    parser.add_argument(
+        f"--{prefix}time",
+        default="",
+        help=f"Slurm time limit (default: the stage partition's; make {ft}TIME=)",
     )

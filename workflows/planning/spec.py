@@ -45,7 +45,7 @@ GENERATED_DATASETS = ("digits", "synthetic")
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """Everything the templates and the submitit path need; nothing is computed in Jinja."""
+    """Everything the templates need; nothing is computed in Jinja."""
 
     profile: Profile
     model: str
@@ -130,11 +130,10 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class Launch:
-    """How each rank is started, for both the sbatch template and submitit.
+    """How each rank is started: what the sbatch template renders (every submission sbatches
+    that rendered script, workflows/submit/submission.py).
 
-    Submitit (workflows/submit/executor.py): SlurmExecutor(folder, python=launch.python_command)
-    with srun_args, setup and teardown from `srun_args`, `setup_lines` and `teardown_lines`.
-    `srun_args` are complete single arguments (submitit and the template quote them); `setup_lines`
+    `srun_args` are complete single arguments (the template quotes them); `setup_lines`
     are shell lines run once in the batch script before srun (environment, MASTER_ADDR/PORT);
     `teardown_lines` run right after srun (they start with `rc=$?`): the one requeue rule, then
     `exit "$rc"`. `bind_script` is the text of RUN_DIR/bind.sh, which every rank runs as `bash
@@ -158,11 +157,6 @@ class Launch:
     def launcher(self) -> tuple[str, ...]:
         """Command prefix of every rank: the binding step, then the job's python."""
         return ("bash", self.bind_path, self.python)
-
-    @property
-    def python_command(self) -> str:
-        """`launcher` as one shell string, for submitit's `python=` parameter."""
-        return shlex.join(self.launcher)
 
     def write_bind_script(self) -> Path:
         """Write bind.sh atomically (mode 0750), creating its run directory if needed."""

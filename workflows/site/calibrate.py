@@ -27,8 +27,8 @@ from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.spec import COMMBENCH_OUT
 from vitpod.workflows.site.profile import load_profile, profile_path
 from vitpod.workflows.submit import jobstate
-from vitpod.workflows.submit.rundir import new_run_path, runs_root, write_json
-from vitpod.workflows.submit.submission import materialize, sbatch_run
+from vitpod.workflows.submit.rundir import new_run_path, runs_root
+from vitpod.workflows.submit.submission import submit_plan
 
 BENCH_MODEL = "volo_tiny"  # the planner wants a recipe; the benchmark ignores it
 WAIT_S = 900.0  # how long to wait for the job when --timeout is not given
@@ -81,7 +81,7 @@ def prepare(ns: argparse.Namespace) -> tuple[JobPlan, Path]:
         Request(
             cluster=ns.cluster, model=model, stage=ns.stage, nodes=ns.nodes,
             args=bench_args(ns), run_root=ns.run_root, run_dir=run_dir, entry="commbench",
-            slurm=sbatchopts.from_namespace(ns),
+            time=ns.time, slurm=sbatchopts.from_namespace(ns),
         )
     )  # fmt: skip
     default = fitting.calibration_path(profile_path(ns.cluster))
@@ -92,10 +92,8 @@ def prepare(ns: argparse.Namespace) -> tuple[JobPlan, Path]:
 def submit(plan: JobPlan) -> tuple[Path, str]:
     """Create the run directory (script, bind.sh, manifest) and sbatch it; (run dir, job id)."""
     checks = preflight.check(plan, render_hint="(calibration needs a Slurm login node)")
-    script = materialize(plan, plan.manifest(preflight=checks))
-    job_id = sbatch_run(script)
-    write_json(script.parent / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks))
-    return script.parent, job_id
+    job = submit_plan(plan, checks)
+    return job.script.parent, job.job_id
 
 
 def wait(job_id: str, run_dir: Path, timeout: float) -> None:

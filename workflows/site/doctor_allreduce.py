@@ -12,7 +12,7 @@ from vitpod.workflows.planning import preflight
 from vitpod.workflows.planning.spec import COMMBENCH_OUT
 from vitpod.workflows.site import calibrate
 from vitpod.workflows.site.profile import profile_path
-from vitpod.workflows.submit.submission import materialize, sbatch_run
+from vitpod.workflows.submit.submission import submit_plan
 
 SLOW_FACTOR = 3.0
 """Measured over calibrated time of the largest message: above it the fabric is flagged (a
@@ -60,13 +60,14 @@ def check(ns: argparse.Namespace, exclude: list[str], nodes: int) -> tuple[bool,
     cal = fitting.load(path)
     bench_ns = argparse.Namespace(  # the doctor's flags (its sbatch options too), then the bench's
         **{**vars(ns), "nodes": str(nodes), "sizes": SIZES, "iters": str(ITERS),
-           "args": "--levels world", "out": "", "timeout": WAIT_S},
+           "args": "--levels world", "out": "", "timeout": WAIT_S,
+           "exclude": ",".join(filter(None, [ns.exclude, *exclude]))},
     )  # fmt: skip
     plan, _ = calibrate.prepare(bench_ns)
     checks = preflight.check(plan)
-    script = materialize(plan, plan.manifest(preflight=checks))
-    job = sbatch_run(script, extra=[f"--exclude={','.join(exclude)}"] if exclude else [])
-    calibrate.wait(job, script.parent, WAIT_S)
+    job = submit_plan(plan, checks)
+    script = job.script
+    calibrate.wait(job.job_id, script.parent, WAIT_S)
     bench_file = Path(script.parent) / COMMBENCH_OUT
     if not bench_file.is_file():
         return True, f"the benchmark wrote no {COMMBENCH_OUT}; see {script.parent / runfiles.LOGS}"

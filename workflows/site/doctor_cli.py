@@ -126,17 +126,17 @@ def resubmit(ns: argparse.Namespace, bad: list[str]) -> str:
     """The stage, planned and checked as `make pretrain` does, submitted without the bad nodes."""
     from vitpod.workflows.planning import preflight
     from vitpod.workflows.planning.plan import Request, plan_job
-    from vitpod.workflows.submit.submission import materialize, sbatch_run
+    from vitpod.workflows.submit.submission import submit_plan
 
+    slurm = sbatchopts.excluding(sbatchopts.from_namespace(ns), bad)  # in the script itself
     plan = plan_job(Request(cluster=ns.cluster, model=ns.model, stage=ns.stage, nodes=ns.nodes,
-                            args=ns.train_args, run_root=ns.run_root,
-                            slurm=sbatchopts.from_namespace(ns)))  # fmt: skip
+                            args=ns.train_args, run_root=ns.run_root, time=ns.time,
+                            slurm=slurm))  # fmt: skip
     checks = preflight.check(plan)
-    script = materialize(plan, plan.manifest(preflight=checks))
-    job = sbatch_run(script, extra=[f"--exclude={','.join(bad)}"])
-    print(f"submitted batch job {job} (--exclude={','.join(bad)})")
-    print(script)
-    return job
+    job = submit_plan(plan, checks)
+    print(f"submitted batch job {job.job_id} (--exclude={','.join(bad)})")
+    print(job.script)
+    return job.job_id
 
 
 def main(argv: list[str]) -> int:

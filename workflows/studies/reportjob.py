@@ -20,9 +20,8 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.spec import JobSpec, launch_for
 from vitpod.workflows.planning.templating import render
 from vitpod.workflows.studies.study import record_states, report
-from vitpod.workflows.submit import jobstate
+from vitpod.workflows.submit import jobstate, submission
 from vitpod.workflows.submit.rundir import write_atomic
-from vitpod.workflows.submit.submission import sbatch
 
 SCRIPT_NAME = "report.sbatch"
 TIME_LIMIT = "00:15:00"  # matplotlib plots of a handful of points take seconds
@@ -59,7 +58,9 @@ def submit(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
     """Write STUDY/report.sbatch and submit it after the array; returns the report job's id."""
     script = study_dir / SCRIPT_NAME
     write_atomic(script, render_script(spec, study_dir, array_job_id), mode=0o750)
-    return sbatch(script)
+    study = runfiles.read_record(study_dir / runfiles.STUDY)
+    job = submission.submit(script, study, record_name=runfiles.STUDY, id_key="report_job_id")
+    return job.job_id
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import shlex
 import sys
@@ -32,7 +31,7 @@ from vitpod.workflows.studies.study import (
     report,
     study_record,
 )
-from vitpod.workflows.submit import jobstate
+from vitpod.workflows.submit import jobstate, submission
 from vitpod.workflows.submit.rundir import (
     check_path_safe,
     create_run_dir,
@@ -42,7 +41,7 @@ from vitpod.workflows.submit.rundir import (
     write_atomic,
     write_json,
 )
-from vitpod.workflows.submit.submission import sbatch_run
+from vitpod.workflows.submit.submission import record_checksums
 from vitpod.workflows.watching import follow
 
 MODES = ("strong", "weak")
@@ -138,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrent", default="1", help="array tasks running at once (%%N)")
     p.add_argument("--render-only", action="store_true", help="write the study, do not submit")
     p.add_argument(
+        "--offline",
+        action="store_true",
+        help="write the study asking Slurm nothing (make OFFLINE=1; implies --render-only)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="preflight every point, print the array script; write nothing",
@@ -193,7 +197,8 @@ def prepare(ns: argparse.Namespace) -> Sweep:
             Request(
                 cluster=ns.cluster, model=recipe.model, stage=STAGE, nodes=nodes, args=ns.args,
                 tool_args=tuple(sweep_args(batches[n], accum, steps, warmup)), ranks=n,
-                run_dir=run_dir, slurm=sbatchopts.from_namespace(ns),
+                run_dir=run_dir, time=ns.time, slurm=sbatchopts.from_namespace(ns),
+                offline=ns.offline,
             )
         )  # fmt: skip
         plans.append(plan)
@@ -211,8 +216,8 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     head = plan_job(
         Request(
             cluster=ns.cluster, model=recipe.model, stage=STAGE,
-            nodes=max(p.nodes for p in points), args=ns.args, run_dir=study_dir,
-            slurm=sbatchopts.from_namespace(ns),
+            nodes=max(p.nodes for p in points), args=ns.args, run_dir=study_dir, time=ns.time,
+            slurm=sbatchopts.from_namespace(ns), offline=ns.offline,
         )
     )  # fmt: skip
     head_spec = head.spec
@@ -243,13 +248,16 @@ def materialize(sweep: Sweep) -> Path:
     """Create the study dir, each point's run dir and bind.sh, the script and study.json."""
     create_run_dir(sweep.study_dir)
     try:
+        written = []
         for point in sweep.points:
             create_run_dir(Path(point.run_dir))
             write_decision(point.run_dir, point.decision)
             write_atomic(Path(point.argv[1]), point.bind_script, mode=0o750)
+            written += [Path(point.run_dir) / runfiles.PLAN, Path(point.argv[1])]
         script = sweep.study_dir / SCRIPT_NAME
         write_atomic(script, sweep.script, mode=0o750)
         write_json(sweep.study_dir / runfiles.STUDY, sweep.study)
+        record_checksums(sweep.study_dir, [script, *written])
     except BaseException:
         remove_run_dir(sweep.study_dir)
         raise
@@ -265,14 +273,13 @@ def submit_report_job(sweep: Sweep, array_job_id: str) -> str | None:
         print(f"warning: no report job ({exc}); when the array is done: make report "
               f"STUDY={shlex.quote(str(sweep.study_dir))}", file=sys.stderr)  # fmt: skip
         return None
-    path = sweep.study_dir / runfiles.STUDY
-    write_json(path, {**json.loads(path.read_text()), "report_job_id": job_id})
     print(f"submitted report job {job_id} (afterany:{array_job_id})")
     return job_id
 
 
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
+    ns.render_only = ns.render_only or ns.offline
     sweep = prepare(ns)
     if not ns.render_only:
         hint = f"python -m vitpod.workflows scaling --cluster {ns.cluster} ... --render-only"
@@ -289,8 +296,8 @@ def main(argv: list[str]) -> int:
     if ns.render_only:
         print(script)
         return 0
-    job_id = sbatch_run(script)  # the script lies in the study directory
-    write_json(sweep.study_dir / runfiles.STUDY, {**sweep.study, "job_id": job_id})
+    job_id = submission.submit(script, sweep.study, record_name=runfiles.STUDY, id_key="job_id",
+                               remove_on_refusal=True).job_id  # fmt: skip
     print(f"submitted array job {job_id} ({len(sweep.points)} points)")
     report_job = submit_report_job(sweep, job_id)
     study_arg = shlex.quote(str(sweep.study_dir))

@@ -3,7 +3,8 @@
 The run is planned again for NODES with the run's global batch (`--global-batch G --elastic`:
 -b stays, the accumulation is G / (dp x b)); the previous plan.json, script and manifest are
 kept as plan.restart<N>.json, job.restart<N>.sbatch and manifest.restart<N>.json (N = 1, 2, ...
-in order of restarts), then the new ones are written and submitted. The trainer resumes the
+in order of restarts), then the new ones are written and submitted (workflows/submit/submission.py,
+as every submission). The trainer resumes the
 newest checkpoint from the global sample position (trainer/checkpointing/elastic.py). One job per
 run: while a job of the run (any id in its manifests) is still pending, running, requeued or
 suspended, resume refuses before writing anything, or with --cancel-running (CANCEL=1) cancels it
@@ -18,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import Decision, RecordError, read_decision, write_decision
+from vitpod.registry.decision import Decision, RecordError, read_decision
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import noderange, preflight
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.site.profile import load_profile
 from vitpod.workflows.submit import runjobs
-from vitpod.workflows.submit.rundir import write_atomic, write_json
-from vitpod.workflows.submit.submission import sbatch
+from vitpod.workflows.submit.submission import materialize, submit
 
 KEPT = (runfiles.PLAN, runfiles.MANIFEST)
 
@@ -119,17 +119,6 @@ def archive(run: Path, script_name: str) -> int:
     return n
 
 
-def write_plan(plan: JobPlan, checks: Any, restart: int) -> Path:
-    """The new script, plan.json and manifest over the old ones (already archived)."""
-    write_atomic(plan.script_path, plan.script, mode=0o750)
-    if plan.profile.scheduler == "slurm":
-        plan.launch.write_bind_script()
-    if plan.decision is not None:
-        write_decision(plan.run_dir, plan.decision)
-    write_json(plan.run_dir / runfiles.MANIFEST, plan.manifest(preflight=checks, restart=restart))
-    return plan.script_path
-
-
 def main(argv: list[str]) -> int:
     ns = parser().parse_args(argv)
     run = Path(ns.run).expanduser().absolute()
@@ -146,11 +135,10 @@ def main(argv: list[str]) -> int:
     if ns.dry_run:
         return 0
     restart = archive(run, plan.script_name)
-    script = write_plan(plan, checks, restart)
+    script = materialize(plan, plan.manifest(preflight=checks, restart=restart), existing=True)
     if plan.profile.scheduler != "slurm":
         print(f"run {script} here to continue (profile {plan.profile.name} has no scheduler)")
         return 0
-    job_id = sbatch(script)
-    write_json(run / runfiles.MANIFEST, plan.manifest([job_id], preflight=checks, restart=restart))
-    print(f"submitted batch job {job_id} (restart {restart}; plan.restart{restart}.json kept)")
+    job = submit(script, runfiles.read_manifest(run), cluster=plan.profile.cluster or "")
+    print(f"submitted batch job {job.job_id} (restart {restart}; plan.restart{restart}.json kept)")
     return 0
