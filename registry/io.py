@@ -31,6 +31,22 @@ COMMON_MISTAKES = {
 }
 
 
+FILE_MODE = 0o640
+PRIVATE_UMASK = 0o027
+"""Directories 0750 and files 0640 whatever the user's umask (002 made checkpoints, step folders
+and rank0.pt group-writable): the group may read a run, nobody else; nobody but its owner
+writes. Both processes that write runs set it first: the vitpod command (so the job Slurm starts
+inherits it: sbatch passes its umask on) and every trainer rank."""
+
+
+def private_umask() -> int:
+    """Tighten this process's umask to at least PRIVATE_UMASK (a stricter one stays); returns
+    the one before."""
+    before = os.umask(PRIVATE_UMASK)
+    os.umask(before | PRIVATE_UMASK)
+    return before
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename in `path` durable. A failure is raised (a rename that may not survive a
     crash must not be reported as saved), except where the file system cannot fsync a
@@ -55,7 +71,7 @@ def write_bytes_atomic(path: str | Path, data: bytes, mode: int | None = None) -
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644 if mode is None else mode)
+        os.chmod(tmp, FILE_MODE if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.registry.io import private_umask
 from vitpod.trainer.exitcodes import USAGE
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import placement, preflight, sbatchopts
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} "
               "(vitpod --help)", file=sys.stderr)  # fmt: skip
         return USAGE
+    private_umask()  # run files 0640, dirs 0750; sbatch hands this umask to the job
     try:
         return int(_load(argv[0])(argv[1:]) or 0)
     except ConfigError as exc:
