@@ -55,15 +55,17 @@ def _expected(loader, store, epoch: int, index: int) -> tuple[torch.Tensor, bool
     return store.target(split.relpath(index), int(split.labels[index]), box, flipped), flipped
 
 
-def _check_targets(loader, store, batches: int) -> None:
+def _check_targets(loader, store, batches: int, atol: float = 1e-6) -> None:
     loader.set_epoch(1)
     flips: set[bool] = set()
     for count, (images, targets) in enumerate(loader, 1):
         assert targets.shape == (len(images), 2 + 4, 10)
+        assert targets.device == images.device, "cut where the images are"
+        targets = targets.cpu()
         for row, index in enumerate(loader.last_indices.tolist()):
             want, flipped = _expected(loader, store, 1, index)
             flips.add(flipped)
-            assert torch.allclose(targets[row], want, atol=1e-6), (index, flipped)
+            assert torch.allclose(targets[row], want, atol=atol), (index, flipped)
             assert targets[row, 0].argmax() == loader.split.labels[index]
         if count == batches:
             break
@@ -95,6 +97,20 @@ def test_gpu_loader_targets_are_the_torch_cut_of_its_windows(digits_dir: Path, l
     store = TokenLabelStore.open(cfg, 10, split)
     loader = GpuDecodeLoader(split, cfg, 0, 1, True, device=torch.device("cpu"), token_labels=store)
     _check_targets(loader, store, batches=3)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="nvJPEG (DALI's 'mixed' decoder, torchvision's decode_jpeg on cuda) needs a CUDA device",
+)
+@pytest.mark.parametrize("kind", ["dali", "gpu"])
+def test_on_a_gpu_the_maps_are_cut_on_the_device_as_the_torch_loader_cuts_them(
+    digits_dir: Path, published: Path, kind: str
+):
+    cfg = data_config(digits_dir, AUGMENT, loader=kind, token_label_data=str(published))
+    loader = create_loader(cfg, "train", 1, 2)
+    assert loader.name == kind
+    _check_targets(loader, TokenLabelStore.open(cfg, 10, loader.split), batches=3, atol=1e-5)
 
 
 def _batches(loader, epoch: int, count: int, state=None) -> dict[int, tuple]:

@@ -1,4 +1,5 @@
-"""Exact resume on the real local Slurm (2 nodes x 1 rank), on both loaders.
+"""Exact resume on the real local Slurm (2 nodes x 1 rank), on both loaders (DALI's job with
+token labels in TokenLabeling's published layout, MixToken on).
 
 Live jobs are signalled as a cluster does it: `scancel --signal=USR2` (what `--signal=USR2@grace`
 delivers to every process of the job step) and SIGTERM (what preemption and `scontrol requeue`
@@ -21,6 +22,7 @@ import torch
 
 from tests.fixtures_slurm import kill_rank, submit
 from tests.helpers import last_step, make, one_rank_per_node, profile_copy, wait_until
+from tests.test_published_token_labels import write_published
 from vitpod.registry import runfiles
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -42,7 +44,11 @@ _SEEN = re.compile(r"(SIG\w+) seen at the boundary after step (\d+)")
 JOBS = {
     # USR2 in the first steps of epoch 0, SIGTERM at the end of epoch 0 (lands in the last
     # step, the evaluation, the epoch-end checkpoint or the first steps of epoch 1).
-    "dali": ("--loader dali --checkpoint-every 5", [("USR2", 2), ("TERM", STEPS_PER_EPOCH)]),
+    # DALI's job also cuts token labels with the crop windows its pipeline returns.
+    "dali": (
+        "--loader dali --checkpoint-every 5 --token-label --token-label-data {labels}",
+        [("USR2", 2), ("TERM", STEPS_PER_EPOCH)],
+    ),
     # A checkpoint every step, written in the background while the next step runs: USR2 lands
     # with one in flight. Then rank 1 is SIGKILLed mid-step in epoch 1.
     "torch": ("--loader torch --workers 0 --checkpoint-every 1", [("USR2", 6), ("KILL", 16)]),
@@ -130,8 +136,10 @@ def test_preempted_jobs_end_bit_identical_to_uninterrupted_ones(
     local_slurm, digits_half_dir: Path, tmp_path: Path
 ) -> None:
     profile = profile_copy(tmp_path, data=digits_half_dir.parent, **one_rank_per_node())
+    labels = write_published(digits_half_dir, tmp_path / "token_label_data")
     jobs = {}
     for loader, (args, events) in JOBS.items():
+        args = args.format(labels=labels)
         jobs[loader] = (
             submit(tmp_path, profile, f"{COMMON} {args}"),  # the reference, never stopped
             submit(tmp_path, profile, f"{COMMON} {args}"),
