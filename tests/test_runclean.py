@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from vitpod.workflows import cli, completion
 from vitpod.workflows.submit.rundir import write_json
 from vitpod.workflows.watching import runclean
 
-from .test_jobctl import calls, make_pipeline, make_run, stub_slurm, use_stubs
+from .test_jobctl import calls, make_pipeline, make_run, make_study, stub_slurm, use_stubs
 
 
 def clean(capsys, *flags: str) -> tuple[int, dict[Path, dict], str]:
@@ -134,3 +135,50 @@ def test_list_shows_a_damaged_metrics_file_on_its_row_and_lists_the_rest(
     assert listed[fine]["progress"] == "30/100"
     assert listed[damaged]["state"] == "RUNNING"
     assert "metrics/rank0.jsonl:3: not a JSON line" in listed[damaged]["note"]
+
+
+def test_clean_deletes_only_what_vitpod_made_under_the_root(tmp_path, monkeypatch, capsys):
+    """A directory holding someone's manifest.json, and a study reached through a symlinked
+    studies/ (pointing outside the run root), are listed and kept; --yes deletes neither."""
+    root, outside = tmp_path / "runs", tmp_path / "elsewhere"
+    use_stubs(monkeypatch, stub_slurm(tmp_path, {}), root)
+    ours = make_run(root, "701", step=10, total=100)
+    theirs = root / "20260101T000000Z-export-abc123"
+    theirs.mkdir()
+    (theirs / runfiles.MANIFEST).write_text(json.dumps({"files": ["a.jpg"], "created": "x"}))
+    study = make_study(outside, "702", "703")  # a real study, but outside the run root
+    (root / "studies").symlink_to(outside / "studies")
+    capsys.readouterr()
+    code, listed, err = clean(capsys, "--older-than", "0s", "--yes")
+    assert code == 0 and "deleted 1" in err, err
+    assert not ours.exists() and theirs.is_dir() and study.is_dir()
+    assert "manifest.json is not a record vitpod wrote" in listed[theirs]["reason"]
+    assert "through a symbolic link" in listed[root / "studies" / study.name]["reason"]
+
+
+def test_a_run_whose_local_process_lives_or_that_holds_set_aside_checkpoints_is_kept(
+    tmp_path, monkeypatch, capsys
+):
+    """A local run has no Slurm job to ask: its directory showed GONE while its ranks ran. A
+    process whose arguments name the run (as a rank's `--plan RUN/plan.json`) keeps it."""
+    root = tmp_path / "runs"
+    use_stubs(monkeypatch, stub_slurm(tmp_path, {}), root)
+    local = make_run(root, "801", step=10, total=100)
+    aside = make_run(root, "802", step=10, total=100)
+    (aside / runfiles.CHECKPOINTS / runclean.DISCARDED / "step_000000010").mkdir(parents=True)
+    (aside / runfiles.CHECKPOINTS / runclean.DISCARDED / "step_000000010" / "rank0.pt").write_bytes(
+        b"x"
+    )
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                             "--plan", str(local / runfiles.PLAN)])  # fmt: skip
+    try:
+        capsys.readouterr()
+        code, listed, _ = clean(capsys, "--older-than", "0s", "--yes")
+        assert listed[local]["state"] == "GONE" and local.is_dir()
+        assert f"a process on this host uses it: pid {rank.pid}" in listed[local]["reason"]
+        assert "--include-discarded deletes them" in listed[aside]["reason"] and aside.is_dir()
+    finally:
+        rank.kill()
+        rank.wait()
+    code, listed, err = clean(capsys, "--older-than", "0s", "--include-discarded", "--yes")
+    assert "deleted 2" in err and not local.exists() and not aside.exists()

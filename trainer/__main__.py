@@ -84,13 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     preemption.install()  # first: a SIGUSR2/SIGTERM from here on sets a flag instead of killing
     from vitpod.registry.io import private_umask
     from vitpod.registry.trainsections import TrainerSettings
-
-    private_umask()  # torch, DCP and DeepSpeed create files with the umask: 0640, dirs 0750
     from vitpod.trainer import dist as tdist
     from vitpod.trainer.config import ConfigError
     from vitpod.trainer.settings.checks import problems
     from vitpod.trainer.settings.decision import read_plan
     from vitpod.trainer.settings.flags import parse_args
+
+    private_umask()  # torch, DCP and DeepSpeed create files with the umask: 0640, dirs 0750
 
     env = tdist.detect()
     try:

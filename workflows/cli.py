@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import os
 import re
 import sys
 from pathlib import Path
@@ -294,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} "
               "(vitpod --help)", file=sys.stderr)  # fmt: skip
         return USAGE
-    private_umask()  # run files 0640, dirs 0750; sbatch hands this umask to the job
+    umask = private_umask()  # run files 0640, dirs 0750; sbatch hands this umask to the job
     try:
         return int(_load(argv[0])(argv[1:]) or 0)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
+    finally:
+        os.umask(umask)  # a caller in this process (a test) keeps its own

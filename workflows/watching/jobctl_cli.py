@@ -90,6 +90,10 @@ def clean_main(argv: list[str]) -> int:
     p.add_argument(
         "--include-finals", action="store_true", help="delete runs that hold a final model too"
     )
+    p.add_argument(
+        "--include-discarded", action="store_true",
+        help="delete runs holding set-aside checkpoints (checkpoints/discarded/) too",
+    )  # fmt: skip
     p.add_argument("--yes", action="store_true", help="delete (without it: only print the plan)")
     p.add_argument(
         "--cluster", default="", help="its storage.runs is the run root (unless --run-root)"
@@ -98,7 +102,8 @@ def clean_main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ns = p.parse_args(argv)
     root = list_root(ns.run_root, ns.cluster)
-    verdicts, note = runclean.plan(root, ns.older_than, ns.state, ns.include_finals)
+    verdicts, note = runclean.plan(root, ns.older_than, ns.state, ns.include_finals,
+                                   include_discarded=ns.include_discarded)  # fmt: skip
     if note:
         print(f"note: {note}", file=sys.stderr)
     if ns.json:

@@ -3,9 +3,13 @@
 Safe by default: `plan` decides and `delete` acts only on what `plan` marked, so the CLI prints
 what it would delete (with sizes) and deletes only with --yes. Kept whatever the filters say:
 an entry whose jobs Slurm still holds, or whose state nobody can tell (squeue did not answer);
-one holding a final model (unless include_finals); and one that a kept entry's records name (the
-run a queued fine-tune reads its weights from, a teacher): a pipeline's own stages live inside
-its directory, so a queued stage keeps its whole pipeline.
+one a process on this host still names (a local run's ranks: no Slurm knows them); one holding a
+final model (unless include_finals) or set-aside checkpoints (checkpoints/discarded/, unless
+include_discarded); and one that a kept entry's records name (the run a queued fine-tune reads
+its weights from, a teacher): a pipeline's own stages live inside its directory, so a queued
+stage keeps its whole pipeline. Only a directory that holds vitpod's own record (`foreign` says
+how that is told) directly under the run root or its studies/, reached through no link, is ever
+deleted.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 UNREADABLE = "UNREADABLE"
 ENDED = jobstate.TERMINAL | {jobstate.GONE, "NOT_SUBMITTED", "RENDERED", "EMPTY"}
 """States whose jobs Slurm no longer holds (or never held): the ones clean may delete."""
+DISCARDED = "discarded"
+"""checkpoints/discarded/: damaged checkpoints a resume set aside; deleted only when asked."""
+RUN_NAME = re.compile(r"\d{8}T\d{6}Z-.+-[0-9a-f]{6}")
+"""How vitpod names what it creates under the run root (rundir.new_run_path)."""
 
 
 @dataclass
@@ -95,6 +103,72 @@ def _has_final(entry: jobctl.Entry) -> Path | None:
     return None
 
 
+def _discarded(entry: jobctl.Entry) -> Path | None:
+    for part in entry.parts:
+        folder = part.run_dir / runfiles.CHECKPOINTS / DISCARDED if part.run_dir else None
+        if folder is not None and folder.is_dir() and any(folder.iterdir()):
+            return folder
+    return None
+
+
+def foreign(entry: jobctl.Entry) -> str | None:
+    """Why `entry` is not a directory vitpod made (None: it is). A run's manifest records its
+    own directory (resolved.run_dir, whose name is this one's even after the run root moved);
+    a pipeline's record lists its stages, a study's its points; a record that cannot be read
+    counts only under the name vitpod gives what it creates."""
+    path = entry.path
+    if entry.state == UNREADABLE:
+        if RUN_NAME.fullmatch(path.name):
+            return None
+        return "its record is unreadable and its name is not one vitpod gives"
+    record = {"run": runfiles.MANIFEST, "pipeline": runfiles.PIPELINE, "study": runfiles.STUDY}
+    try:
+        data = runfiles.read_json(path / record[entry.kind])
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        return f"{record[entry.kind]} is not vitpod's"
+    if entry.kind == "run":
+        recorded = (data.get("resolved") or {}).get("run_dir")
+        ok = isinstance(recorded, str) and Path(recorded).name == path.name
+    else:
+        ok = isinstance(data.get("stages" if entry.kind == "pipeline" else "points"), (dict, list))
+    return None if ok else f"its {record[entry.kind]} is not a record vitpod wrote for it"
+
+
+def _linked(root: Path, path: Path) -> bool:
+    """Whether `path` is reached from `root` through a symbolic link (itself, or studies/)."""
+    return path.is_symlink() or (path.parent != root and path.parent.is_symlink())
+
+
+def _processes() -> dict[int, list[str]]:
+    """Every process on this host that can be read: pid -> its arguments."""
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            found[int(proc.name)] = [a for a in argv if a]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _live_process(entry: jobctl.Entry, processes: dict[int, list[str]]) -> str | None:
+    """A process on this host with an argument in the entry's directory (a local run's ranks
+    and launcher: `--output RUN`, `--plan RUN/plan.json`, `bash RUN/job.sh`): 'pid N (argv)'."""
+    names = {str(entry.path), os.path.realpath(entry.path)}
+    for pid, argv in processes.items():
+        if pid != os.getpid() and any(_within(a, n) for a in argv for n in names):
+            return f"pid {pid} ({' '.join(argv)[:100]})"
+    return None
+
+
+def _within(arg: str, path: str) -> bool:
+    """`arg` is `path` or below it, alone or as a --flag=VALUE's value."""
+    value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+    return value == path or value.startswith(path + "/")
+
+
 def _strings(value: Any) -> Iterator[str]:
     if isinstance(value, str):
         yield value
@@ -137,6 +211,7 @@ def plan(
     state: str = "",
     include_finals: bool = False,
     now: float | None = None,
+    include_discarded: bool = False,
 ) -> tuple[list[Verdict], str]:
     """What clean would do with each entry under `root` older than `older_than` and in one of
     `state` (both filters when both are given); and a note when squeue did not answer."""
@@ -145,9 +220,11 @@ def plan(
                           "FAILED,CANCELLED (`vitpod list` shows ages and states)")  # fmt: skip
     max_age = parse_age(older_than) if older_than.strip() else None
     wanted = parse_states(state)
-    entries = jobctl.discover(Path(root))
+    root = Path(root).absolute()
+    entries = jobctl.discover(root)
     note = jobctl.settle(entries)
     now = time.time() if now is None else now
+    processes = _processes()
     verdicts = []
     for entry in entries:
         if max_age is not None and now - entry.created < max_age:
@@ -155,8 +232,15 @@ def plan(
         if wanted and entry.state not in wanted:
             continue
         verdict = Verdict(entry, size_of(entry.path), delete=False)
-        final = _has_final(entry)
-        if entry.state == UNREADABLE and UNREADABLE not in wanted:
+        final, discarded = _has_final(entry), _discarded(entry)
+        not_ours, live = foreign(entry), _live_process(entry, processes)
+        if _linked(root, entry.path):
+            verdict.reason = f"reached through a symbolic link: not under {root}"
+        elif not_ours:
+            verdict.reason = f"{not_ours}; delete it by hand if it is yours"
+        elif live:
+            verdict.reason = f"a process on this host uses it: {live}; stop it first"
+        elif entry.state == UNREADABLE and UNREADABLE not in wanted:
             verdict.reason = f"unreadable record ({entry.note}); --state {UNREADABLE} deletes it"
         elif entry.state == jobctl.UNKNOWN:
             verdict.reason = "squeue did not answer: its jobs may still run"
@@ -164,6 +248,10 @@ def plan(
             verdict.reason = f"its jobs are {entry.state}: `vitpod cancel` it first"
         elif final is not None and not include_finals:
             verdict.reason = f"holds a final model ({final}); --include-finals deletes it"
+        elif discarded is not None and not include_discarded:
+            verdict.reason = (
+                f"holds set-aside checkpoints ({discarded}); --include-discarded deletes them"
+            )
         else:
             verdict.delete = True
         verdicts.append(verdict)
@@ -199,7 +287,7 @@ def delete(root: Path, verdicts: list[Verdict]) -> int:
         path = verdict.entry.path
         if not verdict.delete:
             continue
-        if path.is_symlink() or path.parent not in (root, root / jobctl.STUDIES):
+        if _linked(root, path) or path.parent not in (root, root / jobctl.STUDIES):
             raise ConfigError(f"{path}: not a directory under {root}; nothing deleted there")
         shutil.rmtree(path)
         freed += verdict.size
