@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,13 @@ CHECKPOINT_RANK0 = "rank0.json"
 CHECKPOINT_COMMIT = "COMMIT.json"
 """Inside each checkpoint folder, written last by rank 0 once every rank's files are on disk:
 every file with its sha256 and size, and the job and start that wrote them."""
+CHECKPOINT_DISCARDED = "discarded"
+"""Under checkpoints/: damaged step folders set aside at a resume; nothing automatic deletes
+them."""
+CHECKPOINT_NAME = re.compile(r"step_[0-9]{9}")
+"""The only names under checkpoints/ that are checkpoints; anything else is the user's, left
+alone."""
+
+
+def is_checkpoint_name(name: str) -> bool:
+    return CHECKPOINT_NAME.fullmatch(name) is not None

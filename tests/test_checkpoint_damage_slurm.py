@@ -5,10 +5,18 @@ shard of its newest checkpoint is flipped on disk, and `make resume` continues t
 skips the damaged checkpoint (its checksum no longer matches COMMIT.json), resumes from the one
 before, completes, and ends bit-identical to a job never stopped (weights and BatchNorm
 statistics: FSDP keeps them equal across ranks as DDP does).
+
+The finished run then meets two mistakes (tests/test_checkpoint_faults.py has the rest in
+process): its script resubmitted while the storage fails twice on COMMIT.json reads
+(VITPOD_TEST_IO_FAULT, the checkpoint reader's test-only hook) retries and completes; the
+trainer run over it by hand with srun and a typo (`--img-size 48`) exits 2 on both ranks, naming
+the setting. Neither changes a byte under checkpoints/.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -16,7 +24,8 @@ import pytest
 import torch
 
 from tests.fixtures_slurm import queue_state, submit
-from tests.helpers import last_step, make, one_rank_per_node, profile_copy, wait_until
+from tests.helpers import REPO, last_step, make, one_rank_per_node, profile_copy, wait_until
+from vitpod.trainer.checkpointing.reads import FAULT_ENV
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ARGS = (
@@ -27,6 +36,14 @@ ARGS = (
 
 def _committed(run: Path) -> list[Path]:
     return sorted(p.parent for p in (run / "checkpoints").glob("step_*/COMMIT.json"))
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _flip_one_byte(path: Path) -> None:
@@ -64,3 +81,24 @@ def test_a_flipped_byte_in_the_newest_shard_resumes_from_the_one_before_exactly(
     assert want.keys() == got.keys()
     assert [k for k in want if not torch.equal(want[k], got[k])] == []
     assert any("running_mean" in k for k in want)  # the BatchNorm statistics are compared too
+
+    before = _tree(run / "checkpoints")
+    storage_fails_twice = {**os.environ, FAULT_ENV: "EIO:2:COMMIT.json"}
+    out = subprocess.run(["sbatch", "--parsable", str(run / "job.sbatch")], capture_output=True,
+                         text=True, check=True, env=storage_fails_twice)  # fmt: skip
+    again = out.stdout.strip().split(";")[0]
+    assert local_slurm.wait(again, timeout=600) == "COMPLETED"
+    log = next((run / "logs").glob(f"train-{again}-*rank0.log")).read_text()
+    assert "retrying in" in log and "resumed from" in log, log
+    assert _tree(run / "checkpoints") == before
+
+    typo = subprocess.run(
+        ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--time=5",
+         str(REPO / ".venv" / "bin" / "vitpod-train"), "--plan", str(run / "plan.json"),
+         "--img-size", "48"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "MASTER_ADDR": "127.0.0.1"},
+    )  # fmt: skip
+    assert typo.returncode == 2, typo.stdout[-3000:] + typo.stderr[-3000:]
+    said = typo.stdout + typo.stderr
+    assert said.count("--img-size: 32 in the checkpoint, 48 in this run") == 2, said[-3000:]
+    assert _tree(run / "checkpoints") == before

@@ -192,18 +192,22 @@ def test_every_file_records_its_job_and_start(tmp_path: Path, monkeypatch) -> No
 
 
 def test_unusable_checkpoints_newer_than_the_resume_point_are_moved_aside(tmp_path: Path) -> None:
-    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=5)
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=2)
     for step in (10, 20):
         ck.save(step, epoch=0, state=state(step))
     ck.close()
     (ck.step_dir(20) / "COMMIT.json").unlink()  # as if the job died before its commit
     assert ck.agree_on_latest() == ck.step_dir(10)
-    assert not ck.step_dir(20).exists()
+    assert ck.step_dir(20).exists()  # the verdict moves nothing; the resume, once loaded, does
+    loaded = []
+    ck.resume("auto", loaded.append, torch.device("cpu"))
+    assert loaded == [ck.step_dir(10)] and not ck.step_dir(20).exists()
     moved = list((tmp_path / "discarded").iterdir())
     assert [p.name.split(".")[0] for p in moved] == ["step_000000020"]
-    ck.save(30, epoch=0, state=state(30))  # a newer commit supersedes what was moved aside
+    for step in (30, 40):  # newer commits and their rotation never delete what was set aside
+        ck.save(step, epoch=0, state=state(step))
     ck.close()
-    assert not list((tmp_path / "discarded").iterdir())
+    assert list((tmp_path / "discarded").iterdir()) == moved
 
 
 def test_a_checkpoint_missing_a_rank_is_not_valid(tmp_path: Path) -> None:

@@ -97,6 +97,7 @@ class Trainer:
             self.run_dir / runfiles.CHECKPOINTS, env.rank, env.world_size, cfg.keep_last,
             cfg.milestone_every, elastic=Resize(cfg.global_batch_size, self.engine.name),
             await_files=self.engine.sharded_files,
+            settings=ckpt.run_settings(cfg, num_classes(cfg), self.engine.name),
         )  # fmt: skip
         total = cfg.max_steps or self.steps_per_epoch * cfg.train_epochs
         self.metrics = MetricsLogger(
@@ -109,6 +110,7 @@ class Trainer:
         self.timing = TimingLog(self.metrics.write)
         self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
+        self.eval_pending = False  # a checkpoint at an epoch's end taken before its evaluation
         self.last_eval: dict[str, float] = {}
         self.throughput = {"images": 0.0, "seconds": 0.0}
         self.steps_this_process = 0
@@ -153,10 +155,12 @@ class Trainer:
         self.preemption.install()  # main() installed it already; again for Trainers built directly
         batch = self.cfg.validation_batch_size or data_cfg.batch_size  # timm's -vb
         val_cfg = dataclasses.replace(data_cfg, token_label=False, aug_repeats=0, batch_size=batch)
+        self.checkpointer.resume(cfg.resume, self._load, self.device)  # refused: nothing written
         if self.env.is_main:
             io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, cfg.record())
             io.write_text_atomic(self.run_dir / runfiles.ARGS, cfg.args_yaml())
-        self.checkpointer.resume(cfg.resume, self._load, self.device)
+        if self.eval_pending:  # the epoch before ended in the preempted start
+            self._evaluate(self.epoch - 1)
         self.timing.start(self.step)
         if self.preemption.agreed(self.step):  # signalled during startup, before any step here
             self.timing.end(self.step, "preempted")
@@ -166,7 +170,10 @@ class Trainer:
         while self.epoch < cfg.train_epochs and not self._reached_max_steps():
             self.train_loader.set_epoch(self.epoch)
             if self._train_epoch() == "preempted":
-                self._save(epoch_end=False, wait=True)
+                # At an epoch's last step this is the epoch's end (evaluated by the next start).
+                if epoch_end := self._epoch_ends_here():
+                    self.epoch, self.eval_pending = self.epoch + 1, self.cfg.eval
+                self._save(epoch_end=epoch_end, wait=True)
                 self.timing.end(self.step, "preempted")
                 log.warning(
                     "preempted (%s): checkpointed at step %d",
@@ -233,7 +240,8 @@ class Trainer:
             if self.preemption.agreed(self.step):
                 self._flush_steps()
                 return "preempted"
-            if cfg.checkpoint_steps and self.step % cfg.checkpoint_steps == 0:
+            due = cfg.checkpoint_steps and self.step % cfg.checkpoint_steps == 0
+            if due and not self._epoch_ends_here():  # else the epoch's end saves this step
                 self._flush_steps()
                 self._save(epoch_end=False, overlap=True)
             if self._reached_max_steps():
@@ -290,18 +298,23 @@ class Trainer:
     def _reached_max_steps(self) -> bool:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
 
-    def _evaluate(self) -> None:
+    def _epoch_ends_here(self) -> bool:
+        """The step just done was the epoch's last, and the epoch's end follows it."""
+        return self.train_loader.at_epoch_end() and not self._reached_max_steps()
+
+    def _evaluate(self, epoch: int | None = None) -> None:
+        self.eval_pending = False
         if self.cfg.eval:
             with self.timing.timed("eval", self.step):
                 self.last_eval = evaluate(self.engine, self.val_loader, self.precision, self.device)
-            self.metrics.eval(self.epoch, self.step, **self.last_eval)
+            self.metrics.eval(self.epoch if epoch is None else epoch, self.step, **self.last_eval)
 
     # ----------------------------------------------------------------------------- state
     def _state(self, epoch_end: bool) -> dict[str, Any]:
         state: dict[str, Any] = {
             "step": self.step, "epoch": self.epoch, "epoch_end": epoch_end,
             "rng": rng_state(), "loader": self.train_loader.state_dict(),
-            "mesh": self.mesh_shape,
+            "mesh": self.mesh_shape, "eval_pending": self.eval_pending,
         }  # fmt: skip
         if self.env.is_main:
             state.update(self.engine.state_dict(), scheduler=self.scheduler.state_dict())
@@ -314,6 +327,12 @@ class Trainer:
             self._save_now(epoch_end, wait, overlap)
 
     def _save_now(self, epoch_end: bool, wait: bool, overlap: bool) -> None:
+        if self.checkpointer.written(self.step):  # written once per start (the resumed one)
+            log.info("step %d is already checkpointed by this start", self.step)
+            if wait:
+                self.checkpointer.wait()
+                self.engine.wait_sharded()
+            return
         self.engine.save_sharded(self.checkpointer.step_dir(self.step))
         state = self._state(epoch_end)
         # Buffers (BatchNorm running stats) change in the forward: copied before it runs.
@@ -334,6 +353,7 @@ class Trainer:
         if self.ema is not None:
             load_ema(self.ema, shared, self.model)
         self.step, self.epoch = own["step"], own["epoch"]
+        self.eval_pending = bool(own.get("eval_pending"))
         # The loader's position counts global samples: it carries over to another world size
         # when it falls on an optimizer step of this job's global batch (elastic.py).
         if not own["epoch_end"] and position_fits(own["loader"], cfg.global_batch_size):

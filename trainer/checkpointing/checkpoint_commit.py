@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import io, runfiles
-from vitpod.trainer.checkpointing.torchsave import sha256_of
+from vitpod.trainer.checkpointing import reads
 
 COMMIT = runfiles.CHECKPOINT_COMMIT
 
@@ -54,9 +54,12 @@ def listed_files(directory: Path) -> list[str]:
 
 
 def wait_for_ranks(
-    directory: Path, world_size: int, launch: str, await_files: Collection[str], timeout_s: float
-) -> dict[int, dict[str, Any]]:
-    """Rank manifests of this launch for every rank, once they and `await_files` exist."""
+    directory: Path, world_size: int, save: dict[str, Any], await_files: Collection[str],
+    timeout_s: float,
+) -> dict[int, dict[str, Any]]:  # fmt: skip
+    """Rank manifests of this save for every rank, once they and `await_files` exist. `save`
+    holds the launch and the save's sequence number in it: a record of an earlier start, or of
+    an earlier save of the same step by this start, is not this save's."""
     deadline = time.monotonic() + timeout_s
     delay = 0.02
     while True:
@@ -66,7 +69,7 @@ def wait_for_ranks(
                 manifest = json.loads((directory / f"rank{rank}.json").read_text())
             except (OSError, ValueError):
                 break
-            if manifest.get("launch") != launch:  # an earlier start's file: not ours yet
+            if any(manifest.get(k) != v for k, v in save.items()):  # not ours (yet)
                 break
             manifests[rank] = manifest
         waiting = [f for f in await_files if not (directory / f).is_file()]
@@ -82,6 +85,11 @@ def wait_for_ranks(
         delay = min(delay * 2, 0.5)
 
 
+def rank_files(world_size: int) -> list[str]:
+    """The files every complete checkpoint lists: each rank's state and record."""
+    return [f"rank{r}.{ext}" for r in range(world_size) for ext in ("pt", "json")]
+
+
 def commit(
     directory: Path,
     meta: dict[str, Any],
@@ -91,7 +99,8 @@ def commit(
     timeout_s: float = 1800.0,
 ) -> dict[str, Any]:
     """Wait for every rank, checksum every file, then write the marker (atomically, last)."""
-    manifests = wait_for_ranks(directory, world_size, launch, await_files, timeout_s)
+    save = {"launch": launch, "save": meta.get("save")}
+    manifests = wait_for_ranks(directory, world_size, save, await_files, timeout_s)
     known = {m["file"]: m for m in manifests.values()}  # hashed while they streamed
     files: dict[str, dict[str, Any]] = {}
     for rel in listed_files(directory):
@@ -100,7 +109,7 @@ def commit(
         if rel in known and known[rel]["bytes"] == size:
             files[rel] = {"sha256": known[rel]["sha256"], "bytes": size}
         else:
-            files[rel] = {"sha256": sha256_of(path), "bytes": size}
+            files[rel] = {"sha256": reads.sha256_of(path), "bytes": size}
     record = {**meta, "world_size": world_size, "files": files, "committed": time.time()}
     io.write_json_atomic(directory / COMMIT, record)
     io.fsync_dir(directory.parent)  # the step directory's own entry
@@ -108,34 +117,45 @@ def commit(
 
 
 def read_commit(directory: Path) -> dict[str, Any]:
-    """The marker, or OSError/ValueError (missing, unreadable or malformed)."""
-    record = json.loads((directory / COMMIT).read_text())
+    """The marker; FileNotFoundError when absent, ValueError when its bytes are no marker, any
+    other OSError when the storage failed (nothing proven about the checkpoint then)."""
+    try:
+        record = json.loads(reads.read_text(directory / COMMIT))
+    except UnicodeDecodeError as exc:
+        raise ValueError(str(exc)) from exc
     if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
         raise ValueError(f"{COMMIT} has no file list")
     return record
 
 
 def check(directory: Path, checksums: bool = True) -> str | None:
-    """None if the checkpoint is complete, else why not. Without `checksums` only presence and
-    sizes are checked (rotation's cheap test; resume always checks every checksum)."""
+    """None if the checkpoint is complete, else the damage its bytes prove: no or a malformed
+    marker, a listed file missing, of another size or checksum, a rank's files not listed.
+    A storage error (EIO, ESTALE, EACCES...) is raised as OSError: it proves nothing. Without
+    `checksums` only presence and sizes are checked (rotation's cheap test)."""
     try:
         record = read_commit(directory)
     except FileNotFoundError:
         return f"no {COMMIT} (an interrupted or unfinished save)"
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         return f"{COMMIT} unreadable: {exc}"
-    for rel, expected in record["files"].items():
+    files = record["files"]
+    try:
+        unlisted = [f for f in rank_files(int(record["world_size"])) if f not in files]
+    except (KeyError, TypeError, ValueError):
+        return f"{COMMIT}: no world size recorded"
+    if unlisted:
+        return f"{COMMIT} does not list {', '.join(unlisted)} (not a complete commit)"
+    for rel, expected in files.items():
         path = directory / rel
         try:
             size = path.stat().st_size
             if size != expected["bytes"]:
                 return f"{rel}: {size} bytes, {expected['bytes']} recorded (cut short or grown)"
-            if checksums and sha256_of(path) != expected["sha256"]:
+            if checksums and reads.sha256_of(path) != expected["sha256"]:
                 return f"{rel}: checksum mismatch (changed on disk)"
         except FileNotFoundError:
             return f"{rel}: missing"
-        except OSError as exc:
-            return f"{rel}: unreadable ({exc})"
         except (KeyError, TypeError):
             return f"{COMMIT}: malformed entry for {rel}"
     return None

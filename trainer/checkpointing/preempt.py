@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import time
 import types
 
 from vitpod.trainer.exitcodes import PREEMPT_SIGNALS
 
 log = logging.getLogger(__name__)
+# Test-only: "STEP:SECONDS" holds every rank that long at the boundary after STEP, before the
+# ranks agree, so a test's real signal (scancel --signal=USR2, kill) sent once STEP is logged
+# lands at that boundary on purpose (an epoch's last step). Never set by vitpod itself.
+HOLD_ENV = "VITPOD_TEST_HOLD_AT_STEP"
 
 
 class Preemption:
@@ -38,6 +44,7 @@ class Preemption:
         import torch
         import torch.distributed as dist
 
+        _hold_for_test(step)
         if self.requested and self.seen_after is None:
             self.seen_after = step
             log.warning("%s seen at the boundary after step %d", self.signal_name, step)
@@ -50,3 +57,9 @@ class Preemption:
         if stop and not self.requested:
             log.warning("another rank was preempted; stopping here too")
         return stop
+
+
+def _hold_for_test(step: int) -> None:
+    hold = os.environ.get(HOLD_ENV)
+    if hold and int(hold.split(":")[0]) == step:
+        time.sleep(float(hold.split(":")[1]))

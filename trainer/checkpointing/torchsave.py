@@ -10,6 +10,7 @@ from typing import IO, Any, cast
 import torch
 
 from vitpod.registry.io import fsync_dir
+from vitpod.trainer.checkpointing.reads import sha256_of as sha256_of  # one reader (reads.py)
 
 
 class _HashingWriter:
@@ -56,11 +57,3 @@ def atomic_torch_save(obj: Any, path: Path) -> dict[str, Any]:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
     return {"file": path.name, "sha256": writer.sha.hexdigest(), "bytes": writer.size}
-
-
-def sha256_of(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 24), b""):
-            sha.update(block)
-    return sha.hexdigest()

@@ -46,6 +46,8 @@ class Loader:
         self.epoch = 0
         self._start = 0  # global samples of self.epoch consumed before this iteration
         self._done = 0  # global samples of self.epoch consumed so far
+        self._passed = False  # this process iterated the whole epoch: a next pass starts over
+        self._left: int | None = None  # this rank's batches of the pass not yet given out
         self.skipped: list[str] = []  # corrupt images dropped (corrupt='skip'), every time
         self.corrupt_files: set[str] = set()  # the distinct ones, each warned about once
         self.last_indices = torch.empty(0, dtype=torch.long)  # the latest batch's sample ids
@@ -61,6 +63,12 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self._start, self._done = epoch, 0, 0
+            self._passed, self._left = False, None
+
+    def at_epoch_end(self) -> bool:
+        """Whether the latest batch given out was this epoch's last (the same on every rank:
+        training gives each as many batches)."""
+        return self._left == 0
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -79,23 +87,30 @@ class Loader:
             )
         self.epoch = int(state["epoch"])
         self._start = self._done = int(state["samples_done"])
+        # A position at the epoch's end stays there: iterating it gives nothing (the trainer
+        # then ends the epoch), not a second pass over the epoch.
+        self._passed, self._left = False, None
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        if self._done >= len(self.split):
-            self._start = self._done = 0  # a new pass over the same epoch
+        if self._passed:
+            self._done = 0  # a new pass over the same epoch (validation, each evaluation)
         self._start = self._done
-        batches = self._plan(self._start)
+        batches = self._plan(self._start) if self._done < len(self.split) else []
         total = len(self.split)
-        for count, (images, targets, indices) in enumerate(self._iter_batches(batches), 1):
+        self._left = len(batches)
+        for count, (images, targets, indices) in enumerate(
+            self._iter_batches(batches) if batches else iter(()), 1
+        ):
             self._done = self._start + samples_after(
                 count, self.world_size, self.cfg.batch_size, total - self._start
             )
+            self._left = max(0, len(batches) - count)
             self.last_indices = indices
             if self.cfg.return_index:
                 yield images, targets, indices
             else:
                 yield images, targets
-        self._done = total
+        self._done, self._passed, self._left = total, True, 0
 
     def _skip_corrupt(self, paths: list[str]) -> None:
         """Drop undecodable files, warning once per file on this rank: a bad file comes back
@@ -108,6 +123,10 @@ class Loader:
 
     def _plan(self, start: int) -> list[np.ndarray]:
         order = epoch_order(len(self.split), self.cfg.seed, self.epoch, shuffle=self.train)
+        if self.train and self.cfg.aug_repeats:  # --aug-repeats: timm's RepeatAugSampler
+            order = repeated_order(len(self.split), self.cfg.seed, self.epoch,
+                                   self.cfg.aug_repeats, self.world_size, self.cfg.batch_size,
+                                   self.cfg.accum_steps)  # fmt: skip
         return rank_batches(
             order[start:],
             self.rank,
@@ -120,7 +139,3 @@ class Loader:
 
     def _iter_batches(self, batches: list[np.ndarray]) -> Iterator[Batch]:
         raise NotImplementedError
-        if self.train and self.cfg.aug_repeats:  # --aug-repeats: timm's RepeatAugSampler
-            order = repeated_order(len(self.split), self.cfg.seed, self.epoch,
-                                   self.cfg.aug_repeats, self.world_size, self.cfg.batch_size,
-                                   self.cfg.accum_steps)  # fmt: skip

@@ -196,6 +196,7 @@ def format_status(statuses: list[StageStatus]) -> str:
             out.extend("    " + line for line in s.traceback.text.splitlines())
         if s.diagnosis is not None:
             out.extend("  " + line for line in s.diagnosis.text())
+        out.extend("  " + line for line in checkpoint_notes(Path(s.run_dir)))
         if s.ledger is not None:
             out.append("  " + s.ledger.line())
             decision = decision_of(Path(s.run_dir))
@@ -205,6 +206,23 @@ def format_status(statuses: list[StageStatus]) -> str:
                 restarts = max(0, s.ledger.attempts - 1)
                 out.append("  " + decision.checkpoint.against(s.ledger.parts["lost"], restarts))
     return "\n".join(out)
+
+
+def checkpoint_notes(run_dir: Path) -> list[str]:
+    """One line each: checkpoints set aside as damaged (kept until removed by hand), and what
+    under checkpoints/ is no checkpoint (resume and rotation leave it alone)."""
+    root = run_dir / runfiles.CHECKPOINTS
+    aside_dir = root / runfiles.CHECKPOINT_DISCARDED
+    aside = sorted(p.name for p in aside_dir.iterdir()) if aside_dir.is_dir() else []
+    other = sorted(
+        p.name for p in (root.iterdir() if root.is_dir() else [])
+        if p.name != runfiles.CHECKPOINT_DISCARDED and not runfiles.is_checkpoint_name(p.name)
+    )  # fmt: skip
+    lines = [f"checkpoints set aside as damaged (kept): {', '.join(aside)} in {aside_dir}"]
+    lines = lines if aside else []
+    if other:
+        lines.append(f"not checkpoints, left alone in {root}: {', '.join(other)}")
+    return lines
 
 
 def decision_of(run_dir: Path) -> Decision | None:

@@ -88,6 +88,10 @@ RULES: tuple[Rule, ...] = (
     Rule("node failure",
          "resubmit (the checkpoints resume it); exclude the node if it fails again",
          _re(r"DUE TO NODE FAIL"), frozenset({"NODE_FAIL"})),
+    Rule("checkpoint storage error (EIO, ESTALE, EACCES, a timeout or short read at resume)",
+         "no checkpoint was moved or deleted: check the filesystem holding the run (mount, "
+         "permissions, quota, the file server), then make resume RUN=<run dir>",
+         _re(r"checkpoint storage error")),
     Rule("requeue stopped: starts in a row were preempted without a new checkpoint",
          "lower the profile's preemption.grace_s or raise the partition's time so that a start "
          "reaches a checkpoint (or checkpoint more often, --checkpoint-every); then "
