@@ -41,6 +41,7 @@ def submit_rendered(chain: Any) -> None:
         rec.plan = rendered.replan(rec.run_dir)
         chained = name == "finetune" and "pretrain" in chain.stages
         preflight.check(rec.plan, chained=chained, labels_pending=name in found)
+    chain.offline = False  # rendered offline, submitted online: pipeline.json says so
     if chain.crossing:
         pre, fin = chain.stages["pretrain"].job_plan, chain.stages["finetune"].job_plan
         for line in chain_cross.check_before(pre, fin, Path(fin.request.finetune_from)):
