@@ -166,20 +166,24 @@ def assemble(
     """The ledger of one run from rank 0's records and Slurm's attempts (none: no scheduler)."""
     segs = segments(records)
     ledger = Ledger()
-    by_key = {(str(s["start"].get("job_id")), s["start"].get("restart", 0)): s for s in segs}
-    pairs = [(a, by_key.get((a.job_id, a.restart))) for a in attempts]
+    # One Slurm start holds several trainer starts when the job restarted its ranks in place
+    # after a hang (templates/partials/watchdog.sh.j2).
+    by_key: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for s in segs:
+        key = (str(s["start"].get("job_id")), s["start"].get("restart", 0))
+        by_key.setdefault(key, []).append(s)
+    pairs = [(a, by_key.get((a.job_id, a.restart), [])) for a in attempts]
     if not attempts:  # no accounting: each process's own clock bounds its part of the run
         ledger.notes.append("no Slurm accounting: queue wait unknown")
         # Paired by position: a run without a scheduler has no job id (its starts all read
         # job None, restart 0), so a key would fold its starts into one.
         pairs = [
             (Attempt(str(s["start"].get("job_id")), s["start"].get("restart", 0),
-                     s["start"]["process_start"], s["start"]["process_start"], None), s)
+                     s["start"]["process_start"], s["start"]["process_start"], None), [s])
             for s in segs
         ]  # fmt: skip
-    for attempt, seg in pairs:
-        resumed_at = _redone(segs, segs.index(seg)) if seg is not None else 0
-        ledger.add(_attempt_ledger(attempt, seg, resumed_at))
+    for attempt, group in pairs:
+        ledger.add(_attempt_ledger(attempt, group, segs))
     if container_s is None:
         ledger.notes.append("no container_start.json: container start counted as 0")
     else:
@@ -188,13 +192,25 @@ def assemble(
     return ledger
 
 
-def _attempt_ledger(attempt: Attempt, seg: dict[str, Any] | None, resumed_at: int) -> Ledger:
+def _attempt_ledger(attempt: Attempt, group: list[dict[str, Any]], segs: list[dict[str, Any]]
+                    ) -> Ledger:  # fmt: skip
+    """`group`: the trainer starts of this Slurm start (several after in-job restarts: the time
+    from a hung start's last record to the next start counts as lost)."""
     one = Ledger(attempts=1)
+    seg = group[0] if group else None
     if seg is not None and seg["steps"] and "world_size" in seg["steps"][0]:
         one.ranks = [int(seg["steps"][0]["world_size"])]
     start = attempt.start if attempt.start is not None else attempt.submit
-    parts = segment_parts(seg, resumed_at, start) if seg is not None else {}
-    shutdown_at = parts.pop("shutdown_at", start)
+    parts: dict[str, float] = {}
+    shutdown_at = start
+    for i, each in enumerate(group):
+        begins = start if i == 0 else float(each["start"]["process_start"])
+        own = segment_parts(each, _redone(segs, segs.index(each)), begins)
+        if i > 0:
+            own["lost"] += begins - shutdown_at
+        shutdown_at = own.pop("shutdown_at", begins)
+        for name, seconds in own.items():
+            parts[name] = parts.get(name, 0.0) + seconds
     accounted = attempt.end if attempt.end is not None else max(shutdown_at, start)
     end = shutdown_at if shutdown_at - SLURM_RESOLUTION_S < accounted < shutdown_at else accounted
     one.wall = end - attempt.submit

@@ -21,6 +21,7 @@ from vitpod.analysis.scaling import (
     rows_as_json,
     scaling_table,
 )
+from vitpod.analysis.stragglers import stragglers
 from vitpod.registry import io, runfiles
 
 # Published figures shown beside ours; efficiency computed with the same arithmetic as our table.
@@ -143,6 +144,13 @@ stalls, evaluation, steps lost to a restart, and what none of these explains.</p
 <td>{{ "%.1f"|format(g.parts[part]) }}</td>{% endfor %}<td>{{ "%.1f"|format(g.other) }}</td>
 <td>{{ "%.0f%%"|format(100 * g.parts["training"] / g.wall) if g.wall > 0 else "n/a" }}</td>
 </tr>{% endfor %}</table>
+<h2>Stragglers</h2>
+<p>Ranks whose own step time (step minus the wait in the gradient exchange) stayed above the
+profile's <code>hang.straggler_ratio</code> x the ranks' median over the last steps.</p>
+<table id="stragglers"><tr><th>GPUs</th><th>rank</th><th class="text">node</th><th>ratio</th>
+</tr>{% for r, s in stragglers %}<tr><td>{{ r.gpus }}</td><td>{{ s.rank }}</td>
+<td class="text">{{ s.node }}</td><td>{{ "%.2f"|format(s.ratio) }}</td></tr>
+{% else %}<tr><td colspan="4">none</td></tr>{% endfor %}</table>
 <h2>Plots</h2>
 <div class="plots">
 {% for name, data in images %}<img alt="{{ name }}" src="data:image/png;base64,{{ data }}">
@@ -185,6 +193,7 @@ def render_html(study: Study, rows: list[Row], images: dict[str, bytes]) -> str:
         images=[(name, base64.b64encode(png).decode("ascii")) for name, png in images.items()],
         references=references(),
         ledgers=[(r, goodput.from_trainer(Path(r.run_dir))) for r in rows if r.state == "ok"],
+        stragglers=[(r, s) for r in rows for s in stragglers(Path(r.run_dir))],
         off=", ".join(str(r.gpus) for r in off_points(rows)),
         off_by=OFF_BY,
         kind=device_kind(rows),
@@ -217,6 +226,8 @@ def study_summary(rows: list[Row]) -> dict[str, Any]:
         else None,
         "off_by": OFF_BY,
         "off_points": [r.gpus for r in off_points(rows)],
+        "stragglers": [{"gpus": r.gpus, "rank": s.rank, "node": s.node, "ratio": s.ratio}
+                       for r in rows for s in stragglers(Path(r.run_dir))],
     }  # fmt: skip
 
 

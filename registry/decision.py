@@ -151,6 +151,23 @@ class CheckpointInterval(_Record):
         )
 
 
+class HangTimeouts(_Record):
+    """The ranks' progress timeouts (docs/hangs.md): per section (startup, step, checkpoint,
+    eval) 2 x its measured seconds + the floor, at most the profile's ceiling; the ranks start
+    from these and replace `measured_s` with their own run's times as they go."""
+
+    floor_s: float
+    measured_s: dict[str, float | None]
+    """Seconds each section took in this run or the last run of the same plan (None: none)."""
+    sources: dict[str, str]
+    ceilings_s: dict[str, float]
+    timeouts_s: dict[str, float]
+    max_restarts: int
+    """In-job restarts of the ranks after a hang, then the job requeues."""
+    straggler_ratio: float
+    straggler_steps: int
+
+
 class PlacedCandidate(_Record):
     """One placement candidate: where and on how many nodes, and what was predicted for it."""
 
@@ -256,6 +273,8 @@ class Decision(_Record):
     scheduling: Scheduling = Scheduling()
     checkpoint: CheckpointInterval | None = None
     """--checkpoint-every auto resolved (None: the flags or the profile gave a number)."""
+    hang: HangTimeouts | None = None
+    """The ranks' watchdog timeouts (None: the profile turns it off, or no trainer)."""
     placement: Placement | None = None
     """--place: the candidates and the prediction (None: not placed)."""
     trainer: TrainerSettings | None = None

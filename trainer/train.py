@@ -51,6 +51,7 @@ from vitpod.trainer.model.optim import current_lr, optimizer_for, schedule_for
 from vitpod.trainer.speed.attention import choose_kernel
 from vitpod.trainer.speed.precision import make_precision, prepare_model
 from vitpod.trainer.speed.speedups import apply_speedups, startup_mfu
+from vitpod.trainer.telemetry.heartbeat import Heartbeat
 from vitpod.trainer.telemetry.metrics import MetricsLogger, StepTimer
 from vitpod.trainer.telemetry.sample_digest import StepSamples
 from vitpod.trainer.telemetry.timing import TimingLog
@@ -66,6 +67,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.env = cfg, env
         self.run_dir = Path(cfg.output)
+        self.heartbeat = Heartbeat.from_env(self.run_dir, env.rank)  # job.sbatch's watchdog
         self.device = tdist.init(env)
         seed_everything(cfg.seed)
         resolve_num_classes(cfg)
@@ -107,7 +109,7 @@ class Trainer:
         self.mfu = startup_mfu(cfg, num_classes(cfg), self.device) if env.is_main else None
         if self.mfu is not None:
             self.metrics.write(self.mfu.record())
-        self.timing = TimingLog(self.metrics.write)
+        self.timing = TimingLog(self.metrics.write, self.heartbeat)
         self.preemption = preemption or Preemption()
         self.step, self.epoch = 0, 0
         self.eval_pending = False  # a checkpoint at an epoch's end taken before its evaluation
@@ -185,7 +187,8 @@ class Trainer:
                 self._evaluate()
                 self.epoch += 1
                 self._save(epoch_end=True)
-        self._finish()
+        with self.heartbeat.during("checkpoint", self.step):
+            self._finish()
         self.timing.end(self.step, "finished")
         return OK
 
@@ -265,6 +268,7 @@ class Trainer:
         times["checkpoint_wait"] = self.timing.take_fence_s()
         cfg = self.cfg
         self.step += 1
+        self.heartbeat.stepped(self.step)
         # Counted per process, so the warm-up after a restart is left out too.
         warmup = self.steps_this_process < cfg.warmup_steps_excluded
         self.steps_this_process += 1

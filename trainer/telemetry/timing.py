@@ -23,10 +23,16 @@ def process_start_time() -> float:
 
 
 class TimingLog:
-    """Writes timing records through `write`; sums the time the loop waited on checkpoints."""
+    """Writes timing records through `write`; sums the time the loop waited on checkpoints. A
+    `heartbeat` (the job's watchdog) is told each timed section and the run's end."""
 
-    def __init__(self, write: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        write: Callable[[dict[str, Any]], None],
+        heartbeat: Any = None,  # a Heartbeat
+    ) -> None:
         self._write = write
+        self.heartbeat = heartbeat
         self.fence_s = 0.0  # checkpoint host-copy waits inside steps since the last record
 
     def start(self, step: int) -> None:
@@ -35,6 +41,7 @@ class TimingLog:
             "kind": "timing", "event": "start", "step": step, "wall_time": time.time(),
             "process_start": process_start_time(), "job_id": os.environ.get("SLURM_JOB_ID"),
             "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            "attempt": int(os.environ.get("VITPOD_ATTEMPT") or 0),  # in-job restarts (hangs)
         })  # fmt: skip
 
     def span(self, event: str, step: int, seconds: float) -> None:
@@ -45,12 +52,20 @@ class TimingLog:
     def end(self, step: int, outcome: str) -> None:
         self._write({"kind": "timing", "event": "end", "step": step, "outcome": outcome,
                      "wall_time": time.time()})  # fmt: skip
+        if self.heartbeat is not None:
+            self.heartbeat.close()
 
     @contextmanager
     def timed(self, event: str, step: int) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            if self.heartbeat is None:
+                yield
+            else:
+                with self.heartbeat.during(event, step):
+                    if event == "checkpoint":
+                        self.heartbeat.block_save_for_test(step)
+                    yield
         finally:
             self.span(event, step, time.perf_counter() - start)
 

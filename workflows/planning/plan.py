@@ -26,6 +26,7 @@ from vitpod.trainer.settings.flags import parse_args
 from vitpod.trainer.tokenlabels import labellayout
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import ckptinterval, exchange, noderange, preflight, sbatchopts
+from vitpod.workflows.planning.hangplan import decide as decide_hang
 from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.planning.recipe import Recipe, load_recipe
 from vitpod.workflows.planning.spec import Entry, JobSpec, Launch, build_spec, launch_for
@@ -248,6 +249,7 @@ def plan_job(req: Request) -> JobPlan:
             layout=cfg.dims,
             engine=engine, costs=costs, image=image_info(profile), memory=memory,
             precision=precision, scheduling=_scheduling(spec), checkpoint=checkpoint,
+            hang=decide_hang(profile.hang, cfg, run_dir),
             trainer=TrainerSettings.of(cfg),
             data=Data(
                 data_dir=spec.data_dir, token_label_data=cfg.token_label_data,

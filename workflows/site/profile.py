@@ -14,6 +14,7 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.site.profile_checkpoint import Checkpointing
 from vitpod.workflows.site.profile_container import Container
+from vitpod.workflows.site.profile_hang import Hang
 from vitpod.workflows.site.profile_storage import Storage
 from vitpod.workflows.site.schema import Strict, describe
 
@@ -220,6 +221,7 @@ class Profile(Strict):
     qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     preemption: Preemption = Preemption()
     checkpoint: Checkpointing = Checkpointing()
+    hang: Hang = Hang()
     exclusive: bool = True
     backend: Literal["nccl", "gloo"] = "nccl"
     default_model: str | None = Field(default=None, description="recipe used when MODEL is empty")

@@ -25,7 +25,7 @@ from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.submit import jobstate, multicluster, slurm
 from vitpod.workflows.submit.rundir import write_json
-from vitpod.workflows.watching import goodput, status, triage
+from vitpod.workflows.watching import goodput, hangs, status, triage
 from vitpod.workflows.watching.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.watching.rootcause import first_error_line, restarts_from_logs, root_cause
 
@@ -192,7 +192,10 @@ class Target:
             stamps = [t for _, t in tail.recent][-21:]
             every = triage.log_interval(tail.run_dir)
             hung = triage.stuck_since(tail.rank_wall, stamps, every, self.hang_factor)
-            row.reason = hung.cause if hung else row.reason
+            slow = [] if hung else hangs.stragglers(tail.run_dir)
+            straggling = ", ".join(f"straggler rank {s.rank} on {s.node} x{s.ratio:.2f}"
+                                   for s in slow)  # fmt: skip
+            row.reason = hung.cause if hung else straggling or row.reason
         if self.study and row.run_dir is None and row.ended:
             row.ok = row.ok and done_here
 

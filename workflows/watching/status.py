@@ -17,7 +17,7 @@ from vitpod.registry.decision import (
 )
 from vitpod.trainer.tokenlabels import labelset
 from vitpod.workflows.submit import jobstate, multicluster
-from vitpod.workflows.watching import goodput, triage
+from vitpod.workflows.watching import goodput, hangs, triage
 from vitpod.workflows.watching.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.watching.rootcause import Traceback, restarts_from_logs, root_cause
 from vitpod.workflows.watching.runsizes import world_sizes
@@ -196,6 +196,7 @@ def format_status(statuses: list[StageStatus]) -> str:
             out.extend("    " + line for line in s.traceback.text.splitlines())
         if s.diagnosis is not None:
             out.extend("  " + line for line in s.diagnosis.text())
+        out.extend("  " + line for line in hangs.lines(Path(s.run_dir)))
         out.extend("  " + line for line in checkpoint_notes(Path(s.run_dir)))
         if s.ledger is not None:
             out.append("  " + s.ledger.line())

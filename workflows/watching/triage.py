@@ -105,6 +105,11 @@ RULES: tuple[Rule, ...] = (
          "fix the flag or path named in the error line and resubmit; `make check` catches "
          "most before submission",
          _re(r"^(\d+: |\[rank\d+\] )?error: "), exit_code=2),
+    Rule("hang: a rank made no progress within its timeout (the watchdog)",
+         "the line names the rank, node, step and section; its stacks are in logs/stacks-*.txt "
+         "and the rank logs; a node named twice is excluded on requeue (RUN/exclude-nodes); "
+         "tune the profile's hang: block (docs/hangs.md)",
+         _re(r"^vitpod: hang: rank")),
     Rule("a rank was killed",
          "no traceback: it was stopped from outside (kill -9, the OOM killer, a node failure); "
          "sacct -j JOB -o JobID,State,ExitCode,MaxRSS and the node's dmesg tell which",

@@ -1,0 +1,84 @@
+"""Stragglers: ranks whose own step time stays above the ranks' median (docs/hangs.md), from the
+metrics every rank writes; for `make status`, the follow view and a study's report."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vitpod.registry import runfiles
+
+HEARTBEATS = "heartbeats"  # the ranks' heartbeat files (trainer/telemetry/heartbeat.py)
+DEFAULT_RATIO, DEFAULT_STEPS = 1.3, 20  # the profile's hang: defaults (profile_hang.py)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    node: str
+    ratio: float
+    own_s: float
+    median_s: float
+
+    def line(self, steps: int) -> str:
+        return (f"straggler: rank {self.rank} on {self.node}: own step time {self.ratio:.2f} x "
+                f"the ranks' median ({self.own_s:.3f} s vs {self.median_s:.3f} s, median of "
+                f"the last {steps} steps)")  # fmt: skip
+
+
+def thresholds(run_dir: Path) -> tuple[float, int]:
+    """(ratio, steps) from plan.json's `hang` (the profile's), else the defaults."""
+    try:
+        hang = json.loads((Path(run_dir) / runfiles.PLAN).read_text()).get("hang") or {}
+        return float(hang["straggler_ratio"]), int(hang["straggler_steps"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return DEFAULT_RATIO, DEFAULT_STEPS
+
+
+def own_step_s(record: dict[str, Any]) -> float | None:
+    """A step's time on this rank less its wait in the gradient exchange: a rank that waits for a
+    slow one spends the difference there, the slow one does not."""
+    times = record.get("time") or {}
+    step, comm = times.get("step"), times.get("comm") or 0.0
+    if not isinstance(step, int | float) or step <= 0:
+        return None
+    return max(0.0, float(step) - float(comm))
+
+
+def stragglers(run_dir: Path, ratio: float | None = None, steps: int | None = None
+               ) -> list[Straggler]:  # fmt: skip
+    """Ranks whose median own step time over their last `steps` steps is above `ratio` x the
+    median over the ranks (the lower median: with 2 ranks, the faster one)."""
+    want_ratio, want_steps = thresholds(run_dir)
+    ratio, steps = ratio or want_ratio, steps or want_steps
+    per_rank: dict[int, float] = {}
+    for path in runfiles.metrics_files(run_dir):
+        try:
+            records = runfiles.read_jsonl(path)
+        except (OSError, ValueError):
+            continue
+        own = [s for r in records if r.get("kind") == "step" and not r.get("warmup")
+               and (s := own_step_s(r)) is not None]  # fmt: skip
+        if len(own) >= steps and path.stem.removeprefix("rank").isdigit():
+            per_rank[int(path.stem.removeprefix("rank"))] = statistics.median(own[-steps:])
+    if len(per_rank) < 2:
+        return []
+    median = statistics.median_low(per_rank.values())
+    if median <= 0:
+        return []
+    nodes = rank_nodes(run_dir)
+    return [Straggler(rank, nodes.get(rank, "?"), own / median, own, median)
+            for rank, own in sorted(per_rank.items()) if own > ratio * median]  # fmt: skip
+
+
+def rank_nodes(run_dir: Path) -> dict[int, str]:
+    """Each rank's Slurm node, from its newest heartbeat."""
+    out = {}
+    for path in (Path(run_dir) / HEARTBEATS).glob("rank*"):
+        fields = path.read_text(errors="replace").split() if path.is_file() else []
+        if len(fields) >= 2 and fields[0].isdigit():
+            out[int(fields[0])] = fields[1]
+    return out

@@ -1,0 +1,149 @@
+"""The hang watchdog's parts without Slurm: the ranks' heartbeat and its timeouts, the planner's
+timeouts from an earlier run, the status lines of hangs and stragglers, and the goodput of an
+in-job restart. Live: tests/test_hang_slurm.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vitpod.analysis.goodput import Attempt, assemble
+from vitpod.trainer.telemetry.heartbeat import Heartbeat
+from vitpod.workflows.planning.hangplan import decide, longest_sections
+from vitpod.workflows.site.profile_hang import Hang
+from vitpod.workflows.watching import hangs
+
+LIMITS = {"floor_s": 10.0, "measured_s": {"checkpoint": 4.0},
+          "ceilings_s": {"startup": 600, "step": 50, "checkpoint": 100, "eval": 100}}  # fmt: skip
+
+
+def _fields(path: Path) -> list[str]:
+    return path.read_text().split()
+
+
+def test_heartbeat_deadlines_follow_the_running_estimates(tmp_path: Path) -> None:
+    beat = Heartbeat(tmp_path / "hb", 3, LIMITS)
+    try:
+        assert beat.section == "startup" and beat.timeout("startup") == 600  # nothing measured
+        assert beat.timeout("checkpoint") == 2 * 4.0 + 10  # the last run's save
+        beat.stepped(1)  # the first boundary: no step time yet, the ceiling
+        assert beat.timeout("step") == 50
+        beat.last_boundary -= 2.0  # step 2 took 2 s
+        beat.stepped(2)
+        assert beat.measured["step"] == pytest.approx(2.0, abs=0.05)
+        assert beat.deadline - beat.since == pytest.approx(2 * 2.0 + 10, abs=0.1)
+        with beat.during("checkpoint", 2):
+            assert beat.section == "checkpoint" and beat.deadline - beat.since == 18
+        assert beat.section == "step"
+        beat._beat()
+        rank, node, pid, step, section, since, deadline, _ = _fields(tmp_path / "hb" / "rank3")
+        assert (rank, step, section, int(pid) > 0) == ("3", "2", "step", True)
+        assert int(deadline) - int(since) // 1000 in (13, 14) and node
+    finally:
+        beat.close()
+    assert _fields(tmp_path / "hb" / "rank3")[4:7:2] == ["done", "0"]  # no deadline once done
+
+
+def test_off_without_the_watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VITPOD_HEARTBEATS", raising=False)
+    beat = Heartbeat.from_env(tmp_path, 0)
+    beat.stepped(1)
+    with beat.during("eval", 1):
+        pass
+    beat.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _records(run: Path, rank: int, records: list[dict]) -> None:
+    (run / "metrics").mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (run / "metrics" / f"rank{rank}.jsonl").write_text(text)
+
+
+def test_the_plan_takes_the_last_runs_times(tmp_path: Path) -> None:
+    earlier = tmp_path / "runs" / "20260101T000000Z-earlier"
+    (earlier / "metrics").mkdir(parents=True)
+    (earlier / "config.json").write_text(json.dumps({"model": "m", "img_size": 32,
+                                                     "batch_size": 8}))  # fmt: skip
+    _records(earlier, 0, [
+        {"kind": "timing", "event": "start", "process_start": 100.0, "wall_time": 105.0},
+        *({"kind": "step", "step": n, "wall_time": 110.0 + n, "time": {"step": 0.5}}
+          for n in range(1, 6)),
+        {"kind": "timing", "event": "checkpoint", "step": 5, "seconds": 3.0},
+        {"kind": "timing", "event": "eval", "step": 5, "seconds": 40.0},
+    ])  # fmt: skip
+    assert longest_sections([]) == {}
+    cfg = type("Cfg", (), {"model": "m", "img_size": 32, "batch_size": 8})()
+    hang = Hang(floor_s=60, eval_s=100)
+    record = decide(hang, cfg, tmp_path / "runs" / "20260102T000000Z-new")  # type: ignore[arg-type]
+    assert record is not None
+    assert record.measured_s == {"startup": 11.0, "step": 0.5, "checkpoint": 3.0, "eval": 40.0}
+    assert record.timeouts_s == {"startup": 82.0, "step": 61.0, "checkpoint": 66.0, "eval": 100}
+    assert "earlier" in record.sources["eval"]
+    assert decide(Hang(enabled=False), cfg, earlier) is None  # type: ignore[arg-type]
+
+
+def _steps(own: float, comm: float, n: int = 8) -> list[dict]:
+    return [{"kind": "step", "step": i, "time": {"step": own + comm, "comm": comm}}
+            for i in range(1, n + 1)]  # fmt: skip
+
+
+def test_status_names_hangs_and_stragglers(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "heartbeats").mkdir(parents=True)
+    (run / "plan.json").write_text(json.dumps({"hang": {"straggler_ratio": 1.5,
+                                                        "straggler_steps": 5}}))  # fmt: skip
+    # Rank 2 computes 0.3 s a step; the others wait for it in the exchange.
+    for rank, (own, comm) in enumerate([(0.1, 0.2), (0.12, 0.18), (0.3, 0.0)]):
+        _records(run, rank, _steps(own, comm))
+        (run / "heartbeats" / f"rank{rank}").write_text(f"{rank} node{rank + 1} 1 8 done 0 0 0\n")
+    (run / "hangs.jsonl").write_text(
+        json.dumps(
+            {
+                "kind": "hang",
+                "job": "5",
+                "restart": 0,
+                "attempt": 0,
+                "rank": "1",
+                "node": "node2",
+                "step": 23,
+                "section": "step",
+                "quiet_s": 41,
+                "timeout_s": 40,
+                "stalled": "1",
+                "detected_at": 0,
+                "stacks": "logs/stacks-5-restart0-attempt0-rank<R>.txt",
+            }
+        )
+        + "\n{torn"
+    )
+    (run / "exclude-nodes").write_text("node2\nnode2\n")
+    lines = hangs.lines(run)
+    assert lines[0].startswith("hang: rank 1 on node2 in step at step 23: no progress for 41 s")
+    assert lines[1] == "excluded nodes (hung twice): node2"
+    assert lines[2].startswith("straggler: rank 2 on node3: own step time 2.50 x the ranks' median")
+    assert len(lines) == 3
+
+
+def test_an_in_job_restart_counts_the_hang_as_lost() -> None:
+    """Job 7 starts at 110; steps 1-4, checkpoint at 2; hangs after step 4 (its last record at
+    118); the ranks restart in place at 150 (process start) from step 2 and finish."""
+
+    def start(step: float, t: float, attempt: int) -> dict:
+        return {"kind": "timing", "event": "start", "step": step, "wall_time": t,
+                "process_start": t - 1, "job_id": "7", "restart": 0,
+                "attempt": attempt}  # fmt: skip
+
+    def step(n: int, end: float) -> dict:
+        return {"kind": "step", "step": n, "wall_time": end, "time": {"step": 1.0}}
+
+    records = [start(0, 112, 0), step(1, 115), step(2, 116), step(3, 117), step(4, 118),
+               start(2, 151, 1), step(3, 153), step(4, 154),
+               {"kind": "timing", "event": "end", "step": 4, "wall_time": 155}]  # fmt: skip
+    ledger = assemble(records, [Attempt("7", 0, 100, 110, 156)], container_s=0.0)
+    assert ledger.attempts == 1 and ledger.wall == 56
+    assert ledger.parts["lost"] == pytest.approx(2 * 1.0 + (150 - 118))  # steps 3, 4 + the hang
+    assert ledger.parts["startup"] == pytest.approx((115 - 110) + (153 - 150))
+    assert ledger.parts["training"] == pytest.approx(1.0 + 1.0)  # step 2, then step 4
