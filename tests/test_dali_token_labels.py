@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from tests.fixtures_data import data_config
-from tests.helpers import last_step
+from tests.helpers import last_step, make
 from tests.test_published_token_labels import write_published
 from tests.test_token_label_sets import labels, teacher_run  # noqa: F401 (fixtures)
 from vitpod.trainer.__main__ import main
@@ -206,3 +206,22 @@ def test_a_preempted_dali_token_label_run_resumes_bit_for_bit(
     assert a.keys() == b.keys() and not differing, differing[:5]
     summaries = [json.loads((r / "summary.json").read_text()) for r in (straight, stopped)]
     assert summaries[0]["steps"] == summaries[1]["steps"] == 46
+
+
+def test_render_takes_dali_with_token_labels_and_refuses_the_gpu_loaders_randaugment(
+    tmp_path: Path,
+):
+    """The published VOLO-D5 configuration (token labels, RandAugment) on DALI renders; the gpu
+    loader, which has no RandAugment, is refused at render, not when the ranks start."""
+    runs = tmp_path / "runs"
+    ok = make("render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "OFFLINE=1",
+              "ARGS=--loader dali", runs=runs)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    plan = json.loads((Path(ok.stdout.strip().splitlines()[-1]).parent / "plan.json").read_text())
+    assert plan["trainer"]["data"]["loader"] == "dali" and plan["trainer"]["data"]["token_label"]
+    refused = make("render", "CLUSTER=dgxpod", "MODEL=volo_d5", "NODES=5", "OFFLINE=1",
+                   "ARGS=--loader gpu", runs=tmp_path / "refused")  # fmt: skip
+    assert refused.returncode == 2
+    errors = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "--loader gpu with --aa rand-m9" in errors[0], refused.stderr
+    assert "--aa ''" in errors[0] and not (tmp_path / "refused").exists()
