@@ -75,9 +75,9 @@ class Reader(dcp.FileSystemReader):
             raise UnsafeCheckpoint(str(err)) from None
         if not isinstance(metadata, dcp_metadata.Metadata):
             raise UnsafeCheckpoint(f"{path}: holds a {type(metadata).__name__}, not DCP metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = dcp_metadata.StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage = getattr(metadata, "storage_meta", None) or dcp_metadata.StorageMeta()
+        storage.load_id = self.load_id  # as FileSystemReader.read_metadata does
+        metadata.storage_meta = storage
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
