@@ -95,7 +95,60 @@ FT_ONLY = $(if $(FT_SET),$(error $(FT_SET) set the fine-tune of make pipeline; m
 
 help:
 	@echo "targets: setup test lint render place preflight pretrain finetune submit resume pipeline demo status list cancel clean-runs scaling report calibrate token-labels shards profile doctor container slurm-up slurm-down bench"
-	@echo "variables (default): CLUSTER=$(CLUSTER) STAGE=$(STAGE) MODEL=$(MODEL) NODES=$(NODES) TIME=$(TIME) (NODES, TIME: the stage; in a pipeline every stage, a fine-tune partition with fewer nodes keeps its own count) ACCOUNT= QOS= RESERVATION= CONSTRAINT= EXCLUDE= SBATCH_EXTRA= (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor: sbatch options of this submission; SBATCH_EXTRA: more long options, e.g. SBATCH_EXTRA="--mail-type=END") FT_CLUSTER= (pipeline, demo: the fine-tune's profile, e.g. another Slurm cluster) FT_NODES= FT_TIME= FT_ACCOUNT= FT_QOS= FT_RESERVATION= FT_CONSTRAINT= FT_EXCLUDE= FT_SBATCH_EXTRA= (pipeline: the fine-tune) ARGS=$(ARGS) FINETUNE_FROM= RUN= STUDY= MODE=$(MODE) GPUS='$(GPUS)' BATCH= ACCUM=$(ACCUM) IMAGE= PUSH= (container) FOLLOW= (status, scaling) TEACHER= TEACHER_CKPT= SHARDS= (token-labels, pipeline) TOKEN_LABELS= (demo) DATA= OUT= (shards) NAME= PARTITIONS= (profile) OFFLINE= (render, preflight, pipeline: 1 = ask Slurm nothing; pipeline renders every stage, submits nothing) RUN= NODES= CANCEL= (resume; CANCEL=1: cancel the run's pending or running job first) STATE= (list: e.g. RUNNING,PENDING; with MODEL= and CLUSTER= as filters) RUN= (cancel: every job of that run, pipeline or study) DRY_RUN= (pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing) OLDER_THAN= STATE= INCLUDE_FINALS= YES= (clean-runs: e.g. OLDER_THAN=7d STATE=FAILED,CANCELLED; prints what it would delete, YES=1 deletes; INCLUDE_FINALS=1 deletes runs holding a final model too) CLUSTERS=$(CLUSTERS) (slurm-up: 2 = also the second local cluster, profile localslurm2) PLACE= DEADLINE= (place, and PLACE=1 on pretrain, finetune, pipeline: the node count by predicted finish; DEADLINE=2026-11-28T06:00 or 6h: the fewest GPU-hours finishing by then)"
+	@echo "variables (default; the targets that read them):"
+	@printf '  %s\n' \
+	  "CLUSTER=$(CLUSTER)  the profile: a bundled name, one in \$$VITPOD_PROFILES (~/.config/vitpod/profiles) or a YAML path" \
+	  "STAGE=$(STAGE)  render, place, preflight, token-labels, doctor: pretrain or finetune" \
+	  "MODEL=$(MODEL)  the recipe (default: the profile's default_model)" \
+	  "NODES=$(NODES)  the stage's node count; in a pipeline every stage (a fine-tune partition with fewer nodes keeps its own); resume: the new count" \
+	  "TIME=$(TIME)  the stage's time limit; in a pipeline every stage" \
+	  "ACCOUNT=  sbatch --account of this submission (render, preflight, pretrain, finetune, pipeline, token-labels, scaling, calibrate, doctor)" \
+	  "QOS=  sbatch --qos, the same targets" \
+	  "RESERVATION=  sbatch --reservation, the same targets" \
+	  "CONSTRAINT=  sbatch --constraint, the same targets" \
+	  "EXCLUDE=  nodes to leave out, a Slurm host list (node[03-05],dgx2-07); checked offline" \
+	  "SBATCH_EXTRA=  more long sbatch options, e.g. SBATCH_EXTRA=\"--mail-type=END\"" \
+	  "FT_CLUSTER=  pipeline, demo: the fine-tune's profile (e.g. another Slurm cluster)" \
+	  "FT_NODES=  pipeline: the fine-tune's node count (wins over NODES)" \
+	  "FT_TIME=  pipeline: the fine-tune's time limit (wins over TIME)" \
+	  "FT_ACCOUNT=  pipeline: the fine-tune's ACCOUNT" \
+	  "FT_QOS=  pipeline: the fine-tune's QOS" \
+	  "FT_RESERVATION=  pipeline: the fine-tune's RESERVATION" \
+	  "FT_CONSTRAINT=  pipeline: the fine-tune's CONSTRAINT" \
+	  "FT_EXCLUDE=  pipeline: the fine-tune's EXCLUDE" \
+	  "FT_SBATCH_EXTRA=  pipeline: the fine-tune's SBATCH_EXTRA" \
+	  "ARGS=$(ARGS)  more trainer flags (or the command's own flags: profile, doctor, calibrate)" \
+	  "FINETUNE_FROM=  finetune, pipeline: a pretrain run directory, a timm folder or a checkpoint file" \
+	  "RUN=  status, resume, cancel: a run, pipeline or study directory" \
+	  "STUDY=  report: a study directory" \
+	  "MODE=$(MODE)  scaling: strong or weak" \
+	  "GPUS='$(GPUS)'  scaling: the points' GPU counts" \
+	  "BATCH=  scaling: the per-rank batch" \
+	  "ACCUM=$(ACCUM)  scaling: gradient accumulation steps" \
+	  "IMAGE=  container: the image to build" \
+	  "PUSH=  container: 1 = push it to the profile's registry" \
+	  "FOLLOW=  status, scaling: 1 = a live view until the run ends" \
+	  "TEACHER=  token-labels, pipeline: the teacher, a run directory or a timm name" \
+	  "TEACHER_CKPT=  token-labels, pipeline: the weights file of a timm-named teacher" \
+	  "SHARDS=  token-labels, pipeline: labeling shards (array tasks)" \
+	  "TOKEN_LABELS=  demo: 1 = with token labels" \
+	  "DATA=  shards: the data set" \
+	  "OUT=  shards: the shards' folder" \
+	  "NAME=  profile: the new profile's name" \
+	  "PARTITIONS=  profile: its pretrain[,finetune] partitions" \
+	  "OFFLINE=  render, place, preflight, pipeline: 1 = ask Slurm nothing (pipeline renders every stage, submits nothing)" \
+	  "CANCEL=  resume: 1 = cancel the run's pending or running job first" \
+	  "STATE=  list, clean-runs: states, e.g. RUNNING,PENDING or FAILED,CANCELLED" \
+	  "DRY_RUN=  pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing" \
+	  "OLDER_THAN=  clean-runs: only entries older than this, e.g. 7d" \
+	  "INCLUDE_FINALS=  clean-runs: 1 = also runs that hold a final model" \
+	  "YES=  clean-runs: 1 = delete (without it: print what it would delete)" \
+	  "PLACE=  pretrain, finetune, pipeline: 1 = the node count by predicted finish (as make place)" \
+	  "DEADLINE=  place, PLACE=1: 6h or 2026-11-28T06:00: the fewest GPU-hours finishing by then" \
+	  "CLUSTERS=$(CLUSTERS)  slurm-up: 2 = also the second local cluster (profile localslurm2)" \
+	  "TESTS=$(TESTS)  test: what to run" \
+	  "TEST_WORKERS=$(TEST_WORKERS)  test: pytest-xdist workers" \
+	  "VENV=$(VENV)  the virtual environment"
 
 setup:
 	bash scripts/setup.sh
@@ -115,9 +168,10 @@ render:
 
 # Every node count of the stage's range: Slurm's start (sbatch --test-only) + predicted run time;
 # renders the earliest finish (DEADLINE=: the fewest GPU-hours by then), prints its job.sbatch.
+# OFFLINE=1: Slurm not asked, the candidates ranked by the step model alone (starts unknown).
 place:
-	$(FT_ONLY)$(WF) place --stage "$$STAGE" $(STAGE_ARGS) --finetune-from "$$FINETUNE_FROM" \
-	  --deadline "$$DEADLINE"
+	$(FT_ONLY)$(WF) place --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) \
+	  --finetune-from "$$FINETUNE_FROM" --deadline "$$DEADLINE"
 
 preflight:
 	$(FT_ONLY)$(WF) preflight --stage "$$STAGE" $(STAGE_ARGS) $(OFFLINE_FLAG) --finetune-from "$$FINETUNE_FROM"
@@ -151,7 +205,8 @@ demo:
 status:
 	$(WF) status --run "$$RUN" $(FOLLOW_FLAG)
 
-# Runs, pipelines and studies under the run root (VITPOD_RUN_ROOT, else CLUSTER's storage.runs).
+# Runs, pipelines and studies under the run root (VITPOD_RUN_ROOT, else CLUSTER's storage.runs;
+# neither: every known profile's storage.runs, the roots searched said on stderr).
 list:
 	$(WF) list --state "$$STATE" --model "$$MODEL" $(LIST_CLUSTER)
 

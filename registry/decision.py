@@ -200,6 +200,9 @@ class Placement(_Record):
     candidates: list[PlacedCandidate]
     chosen: int
     """Index of the chosen candidate in `candidates`."""
+    starts_known: bool = True
+    """False offline (OFFLINE=1): Slurm was not asked, every start is the placement's own time and
+    the candidates are ranked by the step model alone."""
 
     @property
     def prediction(self) -> PlacedCandidate:

@@ -212,9 +212,35 @@ def test_submit_refuses_a_deadline_without_place(ranged, tmp_path, capsys):
     )
 
 
-def test_place_refuses_offline_and_a_profile_without_scheduler(ranged, tmp_path):
-    with pytest.raises(ConfigError, match="drop OFFLINE=1"):
-        placement.place(Request(cluster=str(ranged), offline=True))
+def test_offline_ranks_by_the_step_model_alone_and_says_the_starts_are_unknown(
+    tmp_path, monkeypatch
+):
+    """dgxpod's pretrain partition has 5 nodes (max_nodes): 1 to 5 are candidates; OFFLINE=1
+    asks Slurm nothing, so with an earlier run the shortest predicted run wins."""
+    root = tmp_path / "runs"
+    earlier_run(root, "20000101T000000Z-volo_d5-pretrain-aaaaaa", model="volo_d5", world=8,
+                accum=1, step_s=2.0, comm_s=0.1)  # fmt: skip
+    asked = fake_slurm(monkeypatch, wait_for_two=0)
+    req = Request(cluster="dgxpod", model="volo_d5", offline=True, run_root=str(root),
+                  args="--img-size 32 -b 8 --max-steps 100 --checkpoint-every 0 --epochs 1 "
+                  "--token-label-size 2 --warmup-epochs 0")  # fmt: skip
+    record = placement.place(req).decision.placement
+    assert asked == [] and record.starts_known is False
+    assert [c.nodes for c in record.candidates] == [1, 2, 3, 4, 5]
+    runs = [c.run_s for c in record.candidates]
+    assert record.chosen == runs.index(min(runs)) and "start times unknown" in record.rule
+    assert len({c.start for c in record.candidates}) == 1  # not asked: one "now" for all
+    placement.print_placement(record)
+
+
+def test_make_place_offline_is_passed_and_prints_unknown_starts(tmp_path):
+    done = make("place", "CLUSTER=dgxpod", "MODEL=volo_d5", "OFFLINE=1", runs=tmp_path / "runs")
+    assert done.returncode == 0, done.stderr
+    assert "start and finish unknown (offline: Slurm not asked" in done.stdout
+    assert Path(done.stdout.strip().splitlines()[-1]).is_file()
+
+
+def test_place_refuses_a_profile_without_scheduler(tmp_path):
     with pytest.raises(ConfigError, match="profile local has no scheduler"):
         placement.place(Request(cluster="local", run_root=str(tmp_path)))
 

@@ -2,7 +2,9 @@
 
 Each command parses its own argv (workflows/cli.py's lazy table), so there is no one parser for
 shtab or argcomplete to walk; instead each command's --help is read once, here, for its long
-options. Install: `vitpod completion > ~/.local/share/bash-completion/completions/vitpod`
+options. Profile options (--cluster ...) complete profile names (bundled, and the user's at
+completion time), --model the recipes. Install:
+`vitpod completion > ~/.local/share/bash-completion/completions/vitpod`
 (or `source <(vitpod completion)`). Regenerate after an upgrade.
 """
 
@@ -18,6 +20,9 @@ from typing import Any
 from vitpod.workflows.errors import ConfigError
 
 _LONG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+PROFILE_OPTS = ("--cluster", "--finetune-cluster", "--profile", "--base", "--check")
+"""Options whose value is a profile: completed with the bundled names and, when completing, the
+user's ($VITPOD_PROFILES, default ~/.config/vitpod/profiles); --model with the recipes."""
 
 SCRIPT = """# bash completion for vitpod, made by `vitpod completion` (regenerate after an upgrade)
 _vitpod() {{
@@ -26,6 +31,18 @@ _vitpod() {{
     COMPREPLY=($(compgen -W {commands} -- "$cur"))
     return
   fi
+  case ${{COMP_WORDS[COMP_CWORD-1]}} in
+    {profile_opts})
+      local names={profiles} f
+      for f in "${{VITPOD_PROFILES:-$HOME/.config/vitpod/profiles}}"/*.yaml; do
+        [ -e "$f" ] && names+=" $(basename "$f" .yaml)"
+      done
+      COMPREPLY=($(compgen -W "$names" -- "$cur"))
+      return;;
+    --model)
+      COMPREPLY=($(compgen -W {models} -- "$cur"))
+      return;;
+  esac
   local opts
   case ${{COMP_WORDS[1]}} in
 {cases}
@@ -62,7 +79,14 @@ def script(commands: Iterable[str], load: Callable[[str], Any]) -> str:
         f"    {shlex.quote(name)}) opts={shlex.quote(' '.join(options(load(name))))} ;;"
         for name in names
     )
-    return SCRIPT.format(commands=shlex.quote(" ".join(names)), cases=cases)
+    from vitpod.workflows.planning.recipe import bundled_recipes
+    from vitpod.workflows.site.profile import bundled_profiles
+
+    return SCRIPT.format(
+        commands=shlex.quote(" ".join(names)), cases=cases, profile_opts="|".join(PROFILE_OPTS),
+        profiles=shlex.quote(" ".join(bundled_profiles())),
+        models=shlex.quote(" ".join(bundled_recipes())),
+    )  # fmt: skip
 
 
 def main(argv: list[str], commands: Iterable[str], load: Callable[[str], Any]) -> int:

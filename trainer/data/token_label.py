@@ -113,7 +113,9 @@ class TokenLabelStore:
             elif not self.path.is_file():
                 raise TokenLabelError(
                     f"--token-label-data {self.path} does not exist: make it with "
-                    "`make token-labels` (python -m vitpod.trainer.tokenlabels.label)"
+                    "`make token-labels` (python -m vitpod.trainer.tokenlabels.label), or pass "
+                    "TokenLabeling's published labels (github.com/zihangJiang/TokenLabeling) "
+                    "with --token-label-data DIR"
                 )
             else:
                 self._data = torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)

@@ -2,7 +2,9 @@
 stage's partition and node type x the node counts of its range) is rendered, Slurm says when it
 would start (`sbatch --test-only` on that script, nothing queued), a step-time model says how long
 it would run, and the earliest finish wins; with DEADLINE=, the fewest GPU-hours (CPU-hours on
-CPU profiles) among those that finish by then. docs/workflows.md#placement."""
+CPU profiles) among those that finish by then. Offline (OFFLINE=1) Slurm is not asked: every
+start is unknown (taken as now), so the candidates are ranked by the step model alone, and the
+table and plan.json say so. docs/workflows.md#placement."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.submit import slurmchecks
 from vitpod.workflows.watching import runclean
 
+OFFLINE_RULE = "shortest predicted run (OFFLINE: start times unknown, Slurm not asked)"
 STARTUP_S = 60.0
 """Seconds from the job's start to its first step when no earlier run measured them."""
 DEADLINE_FORMAT = "an ISO time (2026-11-28T06:00, local unless it has an offset) or a duration " \
@@ -71,21 +74,27 @@ def slurm_start(plan: JobPlan) -> dt.datetime:
 
 
 def node_counts(req: Request, base: JobPlan) -> list[int]:
-    """NODES when given, else every count of the stage partition's range (`nodes: 1-2`)."""
+    """NODES when given; else every count of the stage partition's range (`nodes: 1-2`); else
+    1 to the nodes the partition has (`max_nodes`, default `nodes`)."""
     part = base.profile.partition(req.stage)
-    if req.nodes not in (None, "") or not part.nodes_max:
+    if req.nodes not in (None, ""):
         return [base.spec.nodes]
-    return list(range(part.nodes, part.nodes_max + 1))
+    if part.nodes_max:
+        return list(range(part.nodes, part.nodes_max + 1))
+    return list(range(1, part.node_limit + 1))
 
 
 def candidate_plans(req: Request, base: JobPlan) -> list[JobPlan]:
-    """One plan per node count, all in the base plan's run directory and, on a range, with the
-    global batch the range keeps (the base plan's, at its top count)."""
+    """One plan per node count, all in the base plan's run directory; on a range (`nodes:
+    MIN-MAX`) with the global batch the range keeps (the base plan's, at its top count), else
+    each count as NODES=n would plan it (the recipe's per-rank batch)."""
     counts = node_counts(req, base)
     if counts == [base.spec.nodes] and not base.spec.nodes_max:
         return [base]
     cfg = base.trainer or {}
-    pinned = noderange.pinned_flags(cfg["batch_size"], cfg["global_batch_size"])
+    pinned: tuple[str, ...] = ()
+    if base.spec.nodes_max:
+        pinned = noderange.pinned_flags(cfg["batch_size"], cfg["global_batch_size"])
     return [
         plan_job(
             dataclasses.replace(
@@ -212,13 +221,16 @@ def _startup(runs: list[Path]) -> tuple[float, str]:
     return STARTUP_S, "vitpod's default; no run measured one"
 
 
-def choose(found: list[PlacedCandidate], deadline: dt.datetime | None) -> tuple[int, str]:
+def choose(
+    found: list[PlacedCandidate], deadline: dt.datetime | None, offline: bool = False
+) -> tuple[int, str]:
     """The earliest finish (ties: fewer device-hours); with a deadline, the fewest device-hours
-    among those finishing by it (ties: the earlier finish). ConfigError when none does."""
+    among those finishing by it (ties: the earlier finish). ConfigError when none does.
+    `offline`: every start is now, so the earliest finish is the shortest predicted run."""
     finish = [dt.datetime.fromisoformat(c.finish) for c in found]
     if deadline is None:
-        return min(range(len(found)), key=lambda i: (finish[i], found[i].device_hours)), \
-            "earliest finish"  # fmt: skip
+        rule = OFFLINE_RULE if offline else "earliest finish"
+        return min(range(len(found)), key=lambda i: (finish[i], found[i].device_hours)), rule
     kind = found[0].device_kind
     inside = [i for i in range(len(found)) if finish[i] <= deadline]
     if not inside:
@@ -237,9 +249,6 @@ def place(req: Request, deadline: str = "", start_of: StartFn = slurm_start) -> 
     """The chosen candidate's plan, its plan.json recording every candidate and the prediction
     (nothing written or submitted). `start_of`: when Slurm would start a plan (tests fake it)."""
     when = parse_deadline(deadline)
-    if req.offline:
-        raise ConfigError("--place (make place) asks Slurm when each candidate would start; "
-                          "drop OFFLINE=1, or render without placing")  # fmt: skip
     base = plan_job(req)
     if base.profile.scheduler != "slurm":
         raise ConfigError(f"--place: profile {base.profile.name} has no scheduler to ask when a "
@@ -248,13 +257,15 @@ def place(req: Request, deadline: str = "", start_of: StartFn = slurm_start) -> 
         raise ConfigError("--place predicts a training run; --entry rankinfo runs no trainer")
     plans = candidate_plans(req, base)
     placed_at = dt.datetime.now().astimezone()
-    found = [predict(p, _start(p, start_of, placed_at)) for p in plans]
-    index, rule = choose(found, when)
+    found = [predict(p, placed_at if req.offline else _start(p, start_of, placed_at))
+             for p in plans]  # fmt: skip
+    index, rule = choose(found, when, req.offline)
     record = Placement(
         rule=rule, deadline=when.isoformat(timespec="seconds") if when else None, chosen=index,
         candidates=[c.model_copy(update={"within_deadline": None if when is None else
                                          dt.datetime.fromisoformat(c.finish) <= when})
                     for c in found],
+        starts_known=not req.offline,
     )  # fmt: skip
     chosen = plans[index]
     assert chosen.decision is not None
@@ -285,8 +296,9 @@ def table(record: Placement) -> Any:
         late = c.within_deadline is False
         out.add_row(
             "*" if i == record.chosen else ("late" if late else ""), c.partition, c.node_type,
-            str(c.nodes), _clock(c.start), "?" if c.step_time_s is None else f"{c.step_time_s:.3g}",
-            _span(c.run_s), _clock(c.finish), f"{c.device_hours:.3g}",
+            str(c.nodes), _clock(c.start) if record.starts_known else "?",
+            "?" if c.step_time_s is None else f"{c.step_time_s:.3g}", _span(c.run_s),
+            _clock(c.finish) if record.starts_known else "?", f"{c.device_hours:.3g}",
         )  # fmt: skip
     return out
 
@@ -297,9 +309,11 @@ def print_placement(record: Placement) -> None:
 
     Console(width=None if sys.stdout.isatty() else 120).print(table(record))
     chosen = record.prediction
-    print(f"placed: {chosen.nodes} node(s) on {chosen.partition}, predicted start "
-          f"{_clock(chosen.start)}, finish {_clock(chosen.finish)}; run time: {chosen.run_source}; "
-          f"step time: {chosen.step_time_source}")  # fmt: skip
+    when = (f"predicted start {_clock(chosen.start)}, finish {_clock(chosen.finish)}"
+            if record.starts_known else "start and finish unknown (offline: Slurm not asked; "
+            "ranked by the step model alone)")  # fmt: skip
+    print(f"placed: {chosen.nodes} node(s) on {chosen.partition}, {when}; run time: "
+          f"{chosen.run_source}; step time: {chosen.step_time_source}")  # fmt: skip
 
 
 def _clock(stamp: str) -> str:

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vitpod.analysis import layout, memory
-from vitpod.registry import models, runfiles
+from vitpod.registry import models
 from vitpod.registry.engines import MESH_ENGINES
 from vitpod.trainer.tokenlabels import labellayout, labelset
 from vitpod.workflows.containers import containerpreflight
 from vitpod.workflows.containers.container import check_container_paths, host_path
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.planning.finetunesource import finetune_source_problem
 from vitpod.workflows.planning.grace import check_grace
 from vitpod.workflows.planning.quantities import whole_number
 from vitpod.workflows.planning.recipe import Recipe
@@ -24,6 +25,8 @@ from vitpod.workflows.submit import sharedfs, slurm, slurmchecks
 if TYPE_CHECKING:
     from vitpod.trainer.config import TrainConfig
 
+PUBLISHED_LABELS = "github.com/zihangJiang/TokenLabeling's ImageNet label maps"
+"""Where the published token labels come from (docs/token-labels.md)."""
 RESERVE_BYTES = 1.0 * memory.GIB
 """GPU memory the plan leaves free: CUDA context, cuDNN/cuBLAS workspaces, fragmentation."""
 PLAN_MARGIN = 1.15
@@ -202,6 +205,8 @@ def _check(
     done.append("paths exist: data, code, token-label data, finetune source, image")
     done.append(check_run_root(Path(spec.run_dir).parent))
     done.append(shared_run_root(spec, offline))
+    if spec.profile.scheduler == "slurm":
+        done.append(shared_code_dir(spec, offline))
     done.append(check_grace(plan))
     return done + container_done
 
@@ -225,6 +230,15 @@ def shared_run_root(spec: JobSpec, offline: bool = False) -> str:
     nodes = max(spec.nodes, spec.nodes_max or 0)
     return sharedfs.check_run_root(
         Path(spec.run_dir).parent, nodes, shared=spec.profile.storage.shared,
+        profile=spec.profile.name, offline=offline,
+    )  # fmt: skip
+
+
+def shared_code_dir(spec: JobSpec, offline: bool = False) -> str:
+    """The code checkout every rank runs from (and a container mounts): the run root's check."""
+    nodes = max(spec.nodes, spec.nodes_max or 0)
+    return sharedfs.check_code_dir(
+        Path(spec.code_dir), nodes, shared=spec.profile.storage.shared,
         profile=spec.profile.name, offline=offline,
     )  # fmt: skip
 
@@ -292,7 +306,9 @@ def token_label_problems(plan: Planned) -> list[str]:
     )
     path = Path(labels)
     if not path.exists():
-        return [f"token-label data {labels!r} does not exist; make it with `{make}`"]
+        return [f"token-label data {labels!r} does not exist; make it with `{make}`, or pass "
+                f"TokenLabeling's published labels ({PUBLISHED_LABELS}, as downloaded) with "
+                'ARGS="--token-label-data DIR"']  # fmt: skip
     if path.is_file():
         return []  # a single file from generate_token_labels: the trainer checks it on open
     data_dir = cfg.get("data_dir")
@@ -324,26 +340,6 @@ def _recipe_label_dir(plan: Planned) -> Path | None:
     if not stage.token_label_data:
         return None
     return resolve_path(plan.profile.storage.data) / stage.token_label_data
-
-
-def finetune_source_problem(path: str) -> str | None:
-    """A finetune source must hold a model now: a file, a final model, a checkpoint or a timm
-    local model folder."""
-    source = Path(path)
-    if source.is_file():
-        return None
-    if not source.exists():
-        return f"FINETUNE_FROM={path!r} does not exist; give a pretrain run directory or a file"
-    ckpts = source / runfiles.CHECKPOINTS
-    if any(p.is_file() for p in runfiles.weights_candidates(source)) or (
-        ckpts.is_dir() and any(ckpts.iterdir())
-    ):
-        return None
-    return (
-        f"FINETUNE_FROM={path!r} has no model ({runfiles.FINAL}/{runfiles.FINAL_MODEL}, "
-        f"{runfiles.CHECKPOINTS}/ or a timm folder's {runfiles.TIMM_WEIGHTS}); give a finished "
-        "pretrain run directory, a timm local model folder or a checkpoint file"
-    )
 
 
 def image_problems(profile: Profile) -> list[str]:

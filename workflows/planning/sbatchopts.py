@@ -164,10 +164,35 @@ def check(opts: SbatchOptions, scheduler: str, profile: str) -> Sbatch:
         if not re.fullmatch(pattern, text):
             raise ConfigError(f"{name}={raw!r} is not a Slurm {what} (no blanks or quotes); write "
                               f"e.g. {name}={example}")  # fmt: skip
+        if field == "exclude" and "/" not in text:  # with '/': a file of node names (sbatch)
+            _check_hostlist(name, text)
         values[field] = text
     name = opts.name("extra")
     extra = parse_extra(opts.extra, name, prefix=name.removesuffix(VARIABLES["extra"]))
     return Sbatch(**values, extra=extra, set_by={f: opts.name(f) for f in given})
+
+
+_RANGE = r"\d+(?:-\d+)?"
+_HOST = re.compile(rf"(?:[A-Za-z0-9_.-]*\[{_RANGE}(?:,{_RANGE})*\])*[A-Za-z0-9_.-]*")
+
+
+def _check_hostlist(name: str, text: str) -> None:
+    """A Slurm host list (node[01-04,07],gpu7): brackets closed, ranges low-high of numbers, no
+    empty name; checked here because Slurm's own refusal comes only at sbatch."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(c, 0)
+        if depth < 0 or depth > 1:
+            break
+        if c == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    bad = depth != 0 or any(not item or not _HOST.fullmatch(item) for item in items)
+    ranges = re.findall(r"(\d+)-(\d+)", "".join(re.findall(r"\[[^\]]*\]", text)))
+    if bad or any(int(low) > int(high) for low, high in ranges):
+        raise ConfigError(f"{name}={text!r} is not a Slurm host list (names, or prefix[ranges] "
+                          f"with closed brackets and low-high ranges); write e.g. "
+                          f"{name}=node[03-05],gpu7")  # fmt: skip
 
 
 def _check_text(name: str, text: str) -> None:
@@ -247,6 +272,12 @@ def _known(option: str, name: str, prefix: str) -> Arg:
     return SBATCH_OPTIONS[option]
 
 
+def excluding(opts: SbatchOptions, nodes: Sequence[str]) -> SbatchOptions:
+    """EXCLUDE plus `nodes` (the doctor's bad nodes), so the rendered script excludes them."""
+    merged = ",".join(filter(None, [str(opts.exclude), *nodes]))
+    return dataclasses.replace(opts, exclude=merged)
+
+
 def apply(spec: JobSpec, sbatch: Sbatch) -> JobSpec:
     """The JobSpec with the checked options (account and qos over the profile's)."""
     return dataclasses.replace(
@@ -261,6 +292,11 @@ def add_flags(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     variables): every command that submits takes them from here, so TIME= reaches each of its
     jobs' #SBATCH --time (a job with a fixed limit of its own says so in its help)."""
     ft = "FT_" if prefix else ""
+    parser.add_argument(
+        f"--{prefix}time",
+        default="",
+        help=f"Slurm time limit (default: the stage partition's; make {ft}TIME=)",
+    )
     for field in FIELDS:
         what = f"sbatch --{field}" if field != "extra" else "more sbatch long options, shell-quoted"
         parser.add_argument(f"--{prefix}{_flag(field)}", default="",
@@ -274,19 +310,8 @@ def _flag(field: str) -> str:
 def from_namespace(ns: argparse.Namespace, prefix: str = "") -> SbatchOptions:
     """add_flags' values as options whose errors name the make variables."""
     attr = prefix.replace("-", "_")
-def excluding(opts: SbatchOptions, nodes: Sequence[str]) -> SbatchOptions:
-    """EXCLUDE plus `nodes` (the doctor's bad nodes), so the rendered script excludes them."""
-    merged = ",".join(filter(None, [str(opts.exclude), *nodes]))
-    return dataclasses.replace(opts, exclude=merged)
-
-
     ft = "FT_" if prefix else ""
     return SbatchOptions(
         **{f: getattr(ns, attr + _flag(f).replace("-", "_")) for f in FIELDS},
         names={f: ft + VARIABLES[f] for f in FIELDS},
-    )
-    parser.add_argument(
-        f"--{prefix}time",
-        default="",
-        help=f"Slurm time limit (default: the stage partition's; make {ft}TIME=)",
     )

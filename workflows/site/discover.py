@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,3 +131,25 @@ def run_probe(
         if line.startswith(PREFIX):
             return json.loads(line[len(PREFIX) :])  # type: ignore[no-any-return]
     raise ConfigError(f"probe on {node.name} printed no facts: {out[-500:]}")
+
+
+_WRITE = 'mkdir -p -- "$1" && printf %s "$2" > "$1/$3"'
+_READ = 'printf "%s %s\\n" "$SLURMD_NODENAME" "$(cat -- "$1/$2" 2>/dev/null)"'
+
+
+def unseen(partition: str, nodes: list[str], path: str) -> list[str]:
+    """The nodes that do not see a file written into `path` on the first of `nodes` (made if
+    missing): [] when every node sees the same file system there. One srun writes the marker,
+    one reads it on the others (a task each), one removes it."""
+    token = secrets.token_hex(8)
+    name = f".vitpod-shared-{token}"
+    base = ["srun", "-p", partition, f"--time={PROBE_TIME}", "--job-name=vitpod-probe"]
+    first, rest = nodes[0], nodes[1:]
+    slurm.run([*base, "-N1", "-n1", "-w", first, "sh", "-c", _WRITE, "sh", path, token, name])
+    try:
+        said = slurm.run([*base, f"-N{len(rest)}", f"-n{len(rest)}", "--ntasks-per-node=1",
+                          "-w", ",".join(rest), "sh", "-c", _READ, "sh", path, name])  # fmt: skip
+    finally:
+        slurm.run([*base, "-N1", "-n1", "-w", first, "rm", "-f", "--", f"{path}/{name}"])
+    seen = {n for n, _, got in (ln.partition(" ") for ln in said.splitlines()) if got == token}
+    return [n for n in rest if n not in seen]

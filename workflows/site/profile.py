@@ -14,11 +14,17 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.site.profile_checkpoint import Checkpointing
 from vitpod.workflows.site.profile_container import Container
+from vitpod.workflows.site.profile_files import (  # noqa: F401 (where profiles are found)
+    PROFILE_DIR,
+    bundled_profiles,
+    known_profiles,
+    profile_path,
+    user_profile_dir,
+    user_profiles,
+)
 from vitpod.workflows.site.profile_hang import Hang
 from vitpod.workflows.site.profile_storage import Storage
 from vitpod.workflows.site.schema import Strict, describe
-
-PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
 
 def _base_dir() -> Path:
@@ -346,26 +352,6 @@ def resolve_path(value: str) -> Path:
     """A profile path as an absolute path; relative ones are relative to the repository."""
     path = Path(value).expanduser()
     return path if path.is_absolute() else (REPO_ROOT / path).resolve()
-
-
-def bundled_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-
-
-def profile_path(name_or_path: str) -> Path:
-    """`dgxpod` -> the bundled file; `./my.yaml`, `/abs.yaml`, `x/y.yml` -> that file."""
-    if not name_or_path:
-        raise ConfigError(f"cluster: give a profile name {bundled_profiles()} or a YAML path")
-    looks_like_path = "/" in name_or_path or name_or_path.endswith((".yaml", ".yml"))
-    path = Path(name_or_path) if looks_like_path else PROFILE_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        if looks_like_path:
-            raise ConfigError(f"cluster: profile file {name_or_path!r} does not exist")
-        raise ConfigError(
-            f"cluster: unknown profile {name_or_path!r}; bundled: {bundled_profiles()}, or give "
-            f"a path such as CLUSTER=./my.yaml"
-        )
-    return path
 
 
 def read_yaml(path: Path, what: str) -> dict[str, Any]:

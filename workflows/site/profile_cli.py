@@ -19,13 +19,16 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site import discover
 from vitpod.workflows.site.probe import NOT_FOUND
 from vitpod.workflows.site.profile import (
+    DEFAULT_USER_PROFILES,
     NODE_FIELDS,
-    PROFILE_DIR,
+    USER_PROFILES_ENV,
     Profile,
+    bundled_profiles,
     load_profile,
     profile_path,
     read_yaml,
     resolve_path,
+    user_profile_dir,
 )
 from vitpod.workflows.site.profile_check import disagreements
 from vitpod.workflows.site.profile_writer import (
@@ -50,9 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vitpod.workflows profile", description=__doc__)
     p.add_argument("--name", default="", help="the new profile's name (NAME=)")
     p.add_argument("--partitions", default="", help="pretrain[,finetune] partitions (PARTITIONS=)")
-    p.add_argument(
-        "--out", default="", help="file to write (default: workflows/profiles/NAME.yaml)"
-    )
+    p.add_argument("--out", default="", help="file to write (default: NAME.yaml in "
+                   f"${USER_PROFILES_ENV}, else {DEFAULT_USER_PROFILES})")  # fmt: skip
     p.add_argument("--base", default="", help="profile whose site settings (storage, env, "
                    "container, mpi, exclusive, preemption, python) the new one copies")  # fmt: skip
     p.add_argument("--python", default="", help="interpreter of the ranks (no container)")
@@ -122,7 +124,40 @@ def discover_site(
             )
         found.partitions[stage] = partition_entry(part, kinds[nodes[0].kind], found.unknown)
         found.max_minutes[stage] = max_minutes(part.max_time)
+    shared_storage(site, found, probe_paths(ns, base)[1:2] + [code_dir(base)])
     return found
+
+
+def code_dir(base: dict[str, Any]) -> str:
+    return str(resolve_path((base.get("storage") or {}).get("code") or "."))
+
+
+def shared_storage(site: dict[str, discover.PartitionInfo], found: Discovered,
+                   paths: list[str]) -> None:  # fmt: skip
+    """Whether every usable node of the chosen partitions sees the run root and the code dir as
+    one file system: a file written there on one node, read on the others (per partition)."""
+    names = dict.fromkeys(p["name"] for p in found.partitions.values())
+    missed: list[str] = []
+    tested = False
+    for name in names:
+        nodes = [n.name for n in site[name].nodes if n.usable]
+        if len(nodes) < 2:
+            continue
+        tested = True
+        for path in paths:
+            missed += [f"{path} on {n} (written on {nodes[0]})"
+                       for n in discover.unseen(name, nodes, path)]  # fmt: skip
+    if not tested:
+        return
+    found.shared = not missed
+    if missed:
+        found.unknown.append(f"storage: not shared: a file written there was not seen at "
+                             f"{'; '.join(missed)}; point storage.runs and storage.code at the "
+                             "shared file system")  # fmt: skip
+    else:  # the marker says more than the type of the mount did
+        found.unknown = [u for u in found.unknown if not any(f": {p} is on " in u for p in paths)]
+        found.shared_note = (f"{' and '.join(paths)}: a file written on one node was read on "
+                             f"the others of {', '.join(names)} (shared: true)")  # fmt: skip
 
 
 def probe_one(partition: str, nodes: list[discover.NodeInfo], paths: list[str], python: str,
@@ -148,6 +183,8 @@ def profile_dict(ns: argparse.Namespace, found: Discovered, base: dict[str, Any]
     if not (ns.data or base.get("storage")):
         found.unknown.append("storage.data: not known; wrote 'data' (pass --data or --base)")
     storage.update({k: v for k, v in (("data", ns.data), ("runs", ns.run_root)) if v})
+    if found.shared is not None:  # what the nodes showed, not what the base profile says
+        storage["shared"] = found.shared
     gpus = any(t["gpus_per_node"] for t in found.node_types.values())
     out: dict[str, Any] = {
         "name": ns.name,
@@ -177,6 +214,8 @@ def header(found: Discovered, partitions: list[str]) -> str:
         pyxis = _pyxis(facts.get("pyxis"))
         lines.append(f"# {key} (probed on {facts.get('node')}): pyxis {pyxis}, "
                      f"enroot {facts.get('enroot') or NOT_FOUND}; file systems: {fs}")  # fmt: skip
+    if found.shared_note:
+        lines.append(f"# shared storage: {found.shared_note}")
     lines += ["# Not determined (check these):"] if found.unknown else []
     unknown = dict.fromkeys(found.unknown)
     return "\n".join([*lines, *(f"#   - {u}" for u in unknown)]) + "\n"
@@ -214,7 +253,10 @@ def create(ns: argparse.Namespace) -> Path:
             f"NAME={ns.name!r}: a profile name is letters, digits, '_', '.' and '-' (no '/', "
             "not starting with '.'); pick one such as NAME=mysite (--out chooses the file)"
         )
-    out = Path(ns.out).expanduser() if ns.out else PROFILE_DIR / f"{ns.name}.yaml"
+    if not ns.out and ns.name in bundled_profiles():
+        raise ConfigError(f"NAME={ns.name}: a bundled profile has that name (yours would hide "
+                          "it); pick another NAME")  # fmt: skip
+    out = Path(ns.out).expanduser() if ns.out else user_profile_dir() / f"{ns.name}.yaml"
     if out.exists():
         raise ConfigError(f"--out: {out} exists; never overwritten: pick another NAME or --out")
     base = read_yaml(profile_path(ns.base), "--base profile") if ns.base else {}
@@ -260,6 +302,9 @@ def main(argv: list[str]) -> int:
     if ns.check:
         return check(ns)
     path = create(ns)
-    print(f"wrote {path}; next: make calibrate CLUSTER={path} and make preflight CLUSTER={path}")
+    mine = path.resolve() == (user_profile_dir() / f"{ns.name}.yaml").resolve()
+    cluster = ns.name if mine else path
+    print(f"wrote {path}; next: make calibrate CLUSTER={cluster} and make preflight "
+          f"CLUSTER={cluster}")  # fmt: skip
     print(path)
     return 0

@@ -26,8 +26,9 @@ class Storage(Strict):
     runs: str = "runs"
     shared: bool = Field(
         default=False,
-        description="true: every node sees `runs` at the same path; preflight then does not "
-        "check the file system type of a multi-node job's run root",
+        description="true: every node sees `runs` and `code` at the same paths (`make profile` "
+        "writes it when a file written on one node is read on the others); preflight then does "
+        "not check the file system type of a multi-node job's run root and code dir",
     )
 
     @model_validator(mode="before")

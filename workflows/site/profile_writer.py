@@ -29,6 +29,10 @@ class Discovered:
     """Each node type's probe facts (for --check and the profile's comments)."""
     max_minutes: dict[str, int | None] = field(default_factory=dict)
     """Each stage partition's MaxTime in minutes (None: unlimited)."""
+    shared: bool | None = None
+    """Every node saw a file written on one of them in the run root and code dir (None: one
+    node, nothing to test); storage.shared records it."""
+    shared_note: str = ""
 
 
 def type_name(nodes: list[NodeInfo], taken: set[str]) -> str:

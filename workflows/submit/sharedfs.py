@@ -85,22 +85,47 @@ def check_run_root(
 ) -> str:
     """One line for the preflight; ConfigError when a multi-node job's run root is not on a
     shared file system type (naming the type found and the override)."""
+    return check_shared(
+        root, nodes, shared=shared, profile=profile, offline=offline, what="run root",
+        why="the ranks of a {nodes}-node job on other nodes would not see its logs and "
+        "checkpoints", fix="Point storage.runs (or --run-root, VITPOD_RUN_ROOT) at the shared "
+        "file system",
+    )  # fmt: skip
+
+
+def check_code_dir(
+    code: Path, nodes: int, *, shared: bool, profile: str, offline: bool = False
+) -> str:
+    """The same check for the code checkout every rank runs from (srun --chdir) and a container
+    mounts: on another node a local copy would be missing or another version."""
+    return check_shared(
+        code, nodes, shared=shared, profile=profile, offline=offline, what="code dir",
+        why="the ranks of a {nodes}-node job on other nodes run from it (srun --chdir, the "
+        "container's mount) and would find no code or another version", fix="Put the checkout "
+        "on the shared file system and point storage.code at it",
+    )  # fmt: skip
+
+
+def check_shared(
+    path: Path, nodes: int, *, shared: bool, profile: str, offline: bool, what: str, why: str,
+    fix: str,
+) -> str:  # fmt: skip
     if nodes <= 1:
-        return f"run root {root}: 1 node, need not be shared"
+        return f"{what} {path}: 1 node, need not be shared"
     if shared:
-        return f"run root {root}: shared (storage.shared: true in profile {profile}; not detected)"
+        return f"{what} {path}: shared (storage.shared: true in profile {profile}; not detected)"
     if offline:
         return (
-            f"run root {root}: shared file system NOT CHECKED (offline; a {nodes}-node job needs "
+            f"{what} {path}: shared file system NOT CHECKED (offline; a {nodes}-node job needs "
             "one: preflight on the login node checks it)"
         )
-    kind, where = fs_type(root)
+    kind, where = fs_type(path)
     if kind in SHARED_TYPES or kind.startswith("nfs"):
-        return f"run root {root}: on {kind} ({where}), a shared file system"
+        return f"{what} {path}: on {kind} ({where}), a shared file system"
     raise ConfigError(
-        f"run root {root}: on {kind} ({where}), not a shared file system type (nfs, lustre, "
-        f"gpfs, beegfs, wekafs, ceph, ...): the ranks of a {nodes}-node job on other nodes would "
-        f"not see its logs and checkpoints. Point storage.runs (or --run-root, VITPOD_RUN_ROOT) "
-        f"at the shared file system, or, if every node mounts this path as one file system, set "
-        f"`storage: {{shared: true}}` in profile {profile}"
+        f"{what} {path}: on {kind} ({where}), not a shared file system type (nfs, lustre, "
+        f"gpfs, beegfs, wekafs, ceph, ...): {why.format(nodes=nodes)}. {fix}, or, if every node "
+        f"mounts this path as one file system, set `storage: {{shared: true}}` in profile "
+        f"{profile} (`make profile` tests it with a file written on one node and read on the "
+        "others)"
     )

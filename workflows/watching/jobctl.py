@@ -28,6 +28,12 @@ MARKERS = (runfiles.PIPELINE, runfiles.STUDY, runfiles.MANIFEST)
 UNKNOWN = "UNKNOWN"  # Slurm did not answer and the directory does not tell
 _STAMP = "%Y%m%dT%H%M%SZ"
 _QUIET = ("RENDERED", "NOT_SUBMITTED")  # written, never queued
+LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
+        "SUSPENDED", "PREEMPTED", "CONFIGURING", "COMPLETING", "STOPPED", "SIGNALING",
+        "STAGE_OUT", "RESV_DEL_HOLD", "SUBMITTED")  # fmt: skip
+STATES = frozenset({*jobstate.TERMINAL, *LIVE, *_QUIET, jobstate.GONE, jobstate.NOT_STARTED,
+                    UNKNOWN, "EMPTY", "UNREADABLE"})  # fmt: skip
+"""Every state `vitpod list` can show (Slurm's job states, and what a directory says)."""
 
 
 @dataclass
@@ -252,11 +258,22 @@ def list_entries(
 ) -> tuple[list[Entry], str]:
     """The entries under `root` with their state, filtered (state: comma-separated, any case);
     and a note when Slurm did not answer."""
+    wanted = parse_states(state)
     entries = [e for e in discover(root) if (not model or e.model == model)
                and (not cluster or e.cluster == cluster)]  # fmt: skip
     note = settle(entries)
-    wanted = {s.strip().upper() for s in state.split(",") if s.strip()}
     return [e for e in entries if not wanted or e.state in wanted], note
+
+
+def parse_states(text: str) -> set[str]:
+    """STATE=running,PENDING -> {"RUNNING", "PENDING"}; a name that is no state (a typo such as
+    RUNING) is refused, listing the valid ones."""
+    wanted = {s.strip().upper() for s in text.split(",") if s.strip()}
+    bad = sorted(wanted - STATES)
+    if bad:
+        raise ConfigError(f"STATE={text}: {','.join(bad)} is not a state; choose from "
+                          f"{','.join(sorted(STATES))}")  # fmt: skip
+    return wanted
 
 
 def format_entries(entries: list[Entry]) -> str:

@@ -25,6 +25,27 @@ def list_root(run_root: str, cluster: str) -> Path:
     return runs_root(load_profile(cluster or DEFAULT_CLUSTER))
 
 
+def list_roots(run_root: str, cluster: str) -> tuple[list[Path], list[str]]:
+    """Where `vitpod list` looks: --run-root, $VITPOD_RUN_ROOT or --cluster's storage.runs when
+    given; else the storage.runs of every known profile (bundled and $VITPOD_PROFILES), each
+    once. Also a line for each root that is not here and each profile that does not load."""
+    if run_root or cluster or os.environ.get(RUN_ROOT_ENV):
+        return [list_root(run_root, cluster)], []
+    from vitpod.workflows.site.profile import known_profiles, load_profile
+
+    roots: dict[Path, list[str]] = {}
+    skipped = []
+    for name in known_profiles():
+        try:
+            roots.setdefault(runs_root(load_profile(name)), []).append(name)
+        except ConfigError as exc:
+            skipped.append(f"profile {name} not read: {exc}")
+    here = [r for r in roots if r.is_dir()]
+    skipped += [f"{r} ({', '.join(n)}): no such directory here" for r, n in roots.items()
+                if r not in here]  # fmt: skip
+    return here, skipped
+
+
 def list_main(argv: list[str]) -> int:
     """Runs, pipelines and studies under the run root: state, job ids, progress, age."""
     p = argparse.ArgumentParser(prog="vitpod list", description=list_main.__doc__)
@@ -35,20 +56,30 @@ def list_main(argv: list[str]) -> int:
     p.add_argument(
         "--cluster", default="",
         help="only runs of this profile; its storage.runs is the run root unless --run-root or "
-        f"${RUN_ROOT_ENV} says otherwise",
+        f"${RUN_ROOT_ENV} says otherwise (none of them: every known profile's storage.runs)",
     )  # fmt: skip
     p.add_argument("--run-root", default="", help=f"where the runs are (default ${RUN_ROOT_ENV})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ns = p.parse_args(argv)
-    root = list_root(ns.run_root, ns.cluster)
-    entries, note = jobctl.list_entries(root, ns.state, ns.model, ns.cluster)
+    jobctl.parse_states(ns.state)  # a typo is refused before anything is read
+    roots, skipped = list_roots(ns.run_root, ns.cluster)
+    entries, notes = [], []
+    for root in roots:
+        found, note = jobctl.list_entries(root, ns.state, ns.model, ns.cluster)
+        entries += found
+        notes += [note] if note and note not in notes else []
+    entries.sort(key=lambda e: e.created)
+    where = ", ".join(map(str, roots)) or "none"
     if ns.json:
         print(json.dumps([e.as_dict() for e in entries], indent=2))
     elif entries:
         print(jobctl.format_entries(entries))
     else:
-        print(f"no runs under {root}" + (" match" if ns.state or ns.model or ns.cluster else ""))
-    if note:
+        print(f"no runs under {where}" + (" match" if ns.state or ns.model or ns.cluster else ""))
+    if len(roots) != 1 or skipped:
+        print(f"searched: {where}" + (f"; not searched: {'; '.join(skipped)}" if skipped else ""),
+              file=sys.stderr)  # fmt: skip
+    for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return 0
 
