@@ -14,6 +14,7 @@ from typing import Any
 from vitpod.registry.checkpoint_every import AUTO_BY_HAND, checkpoint_every_value
 from vitpod.registry.engines import EngineName, claimed
 from vitpod.registry.paralleldims import ParallelDims
+from vitpod.registry.timmsettings import TimmSettings
 
 SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
 """timm's schedules that step per optimizer update (its plateau steps on an epoch's metric)."""
@@ -29,8 +30,9 @@ def _arg(group: str, help: str, *flags: str, **kwargs: Any) -> dict[str, Any]:
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
-    """Everything one training run needs; field names are the YAML keys."""
+class TrainConfig(TimmSettings):
+    """Everything one training run needs; field names are the YAML keys (timm's own settings:
+    TimmSettings)."""
 
     # Data
     data_dir: str | None = field(default=None, metadata=_arg("data", "dataset root"))
@@ -65,42 +67,6 @@ class TrainConfig:
     )
     reprob: float = field(default=0.25, metadata=_arg("data", "random-erase (CutOut) probability"))
     hflip: float = field(default=0.5, metadata=_arg("data", "horizontal flip probability"))
-    ratio: tuple[float, float] = field(
-        default=(3 / 4, 4 / 3), metadata=_arg("data", "random-resized-crop aspect range", nargs=2)
-    )
-    color_jitter: float = field(
-        default=0.4,
-        metadata=_arg("data", "color jitter strength (timm's: off while --aa is on; torch loader)"),
-    )
-    input_size: tuple[int, ...] | None = field(
-        default=None, metadata=_arg("data", "timm's C H W: 3 N N sets --img-size N", nargs=3)
-    )
-    mean: tuple[float, ...] | None = field(
-        default=None, metadata=_arg("data", "normalisation mean (default ImageNet's)", nargs="+")
-    )
-    std: tuple[float, ...] | None = field(
-        default=None, metadata=_arg("data", "normalisation std (default ImageNet's)", nargs="+")
-    )
-    interpolation: str = field(
-        default="",
-        metadata=_arg("data", "resize filter ('': the model's, bicubic)",
-                      choices=("", "bicubic", "bilinear")),
-    )  # fmt: skip
-    train_interpolation: str = field(
-        default="",
-        metadata=_arg("data", "train resize filter ('': --interpolation; random: either, per "
-                      "image; torch loader)", choices=("", "bicubic", "bilinear", "random")),
-    )  # fmt: skip
-    aug_repeats: float = field(
-        default=0,
-        metadata=_arg("data", "repeated augmentation: each image N times per epoch on different "
-                      "ranks (timm's RepeatAugSampler; 0 = off)"),
-    )  # fmt: skip
-    validation_batch_size: int | None = field(
-        default=None,
-        metadata=_arg("data", "validation batch per rank (default: -b)", "-vb",
-                      "--validation-batch-size"),
-    )  # fmt: skip
     drop_last: bool = field(
         default=False,
         metadata=_arg("data", "drop each epoch's partial last step, as timm's train loader does "
@@ -123,22 +89,6 @@ class TrainConfig:
     model: str = field(default="volo_d1", metadata=_arg("model", "volo_d1..d5, volo_tiny, vit_*"))
     drop_path: float | None = field(
         default=None, metadata=_arg("model", "stochastic depth (model default)")
-    )
-    drop: float = field(default=0.0, metadata=_arg("model", "dropout rate (timm's drop_rate)"))
-    model_kwargs: dict[str, Any] = field(
-        default_factory=dict,
-        metadata=_arg("model", "more timm.create_model arguments, KEY=VALUE ...", nargs="*"),
-    )
-    pretrained: bool = field(
-        default=False,
-        metadata=_arg("model", "start from timm's pretrained weights: --pretrained-path, else the "
-                      "local Hugging Face cache (never downloaded)"),
-    )  # fmt: skip
-    pretrained_path: str | None = field(
-        default=None, metadata=_arg("model", "weights file read as the pretrained weights")
-    )
-    sync_bn: bool = field(
-        default=False, metadata=_arg("model", "SyncBatchNorm across ranks (DDP on GPUs)")
     )
     finetune: str | None = field(
         default=None, metadata=_arg("model", "checkpoint file/dir or run dir")
@@ -234,29 +184,7 @@ class TrainConfig:
     decay_rate: float = field(
         default=0.1, metadata=_arg("optim", "step/multistep: LR factor", "--decay-rate", "--dr")
     )
-    cooldown_epochs: int = field(
-        default=0, metadata=_arg("optim", "epochs at --min-lr after --epochs (trained too)")
-    )
-    sched_on_updates: bool = field(
-        default=True,
-        metadata=_arg("optim", "step the LR schedule per optimizer update (false: once per epoch, "
-                      "timm's default)"),
-    )  # fmt: skip
-    opt_kwargs: dict[str, Any] = field(
-        default_factory=dict,
-        metadata=_arg("optim", "more optimizer arguments, KEY=VALUE ...", nargs="*"),
-    )
     smoothing: float = field(default=0.1, metadata=_arg("optim", "label smoothing"))
-    bce_loss: bool = field(
-        default=False, metadata=_arg("optim", "binary cross-entropy loss (timm's)")
-    )
-    bce_sum: bool = field(default=False, metadata=_arg("optim", "BCE: sum over classes"))
-    bce_target_thresh: float | None = field(
-        default=None, metadata=_arg("optim", "BCE: binarize soft targets at this threshold")
-    )
-    bce_pos_weight: float | None = field(
-        default=None, metadata=_arg("optim", "BCE: weight of positive targets")
-    )
     # timm.data.Mixup: on when --mixup or --cutmix > 0 (SoftTargetCrossEntropy, --smoothing kept).
     mixup: float = field(default=0.0, metadata=_arg("optim", "mixup alpha (0 = off)"))
     cutmix: float = field(default=0.0, metadata=_arg("optim", "cutmix alpha (0 = off)"))
@@ -274,11 +202,6 @@ class TrainConfig:
     clip_grad: float | None = field(
         default=None, metadata=_arg("optim", "clip gradients at this (off if unset)")
     )
-    clip_mode: str = field(
-        default="norm",
-        metadata=_arg("optim", "what --clip-grad clips: the norm, each value, or adaptive (agc; "
-                      "DDP)", choices=("norm", "value", "agc")),
-    )  # fmt: skip
     accum_steps: int = field(
         default=1,
         metadata=_arg("optim", "micro-batches per optimizer step", "--accum-steps",
@@ -329,9 +252,6 @@ class TrainConfig:
     )
     # Run
     output: str = field(default="runs/train", metadata=_arg("run", "run directory"))
-    experiment: str = field(
-        default="", metadata=_arg("run", "run in OUTPUT/NAME (timm's experiment name)")
-    )
     resume: str = field(default="auto", metadata=_arg("run", "auto | none | checkpoint path"))
     checkpoint_every: int | str = field(
         default=500,

@@ -1,12 +1,12 @@
 """Write (or --check) docs/trainer.md's table of timm train.py's options, generated from
-vitpod.trainer.settings.timmargs.OPTIONS, the one table the parser and `-c` use too."""
+vitpod.trainer.settings.timmoptions.OPTIONS, the one table the parser and `-c` use too."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from vitpod.trainer.settings.timmargs import ACCEPTED, OPTIONS, TimmOption
+from vitpod.trainer.settings.timmoptions import ACCEPTED, OPTIONS, TimmOption
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "trainer.md"
 START, END = "<!-- timm-options:start -->", "<!-- timm-options:end -->"

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from vitpod.trainer.config import ConfigError
-from vitpod.trainer.settings import timmargs
+from vitpod.trainer.settings import timmoptions, timmvalues
 from vitpod.trainer.settings.flags import parse_args
-from vitpod.trainer.settings.timmargs import ACCEPTED, NO_EFFECT, REFUSED, TIMM
+from vitpod.trainer.settings.timmoptions import ACCEPTED, NO_EFFECT, REFUSED, TIMM
 
 REPO = Path(__file__).resolve().parents[1]
 PEER = next(
@@ -62,7 +62,7 @@ SAMPLES: dict[str, tuple[list[str], Any]] = {
 }  # fmt: skip
 
 
-def typed(option: timmargs.TimmOption) -> tuple[list[str], Any]:
+def typed(option: timmoptions.TimmOption) -> tuple[list[str], Any]:
     """A value other than timm's default, as tokens, and what it means."""
     if option.key in SAMPLES:
         tokens, meant = SAMPLES[option.key]
@@ -88,7 +88,7 @@ def outcome(argv: list[str]) -> tuple[str, Any]:
 
 def test_the_table_holds_every_timm_option_once_as_timm_spells_it(peer) -> None:
     actions = peer_actions(peer)
-    assert len(actions) == len(TIMM) == len(timmargs.OPTIONS) == 172
+    assert len(actions) == len(TIMM) == len(timmoptions.OPTIONS) == 172
     for action in actions:
         option = TIMM[action.dest]
         assert option.flags == tuple(action.option_strings), action.dest
@@ -107,7 +107,7 @@ def test_every_timm_flag_typed_is_accepted_recorded_or_refused_on_the_command_li
     written into timm's args.yaml for `-c`: never argparse's 'unrecognized arguments'."""
     fixture = yaml.safe_load(TIMM_ARGS.read_text())
     default = parse_args(["/d"])
-    for option in timmargs.OPTIONS:
+    for option in timmoptions.OPTIONS:
         tokens, meant = typed(option)
         argv = tokens if not option.flags else ["/d", option.flag, *tokens]
         result, got = outcome(argv)
@@ -137,12 +137,12 @@ def test_every_timm_flag_typed_is_accepted_recorded_or_refused_on_the_command_li
         assert getattr(got_file, field) == value, option.key
 
 
-def _as_yaml(option: timmargs.TimmOption, meant: Any) -> Any:
+def _as_yaml(option: timmoptions.TimmOption, meant: Any) -> Any:
     """The value timm's own args.yaml holds for it."""
     if option.key in SAMPLES:
         tokens = SAMPLES[option.key][0]
         if option.kind is dict:
-            return dict(timmargs.kwarg_pair(t) for t in tokens)
+            return dict(timmvalues.kwarg_pair(t) for t in tokens)
         if option.key == "torchcompile":
             return "inductor"
         if option.nargs:

@@ -38,15 +38,7 @@ from vitpod.trainer.model.components import (
 )
 from vitpod.trainer.model.ema import load_ema, make_ema, save_final_ema
 from vitpod.trainer.model.evaluate import evaluate
-from vitpod.trainer.model.models import (
-    create_model,
-    load_finetune,
-    load_initial_checkpoint,
-    model_manifest,
-    pretrained_file,
-    set_grad_checkpointing,
-    sync_batchnorm,
-)
+from vitpod.trainer.model.models import build_model, model_manifest
 from vitpod.trainer.model.optim import current_lr, optimizer_for, schedule_for
 from vitpod.trainer.speed.attention import choose_kernel
 from vitpod.trainer.speed.precision import make_precision, prepare_model
@@ -122,21 +114,7 @@ class Trainer:
         self._digests: dict[int, dict[str, Any]] = {}
 
     def _build_model(self) -> nn.Module:
-        cfg = self.cfg
-        model = create_model(cfg.model, cfg.img_size, num_classes(cfg), cfg.drop_path or 0.0,
-                             cfg.drop, cfg.model_kwargs)  # fmt: skip
-        if cfg.pretrained:  # timm's --pretrained: read from disk, a new head where classes differ
-            load_finetune(model, pretrained_file(cfg.model, cfg.pretrained_path), cfg.model)
-        if cfg.sync_bn:
-            model = sync_batchnorm(model, self.device, self.env.world_size)
-        if cfg.initial_checkpoint:
-            load_initial_checkpoint(model, cfg.initial_checkpoint, cfg.model)
-        if cfg.finetune:
-            reset = load_finetune(model, cfg.finetune, cfg.model)
-            log.info("fine-tuning from %s (re-initialised: %s)", cfg.finetune, reset or "none")
-        if cfg.grad_checkpointing:
-            set_grad_checkpointing(model, cfg.model)
-        return model
+        return build_model(self.cfg, num_classes(self.cfg), self.device, self.env.world_size)
 
     def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return optimizer_for(model, self.cfg, self.device)
@@ -146,6 +124,8 @@ class Trainer:
 
         data_cfg = data_config(self.cfg)
         rank, world = self.data_rank, self.data_world
+        batch = self.cfg.validation_batch_size or data_cfg.batch_size  # timm's -vb
+        val_cfg = dataclasses.replace(data_cfg, token_label=False, aug_repeats=0, batch_size=batch)
         return (
             create_loader(data_cfg, "train", rank, world),
             create_loader(val_cfg, "val", rank, world),
@@ -155,8 +135,6 @@ class Trainer:
     def run(self) -> int:
         cfg = self.cfg
         self.preemption.install()  # main() installed it already; again for Trainers built directly
-        batch = self.cfg.validation_batch_size or data_cfg.batch_size  # timm's -vb
-        val_cfg = dataclasses.replace(data_cfg, token_label=False, aug_repeats=0, batch_size=batch)
         self.checkpointer.resume(cfg.resume, self._load, self.device)  # refused: nothing written
         if self.env.is_main:
             io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, cfg.record())

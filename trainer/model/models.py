@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import pickle
 import re
 from pathlib import Path
@@ -18,7 +19,10 @@ from vitpod.registry import models, runfiles
 from vitpod.trainer.checkpointing import checkpoint_commit as commit
 from vitpod.trainer.checkpointing.checkpoint import STEP_PREFIX
 from vitpod.trainer.checkpointing.torchsave import sha256_of
+from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.settings.checks import known_model
+
+log = logging.getLogger(__name__)
 
 HEAD_PREFIXES = ("head.", "aux_head.")
 
@@ -47,6 +51,25 @@ def create_model(
     except TypeError as err:  # a --model-kwargs key the constructor does not take
         raise ModelLoadError(f"--model-kwargs {model_kwargs}: {err}; give arguments of "
                              f"{name}'s constructor") from None  # fmt: skip
+
+
+def build_model(cfg: TrainConfig, classes: int, device: torch.device, world_size: int) -> nn.Module:
+    """The run's model: built (--drop, --model-kwargs), its weights from --pretrained,
+    --initial-checkpoint or --finetune, then --sync-bn and --grad-checkpointing applied."""
+    model = create_model(cfg.model, cfg.img_size, classes, cfg.drop_path or 0.0, cfg.drop,
+                         cfg.model_kwargs)  # fmt: skip
+    if cfg.pretrained:  # timm's --pretrained: read from disk, a new head where classes differ
+        load_finetune(model, pretrained_file(cfg.model, cfg.pretrained_path), cfg.model)
+    if cfg.initial_checkpoint:
+        load_initial_checkpoint(model, cfg.initial_checkpoint, cfg.model)
+    if cfg.finetune:
+        reset = load_finetune(model, cfg.finetune, cfg.model)
+        log.info("fine-tuning from %s (re-initialised: %s)", cfg.finetune, reset or "none")
+    if cfg.sync_bn:
+        model = sync_batchnorm(model, device, world_size)
+    if cfg.grad_checkpointing:
+        set_grad_checkpointing(model, cfg.model)
+    return model
 
 
 def pretrained_file(name: str, path: str | None) -> str:

@@ -1,5 +1,5 @@
 """`-c/--config FILE`: vitpod's config.json or args.yaml (TrainConfig keys, YAML or JSON), or
-timm train.py's args.yaml (trainer/settings/timmargs.py maps it)."""
+timm train.py's args.yaml (trainer/settings/timmargs.py reads it)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from functools import cache
 from typing import Any
 
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
-from vitpod.trainer.settings import timmargs
+from vitpod.trainer.settings import timmargs, timmoptions, timmvalues
 from vitpod.trainer.settings.configfile import read_config
 from vitpod.trainer.settings.decision import read_plan, refuse_overrides
 
@@ -51,12 +51,12 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message}; see `python -m vitpod.trainer --help` for the valid flags")
 
 
-def _cli_value(option: timmargs.TimmOption | None, kind: Any) -> Any:
+def _cli_value(option: timmoptions.TimmOption | None, kind: Any) -> Any:
     """The argparse type of a flag: its kind, then timm's value spelled as vitpod's (a converter
     that means "not set" (SKIP) for some input is no command-line type)."""
     convert = option.value if option is not None else None
-    if convert not in (timmargs.dataset_name, timmargs.amp_dtype_name, timmargs.opt_name,
-                       timmargs.compile_backend):  # fmt: skip
+    if convert not in (timmvalues.dataset_name, timmvalues.amp_dtype_name, timmvalues.opt_name,
+                       timmvalues.compile_backend):  # fmt: skip
         return kind
 
     def typed(text: str) -> Any:
@@ -71,14 +71,14 @@ def _cli_value(option: timmargs.TimmOption | None, kind: Any) -> Any:
 
 def _kwargs_pair(text: str) -> tuple[str, Any]:
     try:
-        return timmargs.kwarg_pair(text)
+        return timmvalues.kwarg_pair(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _timm_option(field: str, flags: Sequence[str]) -> timmargs.TimmOption | None:
+def _timm_option(field: str, flags: Sequence[str]) -> timmoptions.TimmOption | None:
     """timm's option spelled as one of the field's flags (its values are timm's too)."""
-    return next((o for o in timmargs.OPTIONS if o.field == field and set(o.flags) & set(flags)),
+    return next((o for o in timmoptions.OPTIONS if o.field == field and set(o.flags) & set(flags)),
                 None)  # fmt: skip
 
 
@@ -125,7 +125,7 @@ def _add_timm_options(parser: argparse.ArgumentParser) -> None:
         "(docs/trainer.md#timms-trainpy-options)"
     )  # fmt: skip
     known = parser._option_string_actions
-    for option in timmargs.OPTIONS:
+    for option in timmoptions.OPTIONS:
         flags = [f for f in option.flags if f not in known]
         if not flags:
             continue
@@ -197,7 +197,7 @@ def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> li
     positional, flags = [], []
     for name, value in values.items():
         if name.startswith("timm_") and name not in fields:  # a timm option of no field
-            flags += _timm_tokens(timmargs.TIMM[name.removeprefix("timm_")], value)
+            flags += _timm_tokens(timmoptions.TIMM[name.removeprefix("timm_")], value)
             continue
         f, flag = fields[name], _long_flag(fields[name])
         if value is None:
@@ -222,7 +222,7 @@ def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> li
     return [*positional, *flags]
 
 
-def _timm_tokens(option: timmargs.TimmOption, value: Any) -> list[str]:
+def _timm_tokens(option: timmoptions.TimmOption, value: Any) -> list[str]:
     if option.kind is bool:
         return [option.flag] if value else []
     if value is None:
@@ -344,7 +344,7 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainC
     if decision is not None:
         refuse_overrides(vars(ns), decision, plan_path or "")
     requested = {k: v for k, v in vars(ns).items() if k not in ("config", "plan", "print_config")}
-    requested.update({k: v for k, v in unmapped.items() if timmargs.TIMM[k].flag in no_effect})
+    requested.update({k: v for k, v in unmapped.items() if timmoptions.TIMM[k].flag in no_effect})
     requested = timmargs.timm_names(requested)  # args.yaml: timm's train.py reads it back
     _timm_layout(ns, planned=decision is not None)
     cfg = resolve(TrainConfig(**vars(ns), world_size=world_size, requested=requested,

@@ -16,6 +16,8 @@ from vitpod.workflows.site.profile import Profile, resolve_path
 RESERVED = {
     "--output": "the run directory is created by vitpod",
     "--finetune": "use FINETUNE_FROM=",
+    "--data-dir": "the data path is the profile's storage.data",
+    "--experiment": "vitpod names the run directory (<runs>/<time>-<model>-<stage>-<id>)",
     # Every (re)start runs `--resume auto`; a --resume in ARGS would come after it and win on
     # every requeue (each restart back at the same checkpoint, or at step 0 with `none`).
     "--resume": "every start and requeue resumes the run's newest complete checkpoint; to "
@@ -26,7 +28,7 @@ RESERVED = {
 
 # Keys vitpod sets for every run (RESERVED, and the profile's data path); a config file's values
 # for them are not used by a planned job.
-OWNED = ("data_dir", "output", "resume", "finetune")
+OWNED = ("data_dir", "output", "resume", "finetune", "experiment")
 
 
 def trainer_flags(

@@ -1,0 +1,80 @@
+"""timm's values as vitpod's (trainer/settings/timmoptions.py's converters): the names timm
+gives data sets, AMP dtypes, optimizers and compile backends, its KEY=VALUE pairs, and the rules
+a `-c` args.yaml needs (a key that reads another)."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from vitpod.trainer.config import ConfigError
+
+SKIP = object()
+"""A converter's answer for "this value sets nothing" (timm's None: the model's default)."""
+
+
+DATASETS = {"": "folder", "folder": "folder", "imagefolder": "folder", "torch/folder": "folder",
+            "torch/image_folder": "folder", "torch/imagefolder": "folder",
+            "torch/cifar10": "cifar10", "torch/cifar100": "cifar100"}  # fmt: skip
+
+
+def dataset_name(value: Any) -> Any:
+    """timm's `<type>/<name>` for the sources vitpod has; else as given (argparse lists the
+    valid choices)."""
+    return DATASETS.get(str(value).lower(), value)
+
+
+def amp_dtype_name(value: Any) -> Any:
+    return {"float16": "fp16", "bfloat16": "bf16"}.get(value, value)
+
+
+def opt_name(value: Any) -> Any:
+    return {"fusedadamw": "adamw", "fusedlamb": "lamb"}.get(str(value).lower(), value)
+
+
+def compile_backend(value: Any) -> Any:
+    if value is None:
+        return SKIP
+    if value not in ("inductor", "on"):
+        raise ConfigError(f"--torchcompile {value}: vitpod compiles with the inductor backend "
+                          "only; pass --torchcompile (inductor) or drop it")  # fmt: skip
+    return "on"
+
+
+def kwarg_pair(text: str) -> tuple[str, Any]:
+    """timm's ParseKwargs: KEY=VALUE, the value a Python literal where it parses as one."""
+    key, eq, raw = text.partition("=")
+    if not eq or not key:
+        raise ConfigError(f"{text!r}: give KEY=VALUE (e.g. --model-kwargs qkv_bias=False)")
+    try:
+        return key, ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return key, raw
+
+
+def none_is_skip(value: Any) -> Any:
+    return SKIP if value is None else value
+
+
+def empty_is_skip(value: Any) -> Any:
+    return value or SKIP  # timm's '' is none
+
+
+def aa_value(value: Any) -> Any:
+    return "" if value is None else value  # timm's None is no RandAugment: vitpod's ''
+
+
+def channels_last_value(value: Any) -> Any:
+    return True if value else SKIP  # a memory layout, not a result: off -> vitpod's choice
+
+
+def data_rule(value: Any, data: dict[str, Any]) -> Any:
+    return SKIP if value is None or data.get("data_dir") else value  # timm: data_dir wins
+
+
+def amp_dtype_rule(value: Any, data: dict[str, Any]) -> Any:
+    return amp_dtype_name(value) if data.get("amp") else SKIP  # timm ignores it without --amp
+
+
+def pretrained_path_rule(value: Any, data: dict[str, Any]) -> Any:
+    return value if value else SKIP
