@@ -39,13 +39,14 @@ def thresholds(run_dir: Path) -> tuple[float, int]:
 
 
 def own_step_s(record: dict[str, Any]) -> float | None:
-    """A step's time on this rank less its wait in the gradient exchange: a rank that waits for a
-    slow one spends the difference there, the slow one does not."""
+    """A step's time on this rank less its waits for the others (the gradient exchange, DDP's
+    buffer broadcast, the step boundary): a rank that waits for a slow one spends the
+    difference there, the slow one does not."""
     times = record.get("time") or {}
-    step, comm = times.get("step"), times.get("comm") or 0.0
+    step = times.get("step")
     if not isinstance(step, int | float) or step <= 0:
         return None
-    return max(0.0, float(step) - float(comm))
+    return max(0.0, float(step) - float(times.get("comm") or 0.0) - float(times.get("sync") or 0.0))
 
 
 def stragglers(run_dir: Path, ratio: float | None = None, steps: int | None = None

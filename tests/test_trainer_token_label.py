@@ -33,7 +33,8 @@ def test_token_label_run_trains_and_writes_the_metrics_contract(digits_dir: Path
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     for s in steps:
         assert set(s) == CONTRACT_STEP_KEYS
-        assert set(s["time"]) == {"data", "compute", "comm", "optimizer", "step", "checkpoint_wait"}
+        assert set(s["time"]) == {"data", "compute", "comm", "optimizer", "step", "sync",
+                                  "checkpoint_wait"}  # fmt: skip
         assert s["loss"] > 0 and s["peak_mem_bytes"] > 0 and s["time"]["comm"] > 0
     assert [s["warmup"] for s in steps] == [True, False, False, False]
     summary = json.loads((run / "summary.json").read_text())

@@ -44,7 +44,7 @@ from vitpod.trainer.speed.attention import choose_kernel
 from vitpod.trainer.speed.precision import make_precision, prepare_model
 from vitpod.trainer.speed.speedups import apply_speedups, startup_mfu
 from vitpod.trainer.telemetry.heartbeat import Heartbeat
-from vitpod.trainer.telemetry.metrics import MetricsLogger, StepTimer
+from vitpod.trainer.telemetry.metrics import MetricsLogger, StepTimer, watch_forward_sync
 from vitpod.trainer.telemetry.sample_digest import StepSamples
 from vitpod.trainer.telemetry.timing import TimingLog
 
@@ -75,6 +75,7 @@ class Trainer:
             self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
         )
         self.model = self.engine.model  # a pipeline stage or sharded module replaces the model
+        watch_forward_sync(self.engine)  # stragglers: a rank's wait for the others
         self.mixup, self.ema = make_mixup(cfg), make_ema(cfg, self.model)
         mesh = getattr(self.engine, "mesh", None)
         # Ranks of one model replica (tp x pp) read the same samples and share dropout masks.
@@ -218,7 +219,7 @@ class Trainer:
                 self._digests[self.step + 1] = self.samples.digest()
             self._record_step(loss.detach(), timer.finish(engine.comm_seconds()))
             micro, timer = 0, self._timer()
-            if self.preemption.agreed(self.step):
+            if timer.waited(self.preemption.agreed, self.step):  # the next step's wait
                 self._flush_steps()
                 return "preempted"
             due = cfg.checkpoint_steps and self.step % cfg.checkpoint_steps == 0

@@ -9,6 +9,7 @@ import resource
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,10 @@ import torch
 from vitpod.registry import io, runfiles
 
 log = logging.getLogger(__name__)
-PHASES = ("data", "compute", "comm", "optimizer", "step")
+PHASES = ("data", "compute", "comm", "optimizer", "step", "sync")
+# "sync": what this rank waited for the others outside the gradient exchange (DDP's buffer
+# broadcast before the forward, the step boundary's agreement), inside data and compute: a step
+# minus comm and sync is the rank's own time, which names stragglers (analysis/stragglers.py).
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -48,11 +52,27 @@ class StepTimer:
     """Wall-clock phases of one optimizer step; with `sync`, CUDA-synchronised at each phase so
     GPU time is not misplaced (without it the phases time the host's dispatch only)."""
 
+    current: StepTimer | None = None
+    """The newest timer: the one watch_forward_sync's hook adds to."""
+
     def __init__(self, device: torch.device, sync: bool = True) -> None:
         self.device = device
         self.sync = sync and device.type == "cuda"
         self.times = dict.fromkeys(PHASES, 0.0)
         self._mark = time.perf_counter()
+        StepTimer.current = self
+
+    def waited(self, collective: Callable[..., Any], *args: Any) -> Any:
+        """`collective(*args)`: its time is this rank's wait for the others (times["sync"])."""
+        start = time.perf_counter()
+        try:
+            return collective(*args)
+        finally:
+            self.times["sync"] += time.perf_counter() - start
+
+    def forward_started(self) -> None:
+        """The model's own forward begins: the time since the last lap was DDP's buffer sync."""
+        self.times["sync"] += time.perf_counter() - self._mark
 
     def lap(self, phase: str) -> None:
         if self.sync:
@@ -65,6 +85,19 @@ class StepTimer:
         self.times["comm"] = comm_s
         self.times["step"] = sum(self.times[p] for p in ("data", "compute", "optimizer"))
         return dict(self.times)
+
+
+def watch_forward_sync(engine: Any) -> None:
+    """DDP engines: time the buffer broadcast DDP runs before each training forward, which waits
+    for the slowest rank (a forward pre-hook on the model DDP wraps runs after it)."""
+    if getattr(engine, "ddp", None) is None:
+        return
+
+    def started(module: Any, args: Any) -> None:
+        if module.training and StepTimer.current is not None:
+            StepTimer.current.forward_started()
+
+    engine.model.register_forward_pre_hook(started)
 
 
 WANDB_ID_FILE = "wandb-run-id"  # in RUN_DIR: a requeued job continues the same W&B run
