@@ -11,6 +11,7 @@ import signal
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -26,20 +27,59 @@ from vitpod.trainer.data.draws import draw
 from vitpod.trainer.data.gpu_decode import GpuDecodeLoader
 from vitpod.trainer.data.token_label import TokenLabelStore
 from vitpod.trainer.exitcodes import OK, REQUEUE
+from vitpod.trainer.tokenlabels import label
 
 AUGMENT = {"batch_size": 16, "workers": 1, "seed": 3, "hflip": 0.5, "scale": (0.08, 1.0),
            "token_label": True, "token_label_size": 2}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def published(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_published(digits_dir, tmp_path_factory.mktemp("published") / "tl")
+def oblong_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 noise JPEGs, 4 per class of 10, none square (24..64 px a side): a crop box with width
+    and height swapped would cut another part of the map."""
+    root = tmp_path_factory.mktemp("oblong")
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        width, height = (int(v) for v in rng.integers(24, 65, size=2))
+        width += 7 if width == height else 0
+        folder = root / "train" / str(i % 10)
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i:03d}.jpg", quality=90)
+    return root
+
+
+@pytest.fixture(scope="module")
+def published(oblong_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_published(oblong_dir, tmp_path_factory.mktemp("published") / "tl")
+
+
+@pytest.fixture(scope="module")
+def sharded(oblong_dir: Path, teacher_run: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
+    """vitpod's store over oblong_dir, 2 shards made the way each labeling rank makes them."""
+    out = tmp_path_factory.mktemp("sharded") / "tl"
+    for shard in range(2):
+        assert label.main([str(oblong_dir), "--teacher", str(teacher_run), "--label-dir", str(out),
+                           "--img-size", "32", "--topk", "3", "--shard", str(shard),
+                           "--num-shards", "2"]) == 0  # fmt: skip
+    return out
 
 
 @pytest.fixture(params=["vitpod", "published"])
 def label_dir(request: pytest.FixtureRequest) -> Path:
-    """vitpod's sharded store (3 shards, k=3, grid 2) or the published files (k=5, grid 6x5)."""
-    return request.getfixturevalue("labels" if request.param == "vitpod" else "published")
+    """Over oblong_dir: vitpod's sharded store (k=3, grid 2) or published files (k=5, 6x5)."""
+    return request.getfixturevalue("sharded" if request.param == "vitpod" else "published")
+
+
+@pytest.fixture(scope="module")
+def digits_published(digits_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_published(digits_dir, tmp_path_factory.mktemp("digits-published") / "tl")
+
+
+@pytest.fixture(params=["vitpod", "published"])
+def digits_label_dir(request: pytest.FixtureRequest) -> Path:
+    """Over the digits: vitpod's store in 3 shards (test_token_label_sets) or published files."""
+    return request.getfixturevalue("labels" if request.param == "vitpod" else "digits_published")
 
 
 def _expected(loader, store, epoch: int, index: int) -> tuple[torch.Tensor, bool]:
@@ -73,16 +113,16 @@ def _check_targets(loader, store, batches: int, atol: float = 1e-6) -> None:
 
 
 def test_dali_targets_are_the_torch_cut_of_the_window_and_flip_it_decoded(
-    digits_dir: Path, label_dir: Path
+    oblong_dir: Path, label_dir: Path
 ):
-    cfg = data_config(digits_dir, AUGMENT, loader="dali", token_label_data=str(label_dir))
+    cfg = data_config(oblong_dir, AUGMENT, loader="dali", token_label_data=str(label_dir))
     loader = create_loader(cfg, "train", 1, 2)
     assert isinstance(loader, DaliLoader) and loader.token_label_info["token_grid"] == [2, 2]
     store = TokenLabelStore.open(cfg, 10, loader.split)
     _check_targets(loader, store, batches=3)
     # The cut depends on the box: another seed draws other windows, other targets.
     other = create_loader(
-        data_config(digits_dir, AUGMENT, loader="dali", seed=4, token_label_data=str(label_dir)),
+        data_config(oblong_dir, AUGMENT, loader="dali", seed=4, token_label_data=str(label_dir)),
         "train", 1, 2,
     )  # fmt: skip
     other.set_epoch(1)
@@ -90,10 +130,10 @@ def test_dali_targets_are_the_torch_cut_of_the_window_and_flip_it_decoded(
     assert not torch.allclose(next(iter(other))[1], next(iter(loader))[1])
 
 
-def test_gpu_loader_targets_are_the_torch_cut_of_its_windows(digits_dir: Path, label_dir: Path):
+def test_gpu_loader_targets_are_the_torch_cut_of_its_windows(oblong_dir: Path, label_dir: Path):
     """The gpu loader's code on the CPU (libjpeg-turbo): cut on its device after decoding."""
-    cfg = data_config(digits_dir, AUGMENT, loader="gpu", token_label_data=str(label_dir))
-    split = create_loader(data_config(digits_dir), "train", 0, 1).split
+    cfg = data_config(oblong_dir, AUGMENT, loader="gpu", token_label_data=str(label_dir))
+    split = create_loader(data_config(oblong_dir), "train", 0, 1).split
     store = TokenLabelStore.open(cfg, 10, split)
     loader = GpuDecodeLoader(split, cfg, 0, 1, True, device=torch.device("cpu"), token_labels=store)
     _check_targets(loader, store, batches=3)
@@ -105,9 +145,9 @@ def test_gpu_loader_targets_are_the_torch_cut_of_its_windows(digits_dir: Path, l
 )
 @pytest.mark.parametrize("kind", ["dali", "gpu"])
 def test_on_a_gpu_the_maps_are_cut_on_the_device_as_the_torch_loader_cuts_them(
-    digits_dir: Path, published: Path, kind: str
+    oblong_dir: Path, published: Path, kind: str
 ):
-    cfg = data_config(digits_dir, AUGMENT, loader=kind, token_label_data=str(published))
+    cfg = data_config(oblong_dir, AUGMENT, loader=kind, token_label_data=str(published))
     loader = create_loader(cfg, "train", 1, 2)
     assert loader.name == kind
     _check_targets(loader, TokenLabelStore.open(cfg, 10, loader.split), batches=3, atol=1e-5)
@@ -127,24 +167,24 @@ def _batches(loader, epoch: int, count: int, state=None) -> dict[int, tuple]:
 
 
 def test_a_dali_loader_rebuilt_mid_epoch_gives_the_same_crops_flips_and_targets(
-    digits_dir: Path, published: Path
+    oblong_dir: Path, published: Path
 ):
-    """Exact resume (a new loader from the state after 4 batches, as after a requeue) and
+    """Exact resume (a new loader from the state after 2 batches, as after a requeue) and
     elastic resume (that state read by 1 rank instead of 2): every sample's image and target
-    are those of the loader that never stopped."""
-    cfg = data_config(digits_dir, AUGMENT, loader="dali", token_label_data=str(published))
-    straight = _batches(create_loader(cfg, "train", 0, 2), epoch=1, count=8)
+    are those of the loaders that never stopped."""
+    cfg = data_config(oblong_dir, AUGMENT, batch_size=4, loader="dali",
+                      token_label_data=str(published))  # fmt: skip
+    straight = _batches(create_loader(cfg, "train", 0, 2), epoch=1, count=5)
     first = create_loader(cfg, "train", 0, 2)
-    _batches(first, epoch=1, count=4)
+    _batches(first, epoch=1, count=2)
     state = first.state_dict()
-    resumed = _batches(create_loader(cfg, "train", 0, 2), epoch=1, count=4, state=state)
-    assert len(resumed) == 4 * 16 and set(resumed) <= set(straight)
+    resumed = _batches(create_loader(cfg, "train", 0, 2), epoch=1, count=3, state=state)
+    assert len(resumed) == 3 * 4 and set(resumed) <= set(straight)
     for index, (image, target) in resumed.items():
         assert torch.equal(image, straight[index][0]) and torch.equal(target, straight[index][1])
-    alone = _batches(create_loader(cfg, "train", 0, 1), epoch=1, count=2, state=state)
-    rank1 = _batches(create_loader(cfg, "train", 1, 2), epoch=1, count=8)
-    both = {**straight, **rank1}
-    assert set(alone) <= set(both)
+    both = {**straight, **_batches(create_loader(cfg, "train", 1, 2), epoch=1, count=5)}
+    alone = _batches(create_loader(cfg, "train", 0, 1), epoch=1, count=6, state=state)
+    assert len(alone) == 40 - 2 * 8 and set(alone) <= set(both)
     for index, (image, target) in alone.items():
         assert torch.equal(image, both[index][0]) and torch.equal(target, both[index][1])
 
@@ -153,13 +193,15 @@ TRAIN = ["--model", "volo_tiny", "--num-classes", "10", "--img-size", "32", "--w
          "--loader", "dali", "--token-label", "--ground-truth", "--resume", "none"]  # fmt: skip
 
 
-def test_a_dali_run_trains_on_token_labels(digits_dir: Path, label_dir: Path, tmp_path: Path):
+def test_a_dali_run_trains_on_token_labels(
+    digits_dir: Path, digits_label_dir: Path, tmp_path: Path
+):
     run = tmp_path / "run"
     code = main([str(digits_dir), *TRAIN, "-b", "16", "--max-steps", "3",
-                 "--token-label-data", str(label_dir), "--output", str(run)])  # fmt: skip
+                 "--token-label-data", str(digits_label_dir), "--output", str(run)])  # fmt: skip
     assert code == OK
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["token_labels"]["path"] == str(label_dir)
+    assert summary["steps"] == 3 and summary["token_labels"]["path"] == str(digits_label_dir)
     steps = [json.loads(x) for x in (run / "metrics" / "rank0.jsonl").read_text().splitlines()]
     assert all(s["loss"] > 0 for s in steps if s["kind"] == "step")
     assert json.loads((run / "config.json").read_text())["loader"] == "dali"
