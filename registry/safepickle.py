@@ -8,10 +8,11 @@ side (token-label shape probes) and the trainer (CIFAR batches, DCP metadata) sh
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 Allowed = Callable[[str, str], Any]
@@ -61,3 +62,24 @@ def loads(data: bytes, allowed: Allowed, what: str, path: str) -> Any:
 def names(table: dict[tuple[str, str], Any]) -> Allowed:
     """An allow-list from a table of (module, name) -> object."""
     return lambda module, name: table.get((module, name))
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An UnpicklingError inside (torch.load(weights_only=True) refusing a global) becomes
+    UnsafePickle naming `path`: torch's own message names the global, not the file."""
+    try:
+        yield
+    except UnsafePickle:
+        raise
+    except pickle.UnpicklingError as err:
+        raise UnsafePickle(refusal(path, err)) from None
+
+
+def refusal(path: str | os.PathLike[str], err: BaseException) -> str:
+    first = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line), "")
+    why = first.split("WeightsUnpickler error:")[-1].strip() or type(err).__name__
+    return (
+        f"{path}: holds more than tensors and plain values ({why}); it was not loaded and "
+        "nothing in it ran (it was not written by vitpod, or someone changed it)"
+    )

@@ -180,3 +180,50 @@ def test_restricted_unpickler_resolves_nothing_by_default() -> None:
     data = pickle.dumps(io.BytesIO(b"x"))
     with pytest.raises(safepickle.UnsafePickle, match=r"^some/file: names _io.BytesIO"):
         safepickle.loads(data, safepickle.names({}), "a test file", "some/file")
+
+
+def test_a_planted_rank0_checkpoint_runs_nothing(tmp_path: Path) -> None:
+    """The DDP engine's checkpoint files are weights_only; the refusal names the file."""
+    from vitpod.registry.safepickle import UnsafePickle
+    from vitpod.trainer.checkpointing.checkpoint import Checkpointer
+
+    step, target = tmp_path / "checkpoints" / "step_000000004", tmp_path / "ran"
+    step.mkdir(parents=True)
+    torch.save({"model": Plant(target)}, step / "rank0.pt")
+    ckpt = Checkpointer(tmp_path / "checkpoints", 0, 1, use_async=False, launch="test")
+    with pytest.raises(UnsafePickle, match=r"step_000000004/rank0\.pt: holds more than tensors"):
+        ckpt.load(step)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("layout", ["file", "shards", "published"])
+def test_a_planted_token_label_file_runs_nothing_in_the_trainer(tmp_path: Path, layout: str):
+    """The trainer's reads of token labels: vitpod's store (one file or shards) and
+    TokenLabeling's published per-image files."""
+    from vitpod.registry.safepickle import UnsafePickle
+    from vitpod.trainer.data import published_labels
+    from vitpod.trainer.data.label_maps import TokenLabelError
+    from vitpod.trainer.data.token_label import TokenLabelStore
+    from vitpod.trainer.tokenlabels import labelset
+
+    target = tmp_path / "ran"
+    if layout == "published":
+        file = tmp_path / "n01" / "img1.pt"
+        file.parent.mkdir()
+        torch.save(Plant(target), file)
+        with pytest.raises(TokenLabelError, match=rf"{file}: unreadable"):
+            published_labels._load(file, 10)
+    elif layout == "file":
+        file = tmp_path / "labels.pt"
+        torch.save({"maps": Plant(target)}, file)
+        with pytest.raises(UnsafePickle, match=rf"{file}: holds more than tensors"):
+            assert TokenLabelStore(file, 10, 2).data is None
+    else:
+        store = tmp_path / "labels"
+        file = labelset.shard_path(store, 0, 1)
+        file.parent.mkdir(parents=True)
+        torch.save({"maps": Plant(target)}, file)
+        (store / labelset.MANIFEST).write_text(json.dumps({"num_shards": 1, "teacher": {}}))
+        with pytest.raises(UnsafePickle, match=rf"{file}: holds more than tensors"):
+            assert TokenLabelStore(store, 10, 2).data is None
+    assert not target.exists()

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vitpod.registry import io, runfiles
+from vitpod.registry import io, runfiles, safepickle
 from vitpod.trainer.checkpointing import checkpoint_commit as commit
 from vitpod.trainer.checkpointing import elastic as elastic_rules
 from vitpod.trainer.checkpointing import reads, timm_folder
@@ -246,7 +246,7 @@ def _complete(directory: Path) -> bool:
 
 
 def _torch_load(path: Path) -> Any:
-    with reads.open_read(path) as fh:
+    with reads.open_read(path) as fh, safepickle.naming(path):  # a refusal names the file
         return torch.load(fh, map_location="cpu", weights_only=True)
 
 

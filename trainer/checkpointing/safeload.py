@@ -120,21 +120,12 @@ def _forced() -> Iterator[None]:
 def named(path: Path) -> Iterator[None]:
     """An UnpicklingError from weights_only inside becomes UnsafeCheckpoint naming `path`."""
     try:
-        yield
+        with safepickle.naming(path):
+            yield
     except UnsafeCheckpoint:
         raise
-    except pickle.UnpicklingError as err:
-        raise UnsafeCheckpoint(_refusal(path, err)) from None
-
-
-def _refusal(path: Path, err: BaseException) -> str:
-    first = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line), "")
-    why = first.split("WeightsUnpickler error:")[-1].strip() or type(err).__name__
-    return (
-        f"{path}: holds more than tensors and plain values ({why}); it was not loaded and "
-        "nothing in it ran (it was not written by vitpod, or someone changed it): "
-        "take another checkpoint or --resume none"
-    )
+    except safepickle.UnsafePickle as err:
+        raise UnsafeCheckpoint(f"{err}: take another checkpoint or --resume none") from None
 
 
 @contextlib.contextmanager
@@ -147,7 +138,10 @@ def weights_only(directory: Path) -> Iterator[None]:
     except UnsafeCheckpoint:
         raise
     except pickle.UnpicklingError as err:
-        raise UnsafeCheckpoint(_refusal(_offending_file(directory) or directory, err)) from None
+        where = _offending_file(directory) or directory
+        raise UnsafeCheckpoint(
+            f"{safepickle.refusal(where, err)}: take another checkpoint or --resume none"
+        ) from None
 
 
 def _offending_file(directory: Path) -> Path | None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from vitpod.registry import safepickle
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores, scatter, targets
 from vitpod.trainer.data.sources import Split
@@ -118,7 +119,10 @@ class TokenLabelStore:
                     "with --token-label-data DIR"
                 )
             else:
-                self._data = torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)
+                with safepickle.naming(self.path):  # a refusal names the file
+                    self._data = torch.load(
+                        self.path, map_location="cpu", mmap=True, weights_only=True
+                    )
         return self._data
 
     def __getstate__(self) -> dict[str, Any]:
@@ -184,10 +188,9 @@ def _load_shards(path: Path, teacher_sha256: str | None = None) -> dict[str, Any
     shard_of: list[int] = []
     index: dict[str, int] = {}
     for number in range(manifest["num_shards"]):
-        part = torch.load(
-            labelset.shard_path(path, number, manifest["num_shards"]),
-            map_location="cpu", mmap=True, weights_only=True,
-        )  # fmt: skip
+        shard = labelset.shard_path(path, number, manifest["num_shards"])
+        with safepickle.naming(shard):
+            part = torch.load(shard, map_location="cpu", mmap=True, weights_only=True)
         problem = labelset.shard_teacher_problem(
             labelset.shard_path(path, number, manifest["num_shards"]),
             part.get("teacher_sha256"), teacher,
