@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
+from tests.test_run_modes import umask, wider_than_private
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.plan import Request, plan_job
@@ -26,6 +28,11 @@ def _script(tmp_path, partition: str = "pretrain"):
         submission.record_checksums(script.parent, [script, script.parent / "bind.sh",
                                                     script.parent / "plan.json"])  # fmt: skip
     return plan, script
+
+
+def _queued(job: str) -> bool:
+    done = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True, timeout=30)
+    return bool(done.stdout.strip())
 
 
 def _submit(script):
@@ -65,7 +72,8 @@ def test_vitpod_submit_runs_the_rendered_run_as_rendered(local_slurm, tmp_path, 
     assert cli.main(["render", *argv]) == 0
     script = Path(capsys.readouterr().out.splitlines()[-1])
     reviewed = script.read_bytes()
-    assert cli.main(["submit", str(script.parent)]) == 0
+    with umask(0o002):  # a group-writable umask: the job still writes nothing group-writable
+        assert cli.main(["submit", str(script.parent)]) == 0
     out = capsys.readouterr().out
     job = out.split("submitted batch job ")[1].split()[0]
     try:
@@ -76,5 +84,8 @@ def test_vitpod_submit_runs_the_rendered_run_as_rendered(local_slurm, tmp_path, 
         assert json.loads((script.parent / "manifest.json").read_text())["job_ids"] == [job]
         assert cli.main(["submit", str(script.parent)]) == 2
         assert f"was already submitted (job {job})" in capsys.readouterr().err
+        wait_until(f"job {job} to end", lambda: not _queued(job), timeout=120, interval=0.5)
+        assert list((script.parent / "logs").iterdir())  # Slurm's log, written by the job
+        assert wider_than_private(script.parent) == []
     finally:
         subprocess.run(["scancel", job], timeout=30, check=False)
