@@ -21,12 +21,14 @@ from tests.helpers import last_step, make
 from tests.test_published_token_labels import write_published
 from tests.test_token_label_sets import labels, teacher_run  # noqa: F401 (fixtures)
 from vitpod.trainer.__main__ import main
+from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.data import create_loader
 from vitpod.trainer.data.dali_loader import DaliLoader
 from vitpod.trainer.data.draws import draw
 from vitpod.trainer.data.gpu_decode import GpuDecodeLoader
 from vitpod.trainer.data.token_label import TokenLabelStore
 from vitpod.trainer.exitcodes import OK, REQUEUE
+from vitpod.trainer.settings.checks import problems
 from vitpod.trainer.tokenlabels import label
 
 AUGMENT = {"batch_size": 16, "workers": 1, "seed": 3, "hflip": 0.5, "scale": (0.08, 1.0),
@@ -267,3 +269,19 @@ def test_render_takes_dali_with_token_labels_and_refuses_the_gpu_loaders_randaug
     errors = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and "--loader gpu with --aa rand-m9" in errors[0], refused.stderr
     assert "--aa ''" in errors[0] and not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        ({"loader": "dali", "token_label": True, "token_label_size": 14}, None),
+        ({"loader": "gpu", "token_label": True, "token_label_size": 14, "aa": ""}, None),
+        ({"loader": "gpu"}, "--loader gpu with --aa rand-m9-mstd0.5-inc1: the gpu loader has no"),
+        ({"loader": "dali", "aa": "augmix-m5-w4"}, "DALI runs RandAugment ('rand-m<M>-n<N>...')"),
+        ({"loader": "dali", "dataset": "cifar10"}, "--dataset cifar10 is arrays, not encoded"),
+    ],
+)
+def test_the_planners_checks_refuse_only_what_a_loader_cannot_run(flags: dict, refusal):
+    """The trainer's torch-free checks, which the planner runs on the exact argv at render."""
+    found = problems(TrainConfig(model="volo_tiny", **flags), for_training=False)
+    assert found == [] if refusal is None else (len(found) == 1 and refusal in found[0]), found

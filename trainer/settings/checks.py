@@ -104,7 +104,7 @@ def _loader_problems(cfg: TrainConfig) -> list[str]:
     if cfg.loader == "gpu" and cfg.aa:
         out.append(f"--loader gpu with --aa {cfg.aa}: the gpu loader has no RandAugment; pass "
                    "--aa '' or use --loader dali or torch")  # fmt: skip
-    if cfg.loader == "dali" and cfg.aa and not cfg.aa.startswith("rand"):
+    if cfg.loader == "dali" and cfg.aa and cfg.aa.split("-")[0] != "rand":
         out.append(f"--loader dali with --aa {cfg.aa}: DALI runs RandAugment ('rand-m<M>-n<N>"
                    "...') only; use --loader torch")  # fmt: skip
     return out
