@@ -24,6 +24,7 @@ from tests.fixtures_slurm import kill_rank, submit
 from tests.helpers import last_step, make, one_rank_per_node, profile_copy, wait_until
 from tests.test_published_token_labels import write_published
 from vitpod.registry import runfiles
+from vitpod.trainer.checkpointing.preempt import HOLD_ENV
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # volo_tiny on half the digits at 32 px, 2 epochs of 12 steps (716 images, 2 ranks x 32): every
@@ -42,8 +43,9 @@ _PREEMPTED = re.compile(r"preempted \((\w+)\): checkpointed at step (\d+)")
 _SEEN = re.compile(r"(SIG\w+) seen at the boundary after step (\d+)")
 # loader -> (ARGS, events): (signal, at or after this step). "KILL" is SIGKILL to one rank.
 JOBS = {
-    # USR2 in the first steps of epoch 0, SIGTERM at the end of epoch 0 (lands in the last
-    # step, the evaluation, the epoch-end checkpoint or the first steps of epoch 1).
+    # USR2 in the first steps of epoch 0, SIGTERM at the last step of epoch 0, on purpose: the
+    # ranks are held 10 s at that step's boundary (VITPOD_TEST_HOLD_AT_STEP, test-only), so the
+    # signal lands there and the requeued start must begin epoch 1, not epoch 0 again.
     # DALI's job also cuts token labels with the crop windows its pipeline returns.
     "dali": (
         "--loader dali --checkpoint-every 5 --token-label --token-label-data {labels}",
@@ -133,18 +135,18 @@ def _differences(reference: Path, resumed: Path) -> dict[str, list]:
 
 
 def test_preempted_jobs_end_bit_identical_to_uninterrupted_ones(
-    local_slurm, digits_half_dir: Path, tmp_path: Path
+    local_slurm, digits_half_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:
     profile = profile_copy(tmp_path, data=digits_half_dir.parent, **one_rank_per_node())
     labels = write_published(digits_half_dir, tmp_path / "token_label_data")
     jobs = {}
     for loader, (args, events) in JOBS.items():
         args = args.format(labels=labels)
-        jobs[loader] = (
-            submit(tmp_path, profile, f"{COMMON} {args}"),  # the reference, never stopped
-            submit(tmp_path, profile, f"{COMMON} {args}"),
-            events,
-        )
+        reference = submit(tmp_path, profile, f"{COMMON} {args}")  # never stopped
+        with monkeypatch.context() as env:
+            if loader == "dali":
+                env.setenv(HOLD_ENV, f"{STEPS_PER_EPOCH}:10")
+            jobs[loader] = (reference, submit(tmp_path, profile, f"{COMMON} {args}"), events)
     with ThreadPoolExecutor(len(jobs)) as pool:
         ends = {
             loader: pool.submit(_drive, local_slurm, tmp_path, *stopped, events)
@@ -161,6 +163,8 @@ def test_preempted_jobs_end_bit_identical_to_uninterrupted_ones(
         }, loader
     # Each requeue kept its own logs, and the resumed ranks said where they resumed from.
     dali_run = jobs["dali"][1][1]
+    at_the_end = next((dali_run / "logs").glob("train-*-restart1-rank0.log")).read_text()
+    assert f"checkpointed at step {STEPS_PER_EPOCH}" in at_the_end  # the epoch's last step
     assert len(list((dali_run / "logs").glob("train-*-restart2-rank*.log"))) == RANKS
     assert (
         "resumed from" in next((dali_run / "logs").glob("train-*-restart2-rank0.log")).read_text()
