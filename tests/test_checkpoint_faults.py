@@ -353,6 +353,7 @@ def test_a_preemption_at_an_epochs_last_step_resumes_bit_exact(
 
 
 def test_status_names_a_storage_error_and_what_is_set_aside_or_foreign(tmp_path: Path) -> None:
+    from vitpod.workflows.watching.metricstail import newest_checkpoint_age
     from vitpod.workflows.watching.status import checkpoint_notes
     from vitpod.workflows.watching.triage import diagnose
 
@@ -370,5 +371,7 @@ def test_status_names_a_storage_error_and_what_is_set_aside_or_foreign(tmp_path:
         (root / name).mkdir(parents=True)
     notes = checkpoint_notes(tmp_path)
     assert len(notes) == 2
+    (root / "step_backup" / commit.COMMIT).write_text("{}")  # a user's copy: no checkpoint age
+    assert newest_checkpoint_age(tmp_path, now=0.0) is None
     assert "set aside as damaged (kept): step_000000008.abc" in notes[0]
     assert notes[1].endswith(": step_backup")

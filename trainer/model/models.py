@@ -124,7 +124,8 @@ def _sharded_dir(path: str) -> Path | None:
         return p
     if runfiles.final_model(p).is_file() or not (p / runfiles.CHECKPOINTS).is_dir():
         return None
-    steps = sorted((p / runfiles.CHECKPOINTS).glob(f"{STEP_PREFIX}*"), reverse=True)
+    found = (p / runfiles.CHECKPOINTS).glob(f"{STEP_PREFIX}*")
+    steps = sorted((s for s in found if runfiles.is_checkpoint_name(s.name)), reverse=True)
     return next(
         (s for s in steps if dcp.is_sharded_checkpoint(s) and commit.check(s) is None), None
     )

@@ -120,6 +120,7 @@ def newest_checkpoint_age(run_dir: Path, now: float) -> float | None:
     times = [
         p.stat().st_mtime
         for p in (run_dir / runfiles.CHECKPOINTS).glob(f"*/{runfiles.CHECKPOINT_COMMIT}")
+        if runfiles.is_checkpoint_name(p.parent.name)
     ]
     return now - max(times) if times else None
 
