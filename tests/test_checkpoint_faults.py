@@ -26,7 +26,12 @@ from tests.helpers import free_port, logs, preempt_at, run_ranks, start_ranks, w
 from vitpod.registry import runfiles
 from vitpod.trainer.checkpointing import checkpoint_commit as commit
 from vitpod.trainer.checkpointing import reads
-from vitpod.trainer.checkpointing.checkpoint import Checkpointer, ResumeError, StorageError
+from vitpod.trainer.checkpointing.checkpoint import (
+    Checkpointer,
+    ResumeError,
+    StorageError,
+    engine_state,
+)
 from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +81,12 @@ def test_settings_that_differ_stop_the_resume_naming_each_and_move_nothing(tmp_p
     assert "--num-classes: 10 in the checkpoint, 20 in this run" in message
     assert "--model" not in message and "Nothing was moved or deleted" in message
     assert "new run directory" in message and "--finetune" in message
+    assert loaded == [] and _tree(tmp_path) == before
+    fsdp = Checkpointer(tmp_path, 0, 1, settings={**SETTINGS, "engine": engine_state("fsdp", 0)})
+    with pytest.raises(
+        ResumeError, match="--fsdp/--tp/--pp: replicated \\(DDP\\) in the checkpoint"
+    ):
+        fsdp.resume("auto", loaded.append, CPU)
     assert loaded == [] and _tree(tmp_path) == before
 
 
