@@ -20,7 +20,7 @@ from vitpod.workflows.pipeline.chain_labels import cancel_labels
 from vitpod.workflows.planning import preflight
 from vitpod.workflows.submit import rendered, slurm, submission
 from vitpod.workflows.submit.executor import local_job
-from vitpod.workflows.submit.rundir import remove_run_dir
+from vitpod.workflows.submit.rundir import remove_run_dir, write_json
 
 
 def label_dirs(chain: Any) -> dict[str, Path]:
@@ -93,6 +93,8 @@ def submit_stage(chain: Any, rec: Any, dependency: str | None) -> None:
         )  # fmt: skip
     else:
         rec.job = local_job(rec.job_plan)
+        manifest = runfiles.read_manifest(rec.run_dir)
+        write_json(rec.run_dir / runfiles.MANIFEST, {**manifest, "job_ids": [str(rec.job.job_id)]})
     rec.job_ids = [str(rec.job.job_id)]
     rec.state = "SUBMITTED"
     print(f"{rec.stage}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)

@@ -176,7 +176,23 @@ def failure_message(chain: Chain, stage: str, reason: str) -> str:
     for job in chain.label_jobs.values():  # a failed labeling array cancels the pretrain
         logs = job.plan.run_dir / runfiles.LOGS
         where += f"\nlabeling logs (the pretrain waits for them): {logs}"
+    line = _refusal_line(rec.run_dir / runfiles.LOGS) or first_error_line(
+        rec.run_dir / runfiles.LOGS
+    )
     if tb is None:
-        line = first_error_line(rec.run_dir / runfiles.LOGS)
         return f"{stage}: {reason}" + (f"\nfirst error: {line}" if line else "") + where
-    return f"{stage}: {reason}\nroot cause ({tb.path}:{tb.line}):\n{tb.text}{where}"
+    # torchrun's own ChildFailedError (the local profile's job.sh) can be the only traceback,
+    # after the ranks' one-line refusals: those come first
+    said = f"\nfirst error: {line}" if line and line.split(": ", 1)[-1] not in tb.text else ""
+    return f"{stage}: {reason}{said}\nroot cause ({tb.path}:{tb.line}):\n{tb.text}{where}"
+
+
+def _refusal_line(log_dir: Path) -> str | None:
+    """The first `error: ...` line a rank printed (the trainer's one-line refusals), before
+    other lines that merely mention an error (torchrun's and the rendezvous' own, which the
+    local profile's job.sh interleaves into one log)."""
+    for path in sorted(log_dir.glob("*.log")) if log_dir.is_dir() else []:
+        for text in path.read_text(errors="replace").splitlines():
+            if text.lstrip().startswith("error: "):
+                return f"{path.name}: {text.strip()}"
+    return None
