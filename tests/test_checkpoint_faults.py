@@ -47,7 +47,7 @@ def _state(step: int) -> dict:
 def _saved(root: Path, steps=(10, 20, 30), **kwargs) -> Checkpointer:
     ck = Checkpointer(root, rank=0, world_size=1, keep_last=5, settings=SETTINGS, **kwargs)
     for step in steps:
-        ck.save(step, epoch=0, state=_state(step), epoch_end=step == 10)
+        ck.save(step, epoch=int(step == 10), state=_state(step), epoch_end=step == 10)
     ck.close()
     return ck
 
@@ -134,9 +134,10 @@ def test_a_persistent_read_error_stops_the_resume_and_moves_nothing(
         ck.resume("auto", lambda d: None, CPU)
     assert _tree(tmp_path) == before
     monkeypatch.delenv(reads.FAULT_ENV)
-    ck.save(40, epoch=0, state=_state(40))  # rotation afterwards: the milestone stays
-    ck.close()
-    assert (tmp_path / "step_000000010").is_dir()
+    rotating = Checkpointer(tmp_path, rank=0, world_size=1, keep_last=1, milestone_every=1)
+    rotating.save(40, epoch=0, state=_state(40))  # rotation afterwards keeps the milestone
+    rotating.close()
+    assert [p.name for p in rotating.step_dirs()] == ["step_000000040", "step_000000010"]
 
 
 class _CutWhileRead:
