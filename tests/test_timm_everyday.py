@@ -148,6 +148,11 @@ def test_transform_flags_build_timms_transform(digits_dir: Path) -> None:
     found = problems(parse_args([str(digits_dir), "--train-interpolation", "random", "--loader",
                                  "dali"]), for_training=False)  # fmt: skip
     assert any(f.startswith("--train-interpolation random with --loader dali") for f in found)
+    # loader auto takes the torch loader for it (without the flag: DALI, which reads no --aa).
+    picked = data_config(digits_dir, loader="auto", train_interpolation="random")
+    assert type(create_loader(picked, "train", 0, 1)).__name__ == "TorchLoader"
+    plain = data_config(digits_dir, loader="auto")
+    assert type(create_loader(plain, "train", 0, 1)).__name__ == "DaliLoader"
 
 
 def test_sched_on_updates_false_steps_per_epoch_and_cooldown_holds_min_lr() -> None:

@@ -71,6 +71,14 @@ def _gpu_decode_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
         return f"dataset '{cfg.dataset}' is not encoded images"
     if train and cfg.auto_augment:
         return f"RandAugment ({cfg.auto_augment}) is not on the gpu loader; pass --aa ''"
+    return _train_filter(cfg, train)
+
+
+def _train_filter(cfg: DataConfig, train: bool) -> str:
+    """timm's --train-interpolation (random: a filter per image) is the torch loader's; DALI
+    and the gpu loader resize training images with --interpolation."""
+    if train and cfg.train_interpolation not in ("", cfg.interpolation):
+        return f"--train-interpolation {cfg.train_interpolation} is the torch loader's"
     return ""
 
 
@@ -98,4 +106,4 @@ def _dali_unsuitable(cfg: DataConfig, data: Split, train: bool) -> str:
             rand_augment_params(cfg.auto_augment)
         except ValueError as err:
             return str(err)
-    return ""
+    return _train_filter(cfg, train)
