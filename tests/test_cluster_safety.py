@@ -273,9 +273,9 @@ def test_run_dirs_are_private_even_with_a_permissive_umask(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert status == 0, err
     run_dir = Path(out.strip().splitlines()[-1]).parent
-    for path in [run_dir, *run_dir.rglob("*")]:
+    for path in [run_dir.parent, run_dir, *run_dir.rglob("*")]:  # the run root it created too
         mode = stat.S_IMODE(path.stat().st_mode)
-        assert not mode & stat.S_IWOTH, f"{path} is world-writable ({oct(mode)})"
+        assert not mode & (stat.S_IWOTH | stat.S_IWGRP), f"{path} is writable ({oct(mode)})"
         assert not mode & stat.S_IROTH, f"{path} is world-readable ({oct(mode)})"
 
 

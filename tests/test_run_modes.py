@@ -1,6 +1,8 @@
 """Nothing vitpod writes under a run directory is group- or world-writable, whatever the umask
 (issue 44 item 5): under umask 002 the checkpoints/ folder, step folders and rank0.pt were
-group-writable, so anyone in the group could plant what the next resume loads."""
+group-writable, so anyone in the group could plant what the next resume loads. The login side:
+tests/test_cluster_safety.py (render under umask 0), tests/test_submission_slurm.py (a job
+submitted under umask 002)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.helpers import QUICK, launch_logs, logs, start_ranks, vitpod, wait_ranks
+from tests.helpers import QUICK, launch_logs, logs, start_ranks, wait_ranks
 
 DIR_MODE, FILE_MODE = 0o750, 0o640
 
@@ -51,15 +53,3 @@ def test_a_training_run_under_umask_002_writes_nothing_group_writable(
     assert sorted(p.name for p in (run / "checkpoints").iterdir())[-1] == "step_000000002"
     assert list((run / "checkpoints" / "step_000000002" / "dcp").glob("*.distcp"))
     assert wider_than_private(run) == []
-
-
-def test_a_rendered_run_under_umask_002_is_private(tmp_path: Path) -> None:
-    """The login side: the run folder, its logs/ and every file `vitpod render` writes."""
-    runs = tmp_path / "runs"
-    with umask(0o002):
-        out = vitpod("render", "--cluster", "localslurm", "--model", "volo_tiny", "--offline",
-                     runs=runs)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    run = Path(out.stdout.strip().splitlines()[-1]).parent
-    assert {"job.sbatch", "plan.json", "manifest.json", "logs"} <= {p.name for p in run.iterdir()}
-    assert wider_than_private(runs) == []
