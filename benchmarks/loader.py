@@ -3,6 +3,9 @@
 Writes benchmarks/results/loader.json. Every figure is measured in this one run on one core
 (DALI num_threads=1, torch workers=0 with one intra-op thread), so the ratio of the best
 pipeline to the bare decode loop compares like with like. Run: python benchmarks/loader.py
+
+`--token-labels` measures instead DALI + token labels against the torch loader + token labels
+(both label layouts) and writes benchmarks/results/loader_token_labels.json.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ GOAL = 0.8
 RESIZED = 256  # shorter side of the pre-resized shard copies (224 / 0.875, the eval resize)
 
 
-def write_jpegs(root: Path, count: int, seed: int = 0) -> Path:
-    """`count` smooth, textured RGB JPEGs of 256..500 px (two classes), like photos in cost."""
+def write_jpegs(root: Path, count: int, seed: int = 0, classes: int = 2) -> Path:
+    """`count` smooth, textured RGB JPEGs of 256..500 px (`classes` classes), like photos in
+    cost."""
     if (root / ".complete").is_file():
         return root
     rng = np.random.default_rng(seed)
@@ -45,7 +49,7 @@ def write_jpegs(root: Path, count: int, seed: int = 0) -> Path:
         grain = rng.normal(0, 12, size=(height, width, 3))
         pixels = np.clip(np.asarray(img, dtype=np.float32) + grain, 0, 255).astype(np.uint8)
         for split in ("train", "val"):
-            folder = root / split / str(i % 2)
+            folder = root / split / str(i % classes)
             folder.mkdir(parents=True, exist_ok=True)
             if split == "train" or i < 4:
                 Image.fromarray(pixels).save(folder / f"{i:05d}.jpg", quality=90)
@@ -213,8 +217,128 @@ def loader_pass(cfg: DataConfig) -> Callable[[], int]:
     return run
 
 
+def cpu_timed(name: str, run: Callable[[], int], least: dict[str, float]) -> Callable[[], int]:
+    """`run`, keeping in least[name] the fewest CPU seconds (this process, every thread) per
+    image of any pass: DALI's and the label reader's threads count, not only wall time."""
+
+    def timed() -> int:
+        start = os.times()
+        images = run()
+        end = os.times()
+        used = (end.user - start.user + end.system - start.system) / images
+        least[name] = min(least.get(name, float("inf")), used)
+        return images
+
+    return timed
+
+
+def write_token_labels(root: Path, classes: int, k: int = 5) -> dict[str, Path]:
+    """Both label layouts over root/train: vitpod's file, written by its own writer from an
+    (untrained) volo_tiny teacher at 224 px (grid 14), and TokenLabeling's per-image
+    [2, k, 18, 18] float16 files (NFNet-F6's grid at 576 px) of random logits."""
+    from vitpod.trainer.model.models import create_model
+    from vitpod.trainer.tokenlabels import labellayout
+    from vitpod.trainer.tokenlabels.token_teacher import generate_token_labels
+
+    vitpod = root.parent / (root.name + "-tl.pt")
+    if not vitpod.is_file():
+        torch.manual_seed(0)
+        teacher = create_model("volo_tiny", 224, classes, 0.0)
+        generate_token_labels(teacher, root, vitpod, img_size=224, topk=k)
+    published = root.parent / (root.name + "-tl-published")
+    if not (published / ".complete").is_file():
+        gen = torch.Generator().manual_seed(0)
+        for image in sorted((root / "train").glob("*/*.jpg")):
+            logits = torch.randn(classes, 18, 18, generator=gen)
+            value, index = logits.topk(k, dim=0)
+            out = labellayout.label_file(published, str(image.relative_to(root)))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(torch.stack([value, index.float()]).half(), out)
+        (published / ".complete").write_text("")
+    return {"vitpod": vitpod, "published": published}
+
+
+def token_label_main(args: argparse.Namespace) -> None:
+    """DALI + token labels vs the torch loader + token labels, both layouts, on the CPU."""
+    classes = args.images  # one image a class: the cut's cost grows with the class count
+    root = write_jpegs(Path(args.data + f"-c{classes}"), args.images, classes=classes)
+    labels = write_token_labels(root, classes)
+    common = dict(data_dir=str(root), img_size=224, batch_size=args.batch, workers=0,
+                  auto_augment=None, reprob=0.0)  # fmt: skip
+    dali = {**common, "workers": 1}  # one DALI CPU thread (and one thread reading label files)
+    tl = dict(token_label=True, token_label_size=14)
+    measured: dict[str, Callable[[], int]] = {
+        "torch_crop_flip": loader_pass(DataConfig(**common, loader="torch")),
+        "dali_cpu_crop_flip": loader_pass(DataConfig(**dali, loader="dali")),
+    }
+    for layout, path in labels.items():
+        with_labels = {**tl, "token_label_data": str(path)}
+        measured[f"torch_crop_flip_tl_{layout}"] = loader_pass(
+            DataConfig(**common, loader="torch", **with_labels)
+        )
+        measured[f"dali_cpu_crop_flip_tl_{layout}"] = loader_pass(
+            DataConfig(**dali, loader="dali", **with_labels)
+        )
+    load_before = [round(x, 1) for x in os.getloadavg()]
+    cpu: dict[str, float] = {}  # the least CPU time (all threads) a pass took per image
+    results = best_rates({n: cpu_timed(n, run, cpu) for n, run in measured.items()}, args.rounds)
+    per_cpu_s = {name: round(1 / cpu[name], 1) for name in results}
+    for name, rate in results.items():
+        print(f"{name:36s} {rate:8.1f} images/s {per_cpu_s[name]:8.1f} images per CPU-s")
+    ratios = {layout: round(results[f"dali_cpu_crop_flip_tl_{layout}"]
+                            / results[f"torch_crop_flip_tl_{layout}"], 3)
+              for layout in labels}  # fmt: skip
+    data = {
+        "benchmark": "loader images/s with token labels, DALI (CPU) vs torch, 224 px crop + flip",
+        "unit": "images/s wall (torch: workers=0, one intra-op thread; DALI: num_threads=1 "
+        "plus the loader's one label-reading thread, so it may use more than one core) and "
+        "images per CPU-second of the process (every thread counted)",
+        "images": args.images,
+        "classes": classes,
+        "rounds": args.rounds,
+        "statistic": "best of the rounds, variants interleaved round-robin",
+        "batch_size": args.batch,
+        "label_sets": {
+            "vitpod": "vitpod-token-labels/1 file, k=5, grid 14x14 (volo_tiny teacher, 224 px)",
+            "published": "TokenLabeling's <class>/<stem>.pt, [2, 5, 18, 18] float16 per image",
+        },
+        "results": results,
+        "images_per_cpu_second": per_cpu_s,
+        "ratio_dali_to_torch_with_token_labels": ratios,
+        "ratio_dali_to_torch_with_token_labels_per_cpu_second": {
+            layout: round(
+                per_cpu_s[f"dali_cpu_crop_flip_tl_{layout}"]
+                / per_cpu_s[f"torch_crop_flip_tl_{layout}"],
+                3,
+            )
+            for layout in labels
+        },  # fmt: skip
+        "notes": "tl = token labels on: each sample's target [2 + 14*14, classes] cut from its "
+        "map with its crop box (RoIAlign) and flip; torch cuts per sample in the loader, DALI "
+        "per batch after the pipeline (label_maps.targets). No RandAugment: on a CPU node "
+        "`--loader auto` picks torch for the recipe. The cut's cost grows with the class count "
+        "(ImageNet: 1000).",
+        "gpu": None,
+        "gpu_note": "No GPU was lent to this task: DALI 'mixed' decode + token labels on a GPU "
+        "was not measured.",
+        "machine": {**_machine(), "load_average_before_1_5_15min": load_before},
+        "shared_machine": "other processes (other sessions' tests and jobs) shared the cores "
+        "during the run (load averages before and after): wall images/s swing between rounds "
+        "and variants; images per CPU-second is the comparable figure",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out = args.out if args.out != RESULTS else RESULTS.with_name("loader_token_labels.json")
+    write_json_atomic(out, data)
+    print(f"DALI / torch with token labels: {ratios} -> {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--token-labels",
+        action="store_true",
+        help="DALI + token labels vs torch + token labels (its own JSON)",
+    )
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
@@ -225,6 +349,9 @@ def main() -> None:
     parser.add_argument("--samples-per-shard", type=int, default=64)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.token_labels:
+        token_label_main(args)
+        return
     root = write_jpegs(Path(args.data), args.images)
     files = sorted(str(p) for p in (root / "train").glob("*/*.jpg"))
     packed = root.parent / (root.name + "-shards")
@@ -359,20 +486,37 @@ def report(
         ),
         "gpu": None,
         "gpu_note": "No GPU was lent to this task: DALI GPU ('mixed') decode was not measured.",
-        "machine": {
-            "cpu": _cpu_name(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "dali": _dali_version(),
-            # Other processes' load skews absolute rates; interleaved ratios hold up better.
-            "load_average_1_5_15min": [round(x, 1) for x in os.getloadavg()],
-        },
+        "machine": _machine(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, data)
     print(f"ratio best/bare = {data['ratio_best_to_bare_decode']} (goal {GOAL}) -> {args.out}")
+
+
+def _machine() -> dict[str, object]:
+    return {
+        "cpu": _cpu_name(),
+        "cpu_flags": _cpu_flags(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "dali": _dali_version(),
+        # Other processes' load skews absolute rates; interleaved ratios hold up better.
+        "load_average_1_5_15min": [round(x, 1) for x in os.getloadavg()],
+    }
+
+
+def _cpu_flags() -> list[str]:
+    """The vector-instruction flags of /proc/cpuinfo that decide the kernels' speed."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return sorted(f for f in line.split(":", 1)[1].split()
+                              if f.startswith(("avx", "sse4", "amx", "fma", "f16c")))  # fmt: skip
+    except OSError:
+        pass
+    return []
 
 
 def _cpu_name() -> str:
