@@ -2,11 +2,12 @@
 
 `<root>/<class dir>/<image stem>.pt` holds `[2, k, H, W]` float16: the teacher's top-k scores
 (logits) and their class indices at every location of its final feature map (zihangJiang/
-TokenLabeling `generate_label.py`; NFNet-F6 at 576 px gives 18 x 18). A DataLoader worker loads
-an image's file when it draws the image (weights_only), scatters the scores into a zero map of
-every class, cuts the image's own random-resized-crop box out of it with RoIAlign onto the
-model's token grid (any H x W is resampled to img_size/16), flips it with the image, and takes
-the softmax over the classes, as sail-sg/volo's training code (`tlt` `get_label`) does.
+TokenLabeling `generate_label.py`; NFNet-F6 at 576 px gives 18 x 18). The loader that draws an
+image loads its file (weights_only: a DataLoader worker, or the DALI loader's reading thread),
+scatters the scores into a zero map of every class, cuts the image's own random-resized-crop
+box out of it with RoIAlign onto the model's token grid (any H x W is resampled to img_size/16),
+flips it with the image, and takes the softmax over the classes, as sail-sg/volo's training
+code (`tlt` `get_label`) does.
 """
 
 from __future__ import annotations
