@@ -124,3 +124,12 @@ def test_a_short_run_of_a_recipe_fits_its_warmup_and_a_typed_warmup_is_refused(
     with pytest.raises(PlanError, match=r"--warmup-epochs 20: must be in \[0, --epochs 10\)"):
         Chain(cluster="dgxpod", model="volo_d5", nodes=5, args="--epochs 10 --warmup-epochs 20",
               run_root=str(runs), offline=True).plan()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flag", "why"),
+    [("--experiment", "vitpod names the run directory"), ("--data-dir", "storage.data")],
+)
+def test_timm_flags_that_name_the_run_or_data_are_the_planners(flag, why, tmp_path) -> None:
+    with pytest.raises(PlanError, match=f"ARGS: {flag} is set by vitpod .*{why}"):
+        planned("volo_d1", [flag, "x"], tmp_path)
