@@ -192,7 +192,7 @@ submit:
 # (workflows/submit/resume.py). CANCEL=1: cancel the run's job still pending or running first
 # (resume refuses otherwise).
 resume:
-	$(WF) resume --run "$$RUN" --nodes "$$NODES" $(if $(filter-out 0,$(CANCEL)),--cancel-running)
+	$(WF) resume --run "$$RUN" --nodes "$$NODES" $(SLURM_ARGS) $(if $(filter-out 0,$(CANCEL)),--cancel-running)
 
 pipeline:
 	$(WF) pipeline $(STAGE_ARGS) --finetune-cluster "$$FT_CLUSTER" --finetune-nodes "$$FT_NODES" $(FT_SLURM_ARGS) \

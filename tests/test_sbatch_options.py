@@ -25,6 +25,7 @@ from vitpod.workflows.planning.templating import sbatch_value
 from vitpod.workflows.site import calibrate, doctor_cli
 from vitpod.workflows.studies import scaling
 from vitpod.workflows.submit import slurmchecks
+from vitpod.workflows.submit.resume import parser as resume_parser
 from vitpod.workflows.submit.resume import plan_resume, resume_request
 
 OPTIONS = ["--account=proj_a", "--qos=high", "--reservation=maint_1", "--constraint=a100&ib",
@@ -110,6 +111,9 @@ REFUSED = [
     (["--qos=hi gh"], "QOS='hi gh' is not a Slurm QOS name"),
     (["--account=proj\n#SBATCH --uid=0"], "ACCOUNT='proj\\n#SBATCH --uid=0' contains a newline"),
     (["--exclude=n1;reboot"], "EXCLUDE='n1;reboot' is not a Slurm node list"),
+    (["--exclude=node[01-"], "EXCLUDE='node[01-' is not a Slurm host list"),
+    (["--exclude=node[05-03],gpu7"], "EXCLUDE='node[05-03],gpu7' is not a Slurm host list"),
+    (["--exclude=node1,,node2"], "write e.g. EXCLUDE=node[03-05],gpu7"),
     (["--reservation=a b"], "RESERVATION='a b' is not a Slurm reservation name"),
     (["--constraint=a100 ib"], "CONSTRAINT='a100 ib' is not a Slurm node feature"),
     (["--time=2 hours"], "TIME='2 hours' is not a Slurm time"),
@@ -205,12 +209,13 @@ SUBMITTING = {  # every command that submits a job: its parser
     "token-labels": labels.build_parser,
     "calibrate": calibrate.build_parser,
     "doctor": doctor_cli.build_parser,
+    "resume": resume_parser,
 }
 
 
 @pytest.mark.parametrize("command", sorted(SUBMITTING))
 def test_every_command_that_submits_takes_the_one_set_of_options(command):
-    ns = SUBMITTING[command]().parse_args([])
+    ns = SUBMITTING[command]().parse_args(["--run", "r"] if command == "resume" else [])
     names = ["time", "account", "qos", "reservation", "constraint", "exclude", "sbatch_extra"]
     assert all(getattr(ns, name) == "" for name in names), command
     if command == "pipeline":  # the fine-tune's own, FT_...
@@ -248,12 +253,19 @@ def test_time_reaches_the_label_array_and_the_calibration(tmp_path):
                                                                "--time", "soon"]))  # fmt: skip
 
 
-def test_resume_keeps_the_runs_options(tmp_path):
-    assert _render(tmp_path, "--account=proj_a", "--sbatch-extra=--mail-type=END") == 0
+def test_resume_keeps_the_runs_options_and_time_unless_given(tmp_path):
+    assert _render(tmp_path, "--account=proj_a", "--sbatch-extra=--mail-type=END",
+                   "--time=0:45:00") == 0  # fmt: skip
     run = next((tmp_path / "runs").iterdir())
     assert resume_request(run, "1").slurm.account == "proj_a"
     header = _header(plan_resume(run, "1").script)
     assert "#SBATCH --account=proj_a" in header and "#SBATCH --mail-type=END" in header
+    assert "#SBATCH --time=0:45:00" in header  # the run's own TIME, not the partition's
+    given = SbatchOptions(qos="high", names={"qos": "QOS"})
+    header = _header(plan_resume(run, "1", given, "2:00:00").script)
+    assert {"#SBATCH --time=2:00:00", "#SBATCH --qos=high", "#SBATCH --account=proj_a"} <= set(
+        header
+    )
 
 
 def _stub_sbatch(tmp_path: Path, monkeypatch, body: str) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision, RecordError, read_decision
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning import noderange, preflight
+from vitpod.workflows.planning import noderange, preflight, sbatchopts
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.site.profile import load_profile
@@ -40,21 +40,27 @@ def parser() -> argparse.ArgumentParser:
         "--cancel-running", action="store_true",
         help="cancel the run's pending or running job first and wait until it has left the queue",
     )  # fmt: skip
+    sbatchopts.add_flags(p)  # TIME=, ACCOUNT=, ...: win over the run's own
     return p
 
 
-def resume_request(run: Path, nodes: str) -> Request:
-    """The run's own request (cluster, stage, model, ARGS) on `nodes`, global batch pinned."""
+def resume_request(
+    run: Path, nodes: str, given: SbatchOptions | None = None, time: str = ""
+) -> Request:
+    """The run's own request (cluster, stage, model, ARGS, TIME, sbatch options) on `nodes`,
+    global batch pinned; `given` sbatch options and `time` win over the run's."""
     manifest = _manifest(run)
     decision = _decision(run)
     overrides = manifest["overrides"]
     assert decision.trainer is not None and decision.global_batch is not None  # _decision's
+    recorded = SbatchOptions(**overrides.get("sbatch", {}))
     pinned = noderange.pinned_flags(decision.trainer.optim["batch_size"], decision.global_batch)
     return Request(
         cluster=_profile(manifest), model=manifest["model"], stage=manifest["stage"],
         nodes=nodes or manifest["resolved"]["nodes"], args=overrides.get("args") or "",
         tool_args=pinned, finetune_from=overrides.get("finetune_from") or "", run_dir=run,
-        slurm=SbatchOptions(**overrides.get("sbatch", {})),
+        slurm=given.over(recorded) if given else recorded,
+        time=time or overrides.get("time") or "",
     )  # fmt: skip
 
 
@@ -85,9 +91,11 @@ def _decision(run: Path) -> Decision:
     return decision
 
 
-def plan_resume(run: Path, nodes: str) -> JobPlan:
+def plan_resume(
+    run: Path, nodes: str, given: SbatchOptions | None = None, time: str = ""
+) -> JobPlan:
     """The new plan, or ConfigError naming the node counts the global batch splits over."""
-    req = resume_request(run, nodes)
+    req = resume_request(run, nodes, given, time)
     try:
         return plan_job(req)
     except ConfigError as exc:
@@ -122,7 +130,7 @@ def archive(run: Path, script_name: str) -> int:
 def main(argv: list[str]) -> int:
     ns = parser().parse_args(argv)
     run = Path(ns.run).expanduser().absolute()
-    plan = plan_resume(run, str(ns.nodes))
+    plan = plan_resume(run, str(ns.nodes), sbatchopts.from_namespace(ns), ns.time)
     checks = preflight.check(plan)
     spec = plan.spec
     size = f"{spec.nodes} node(s) x {spec.tasks_per_node} rank(s)"
