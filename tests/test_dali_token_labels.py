@@ -285,3 +285,14 @@ def test_the_planners_checks_refuse_only_what_a_loader_cannot_run(flags: dict, r
     """The trainer's torch-free checks, which the planner runs on the exact argv at render."""
     found = problems(TrainConfig(model="volo_tiny", **flags), for_training=False)
     assert found == [] if refusal is None else (len(found) == 1 and refusal in found[0]), found
+
+
+def test_published_labels_on_packed_shards_are_refused_by_the_planners_checks(published: Path):
+    """Published files are per image of a folder: with --dataset shards the ranks would refuse
+    them at start; the planner's check (the same code) refuses them at render."""
+    flags = dict(model="volo_tiny", token_label=True, token_label_size=14,
+                 token_label_data=str(published), loader="dali")  # fmt: skip
+    found = problems(TrainConfig(dataset="shards", **flags), for_training=False)
+    assert len(found) == 1 and "published labels are one file per image" in found[0], found
+    assert "--dataset folder" in found[0]
+    assert problems(TrainConfig(dataset="folder", **flags), for_training=False) == []

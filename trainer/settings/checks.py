@@ -11,6 +11,7 @@ from vitpod.registry.checkpoint_every import AUTO, AUTO_BY_HAND
 from vitpod.registry.engines import DDP_ENGINES, MESH_ENGINES
 from vitpod.registry.paralleldims import ParallelDims
 from vitpod.trainer.config import SCHEDULES, TrainConfig
+from vitpod.trainer.tokenlabels import labellayout, labelset
 
 
 def known_model(name: str) -> bool:
@@ -107,6 +108,12 @@ def _loader_problems(cfg: TrainConfig) -> list[str]:
     if cfg.loader == "dali" and cfg.aa and cfg.aa.split("-")[0] != "rand":
         out.append(f"--loader dali with --aa {cfg.aa}: DALI runs RandAugment ('rand-m<M>-n<N>"
                    "...') only; use --loader torch")  # fmt: skip
+    labels = cfg.token_label_data if cfg.token_label and cfg.dataset != "folder" else None
+    if labels and labellayout.layout_of(labels) == labelset.PUBLISHED:
+        out.append(f"--token-label-data {labels}: TokenLabeling's published labels are one "
+                   f"file per image of a folder, and --dataset {cfg.dataset} is not one; train "
+                   "on the image folder (--dataset folder) or label this data set (make "
+                   "token-labels)")  # fmt: skip
     return out
 
 
