@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -169,54 +168,45 @@ def test_a_short_read_is_a_storage_error_not_damage(tmp_path: Path, monkeypatch)
     assert reads.is_storage_error(info.value)
 
 
-_RANK = """
-import json, sys
-from pathlib import Path
-import torch, torch.distributed as dist
-from vitpod.trainer.checkpointing import reads
-from vitpod.trainer.checkpointing.checkpoint import Checkpointer
-reads.RETRY_DELAYS_S = (0.01,)
-dist.init_process_group("gloo")
-ck = Checkpointer(Path(sys.argv[1]), dist.get_rank(), 2, launch="probe")
-try:
-    ck.resume("auto", lambda d: None, torch.device("cpu"))
-    print("RESULT resumed")
-except Exception as exc:
-    print("RESULT", type(exc).__name__, str(exc).split(";")[0])
-dist.destroy_process_group()
-"""
+def _rank(root: Path, rank: int, port: int, results) -> None:
+    """One of 2 gloo ranks resuming `root` (forked: torch is imported already); rank 0 alone
+    gets EACCES on every COMMIT.json read."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        os.environ[reads.FAULT_ENV] = "EACCES:99:COMMIT.json"
+    reads.RETRY_DELAYS_S = (0.01,)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)  # fmt: skip
+    try:
+        Checkpointer(root, rank, 2, launch="probe").resume("auto", lambda d: None, CPU)
+        results.put((rank, "resumed"))
+    except Exception as exc:
+        results.put((rank, f"{type(exc).__name__} {str(exc).split(';')[0]}"))
+    dist.destroy_process_group()
 
 
 def test_rank0_that_cannot_read_stops_every_rank_with_the_same_error(tmp_path: Path) -> None:
     """EACCES on every COMMIT.json read, on rank 0 only: both ranks end with rank 0's storage
     error (none waits in a collective), and nothing moves."""
+    import multiprocessing
+
     root = tmp_path / "checkpoints"
     for rank in (1, 0):
         ck = Checkpointer(root, rank=rank, world_size=2, launch="start1")
         ck.save(5, 0, _state(5))
         ck.close()
     before = _tree(root)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "WORLD_SIZE": "2"}  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RANK, str(root)],
-            env={
-                **env,
-                "RANK": str(rank),
-                **({reads.FAULT_ENV: "EACCES:99:COMMIT.json"} if rank == 0 else {}),
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
-        )  # fmt: skip
-        for rank in (0, 1)
-    ]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    results = [next((x for x in out.splitlines() if x.startswith("RESULT")), out) for out in outs]
-    assert results[0] == results[1], outs
-    assert results[0].startswith("RESULT StorageError checkpoint storage error (EACCES)"), outs
+    fork = multiprocessing.get_context("fork")
+    results, port = fork.Queue(), free_port()
+    procs = [fork.Process(target=_rank, args=(root, r, port, results)) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    said = dict(results.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+    assert said[0] == said[1], said
+    assert said[0].startswith("StorageError checkpoint storage error (EACCES)"), said
     assert _tree(root) == before
 
 
@@ -283,27 +273,28 @@ def test_only_step_directories_with_nine_digits_are_checkpoints(tmp_path: Path) 
 
 
 # ----------------------------------------------------------------- epoch boundaries
-def test_a_loader_resumed_after_an_epochs_last_batch_gives_nothing_more(digits_dir: Path) -> None:
+def test_a_loader_resumed_after_an_epochs_last_batch_gives_nothing_more(
+    digits_half_dir: Path,
+) -> None:
     """The root cause of the epoch-boundary bug: a loader position at the end of the epoch (its
     last, partial step consumed every sample) read as "start the epoch over", so the resumed
     run trained epoch 0 again. Now the epoch has nothing left and the trainer ends it."""
     from tests.fixtures_data import data_config
     from vitpod.trainer.data import create_loader
 
-    cfg = data_config(digits_dir, {"batch_size": 32, "workers": 0}, loader="torch")
+    cfg = data_config(digits_half_dir, {"batch_size": 32, "workers": 0}, loader="torch")
     first = create_loader(cfg, "train", 1, 2)
     first.set_epoch(0)
     batches = iter(first)
-    for _ in range(STEPS_PER_EPOCH):  # the 23rd is the partial last step: every sample read
+    for _ in range(12):  # 716 images over 2 x 32: 11 full steps and a partial 12th
         next(batches)
     assert first.at_epoch_end()
     state = first.state_dict()
-    assert state["samples_done"] == state["num_samples"] == 1433
+    assert state["samples_done"] == state["num_samples"]  # the partial step read the last
     resumed = create_loader(cfg, "train", 1, 2)
     resumed.set_epoch(0)
     resumed.load_state_dict(state)
-    assert list(resumed) == []
-    assert len(list(resumed)) == STEPS_PER_EPOCH  # a later pass over it is a whole epoch again
+    assert list(resumed) == [] and resumed.at_epoch_end()
 
 
 DIGITS_ARGS = [
