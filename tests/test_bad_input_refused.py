@@ -41,6 +41,17 @@ def test_finetune_from_a_missing_run_is_refused_at_render(tmp_path: Path) -> Non
     assert Path(ok.stdout.strip().splitlines()[-1]).is_file()
 
 
+def test_an_empty_finetune_model_is_refused_at_render(tmp_path: Path) -> None:
+    """A final/model.pt cut to 0 bytes (a copy that stopped), in a run or given as the file."""
+    runs, pretrain = tmp_path / "runs", tmp_path / "pre"
+    (pretrain / "final").mkdir(parents=True)
+    (pretrain / "final" / "model.pt").write_bytes(b"")
+    for source in (pretrain, pretrain / "final" / "model.pt"):
+        out = vitpod("render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage",
+                     "finetune", "--finetune-from", str(source), runs=runs)  # fmt: skip
+        _refused(out, runs, f"{pretrain / 'final' / 'model.pt'} is empty (0 bytes", "copy the")
+
+
 def test_finetune_from_on_a_pretrain_is_refused(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     out = make("render", "CLUSTER=dgxpod", "MODEL=volo_d5", "STAGE=pretrain",

@@ -53,8 +53,11 @@ DRY_TARGETS = {"pretrain", "finetune", "token-labels", "scaling", "calibrate"}
 PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.")
 SITE_ROOTS = ("/lustre/",)
 """Where the bundled profiles of other sites keep data, images and runs: mapped under tmp."""
-QUICK_RUN = ("--max-steps 1 --epochs 1 --warmup-epochs 0 --workers 0 --loader torch --no-eval "
+QUICK_RUN = ("--model vit_small_patch16_224 --img-size 32 --max-steps 1 --epochs 1 "
+             "--warmup-epochs 0 --workers 0 --loader torch --no-eval "
              "--checkpoint-every 0")  # fmt: skip
+"""One step of a 16-pixel-token ViT: its final/ is a timm folder (volo_tiny's cannot be,
+trainer.md) and a token-label teacher (its feature map is img_size/16)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Marker:
     reason: str
 
     def covers(self, line: str, started: bool) -> bool:
+        line = " ".join(line.split())  # as the marker's scope was read
         return not self.scope or line.startswith(self.scope) or (self.through_end and started)
 
 
@@ -241,10 +245,14 @@ def finished_run(site, local_slurm, localslurm_data) -> Path:
 # --------------------------------------------------------------------------- running a block
 
 
-def fill(value: str, var: str, block: Block, run: Path | None) -> str:
-    """A placeholder value -> the finished run; anything else as printed."""
+def fill(value: str, var: str, block: Block, run: Path | None, last: Path | None = None) -> str:
+    """A placeholder value -> the finished run (`<that ...>`, `<rendered ...>`: the run or
+    pipeline directory the line above printed); anything else as printed."""
     if not PLACEHOLDER.search(value):
         return value
+    if value.startswith(("<that", "<rendered")):
+        assert last is not None, f"{block.where}: {var}={value}: the line above printed no path"
+        return str(last)
     assert run is not None and var in ("RUN", "STUDY", "FINETUNE_FROM", "TEACHER"), (
         f"{block.where}: {var}={value}: no stand-in for this placeholder here; mark the line "
         "<!-- not run here `make ...`: why -->"
@@ -253,7 +261,7 @@ def fill(value: str, var: str, block: Block, run: Path | None) -> str:
 
 
 def make_argv(line: str, words: list[str], block: Block, tmp: Path, run: Path | None,
-              extra: list[str]) -> list[str]:  # fmt: skip
+              extra: list[str], last: Path | None) -> list[str]:  # fmt: skip
     target, *rest = words[1:]
     variables: dict[str, str] = {}
     assert target not in NEVER, (
@@ -268,7 +276,7 @@ def make_argv(line: str, words: list[str], block: Block, tmp: Path, run: Path | 
             f"{block.where}: `{line}`: {word!r} is not VAR=VALUE; make the line runnable as "
             "printed or mark it <!-- not run here `make ...`: why -->"
         )
-        variables[name] = map_text(tmp, fill(value, name, block, run))
+        variables[name] = map_text(tmp, fill(value, name, block, run, last))
     remote = any(is_remote(variables.get(k, "")) for k in ("CLUSTER", "FT_CLUSTER"))
     if remote:
         assert target in OFFLINE_TARGETS | DRY_TARGETS | {"status", "list", "cancel"}, (
@@ -282,9 +290,37 @@ def make_argv(line: str, words: list[str], block: Block, tmp: Path, run: Path | 
     return [target, *(f"{k}={v}" for k, v in variables.items())]
 
 
+def printed_dir(stdout: str) -> Path | None:
+    """The directory a command's last line ends with (a script's folder, or the folder)."""
+    lines = stdout.strip().splitlines()
+    path = Path(lines[-1].split()[-1]) if lines and lines[-1].split() else None
+    if path is None or not path.is_absolute() or not path.exists():
+        return None
+    return path if path.is_dir() else path.parent
+
+
+def cancel_jobs_under(root: Path) -> None:
+    """scancel what a documented command queued (the job's script lies under `root`): the test
+    checks the commands, not the training."""
+    if shutil.which("squeue") is None:
+        return
+    said = subprocess.run(["squeue", "-h", "-o", "%i|%o"], capture_output=True, text=True)
+    ids = [i for i, _, cmd in (ln.partition("|") for ln in said.stdout.splitlines())
+           if cmd.startswith(str(root))]  # fmt: skip
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
+
+
 def run_shell(block: Block, site: tuple[Path, dict[str, str]], run: Path | None) -> int:
     tmp, env = site
-    ran, started = 0, False
+    try:
+        return _run_shell(block, tmp, env, run)
+    finally:
+        cancel_jobs_under(tmp)
+
+
+def _run_shell(block: Block, tmp: Path, env: dict[str, str], run: Path | None) -> int:
+    ran, started, last = 0, False, None
     for line, words in commands(block):
         covering = [m for m in block.markers if m.covers(line, started)]
         started = started or any(m.through_end for m in covering)
@@ -292,10 +328,10 @@ def run_shell(block: Block, site: tuple[Path, dict[str, str]], run: Path | None)
             continue
         extra = [w for m in covering if not m.skip for w in m.words]
         if words[0] == "make":
-            argv = make_argv(line, words, block, tmp, run, extra)
+            argv = make_argv(line, words, block, tmp, run, extra, last)
             done = make(*argv, env=env, timeout=240)
         elif words[0] in ("vitpod", ".venv/bin/vitpod"):
-            argv = [map_text(tmp, fill(w, "", block, run)) for w in words[1:]]
+            argv = [map_text(tmp, fill(w, "", block, run, last)) for w in words[1:]]
             done = subprocess.run([sys.executable, "-m", "vitpod.workflows", *argv], cwd=REPO,
                                   env=user_env(env=env), capture_output=True, text=True,
                                   timeout=240)  # fmt: skip
@@ -306,6 +342,7 @@ def run_shell(block: Block, site: tuple[Path, dict[str, str]], run: Path | None)
             f"{block.where}: `{line}` ran as {argv} and exited {done.returncode}:\n"
             f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         )
+        last = printed_dir(done.stdout) or last
         ran += 1
     return ran
 
@@ -329,7 +366,7 @@ def run_python(block: Block, site: tuple[Path, dict[str, str]], run: Path | None
 
 
 def needs_run(block: Block) -> bool:
-    return bool(re.search(r"runs/<|<study dir>|/\.\.\./|=\.\.\.(\s|$)", block.text))
+    return bool(re.search(r"=\S*<(?!that)|/\.\.\./|=\.\.\.(\s|$)|runs/<", block.text))
 
 
 @pytest.mark.parametrize(
@@ -343,6 +380,8 @@ def test_documented_block_runs_as_printed(block, site, request):
     if any(m.skip and not m.scope for m in block.markers):
         pytest.skip(f"{block.where} not run here: {block.markers[0].reason}")
     run = request.getfixturevalue("finished_run") if needs_run(block) else None
+    if local_slurm_used(block):
+        request.getfixturevalue("local_slurm")
     if block.lang == "python":
         ran = run_python(block, site, run)
     else:

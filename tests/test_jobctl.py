@@ -17,11 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import vitpod
 from vitpod.registry import runfiles
 from vitpod.workflows import cli
 from vitpod.workflows.pipeline.chain import Chain
+from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.submit.rundir import write_json
 from vitpod.workflows.watching.jobctl import Study
 
@@ -339,3 +341,42 @@ def test_help_lists_every_command_with_one_line(capsys):
     assert set(cli.DESCRIPTIONS) == set(cli.COMMANDS)
     assert cli.main(["lsit"]) == 2
     assert "unknown command 'lsit'" in capsys.readouterr().err
+
+
+def test_a_state_that_is_no_state_is_refused_listing_the_valid_ones(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "runs"
+    stubs = stub_slurm(tmp_path, {"201": "RUNNING"})
+    use_stubs(monkeypatch, stubs, root)
+    make_run(root, "201", step=1, total=2)
+    capsys.readouterr()
+    assert cli.main(["list", "--state", "RUNING"]) == 2
+    err = capsys.readouterr().err
+    assert "STATE=RUNING: RUNING is not a state; choose from" in err
+    assert ",PENDING," in err and ",RUNNING," in err and err.count("\n") == 1
+    assert not calls(stubs["squeue"])  # refused before Slurm is asked
+
+
+def test_list_without_a_root_searches_every_profiles_runs_and_says_which(
+    tmp_path, monkeypatch, capsys
+):
+    """No CLUSTER, no VITPOD_RUN_ROOT: the runs root of every known profile (here two of the
+    user's, one whose root does not exist, besides the bundled ones) is searched, and said."""
+    stubs = stub_slurm(tmp_path, {"201": "RUNNING"})
+    use_stubs(monkeypatch, stubs, tmp_path / "unused")
+    monkeypatch.delenv("VITPOD_RUN_ROOT")
+    mine = tmp_path / "profiles"
+    mine.mkdir()
+    base = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    for name in ("site-a", "site-b"):
+        storage = {**base["storage"], "runs": str(tmp_path / f"runs-{name}")}
+        (mine / f"{name}.yaml").write_text(yaml.safe_dump({**base, "name": name,
+                                                           "storage": storage}))  # fmt: skip
+    monkeypatch.setenv("VITPOD_PROFILES", str(mine))
+    run = make_run(tmp_path / "runs-site-a", "201", step=5, total=10)
+    capsys.readouterr()
+    assert cli.main(["list", "--json"]) == 0
+    out = capsys.readouterr()
+    assert str(run) in {e["path"] for e in json.loads(out.out)}
+    searched = out.err.splitlines()[0]
+    assert searched.startswith("searched: ") and str(tmp_path / "runs-site-a") in searched
+    assert f"{tmp_path / 'runs-site-b'} (site-b): no such directory here" in searched

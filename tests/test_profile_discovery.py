@@ -136,7 +136,7 @@ def test_check_lists_each_disagreement_with_the_profile():
     found.partitions["pretrain"] = {"name": "dgxa100", "node_type": "dgxa100", "max_nodes": 4}
     found.max_minutes["pretrain"] = 24 * 60
     assert disagreements(profile, found) == [
-        "partitions.pretrain.nodes: profile 5, Slurm 4",
+        "partitions.pretrain.max_nodes: profile 5, Slurm 4",
         "partitions.pretrain.time: profile 2-00:00:00, Slurm MaxTime 1440 min",
         "node_types.dgxa100.binding[2].hca: profile mlx5_2:1, node mlx5_9:1",
     ]
@@ -146,12 +146,21 @@ def test_check_lists_each_disagreement_with_the_profile():
 
 
 @pytest.fixture
-def discovered(local_slurm, tmp_path) -> Path:
-    out = tmp_path / "site.yaml"
+def discovered(local_slurm, tmp_path, monkeypatch) -> Path:
+    """`make profile NAME=site` into the user's profile folder ($VITPOD_PROFILES), from a base
+    whose storage does not say it is shared: discovery finds out itself."""
+    mine = tmp_path / "profiles"
+    monkeypatch.setenv("VITPOD_PROFILES", str(mine))
+    base = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
+    base["storage"] = {"data": base["storage"]["data"]}  # no `shared: true`
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
     done = make("profile", "NAME=site", "PARTITIONS=pretrain,finetune",
-                f"ARGS=--out {out} --base localslurm --tasks-per-node 2")  # fmt: skip
+                f"ARGS=--base {tmp_path / 'base.yaml'} --tasks-per-node 2 "
+                f"--run-root {tmp_path / 'site-runs'}")  # fmt: skip
     assert done.returncode == 0, done.stderr
+    out = mine / "site.yaml"
     assert done.stdout.strip().splitlines()[-1] == str(out)
+    assert "make preflight CLUSTER=site" in done.stdout  # found by its name
     return out
 
 
@@ -173,6 +182,23 @@ def test_profile_is_written_from_the_nodes_and_says_what_it_could_not_tell(disco
     probed = (rf"# cpu8 \(probed on node\d\): pyxis (loaded|not loaded|not found), "
               rf"enroot .*; file systems: (\S+ \w+, )*/tmp {tmp_fs}")  # fmt: skip
     assert re.search(probed, text), text
+
+
+@pytest.mark.slurm
+def test_discovery_records_the_run_root_and_code_dir_every_node_sees(discovered, tmp_path):
+    """A file written on node1 in the run root and the checkout was read on node2 (both nodes
+    are this host): storage.shared is written, said in the header, and the mount type's doubt
+    is not; no marker is left behind."""
+    profile = load_profile(str(discovered))
+    assert profile.storage.shared is True
+    text = discovered.read_text()
+    assert re.search(
+        rf"# shared storage: {tmp_path / 'site-runs'} and \S+: a file written on "
+        r"one node was read on the others of pretrain, finetune",
+        text,
+    ), text
+    assert f"{tmp_path / 'site-runs'} is on" not in text
+    assert not list((tmp_path / "site-runs").glob(".vitpod-shared-*"))
 
 
 @pytest.mark.slurm
@@ -214,9 +240,12 @@ def test_discovered_profile_passes_the_preflight_and_pretrains(
     discovered, local_slurm, localslurm_data, tmp_path
 ):
     env = {"VITPOD_RUN_ROOT": str(tmp_path / "runs")}
-    cluster = f"CLUSTER={discovered}"
+    cluster = "CLUSTER=site"  # $VITPOD_PROFILES/site.yaml, by its name
     pre = make("preflight", cluster, "MODEL=volo_tiny", env=env)
     assert pre.returncode == 0 and "preflight passed" in pre.stdout, pre.stderr
+    assert "ok: run root" in pre.stdout and "shared (storage.shared: true in profile site" in (
+        pre.stdout
+    )  # fmt: skip
     args = "ARGS=--max-steps 2 --epochs 1 --workers 0 --loader torch"
     sub = make("pretrain", cluster, "MODEL=volo_tiny", args, env=env)
     job, run_dir = submitted(sub)

@@ -114,3 +114,23 @@ def test_preflight_command_refuses_then_accepts_with_the_override(tmp_path, caps
     assert "ok: run root" in out and "shared (storage.shared: true" in out
     assert "ok: mpi: --mpi=pmi2 is listed by srun --mpi=list" in out
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_code_dir_a_multi_node_job_runs_from_is_checked_like_the_run_root(tmp_path):
+    """The checkout every rank runs from (srun --chdir; a container profile mounts it too):
+    on a local file system a 2-node job is refused naming the type; 1 node, the override and
+    offline pass as for the run root."""
+    code = tmp_path / "code"
+    code.mkdir()
+    kind = _local_type(code)
+    spec = _spec(_copy(tmp_path, "localslurm", code=str(code), shared=None), 2, tmp_path / "runs")
+    with pytest.raises(ConfigError) as err:
+        preflight.shared_code_dir(spec)
+    assert f"code dir {code}: on {kind} (mount " in str(err.value)
+    assert "run from it (srun --chdir, the container's mount)" in str(err.value)
+    assert "point storage.code at it" in str(err.value)
+    one = _spec(_copy(tmp_path, "localslurm", code=str(code), shared=None), 1, tmp_path / "runs")
+    assert preflight.shared_code_dir(one) == f"code dir {code}: 1 node, need not be shared"
+    shared = _spec(_copy(tmp_path, "localslurm", code=str(code)), 2, tmp_path / "runs")
+    assert "shared (storage.shared: true" in preflight.shared_code_dir(shared)
+    assert "NOT CHECKED (offline" in preflight.shared_code_dir(spec, offline=True)

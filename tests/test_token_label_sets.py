@@ -191,8 +191,10 @@ def test_pipeline_labels_what_is_missing_and_reuses_what_checks_out(labels, teac
     job = run.label_jobs["finetune"]
     assert (job.img_size, job.label_dir) == (64, new)
     assert job.plan.spec.command[1:3] == ("-m", "vitpod.trainer.tokenlabels.label")
-    with pytest.raises(ConfigError, match=r"does not exist; make it with `make token-labels"):
+    with pytest.raises(ConfigError, match=r"does not exist; make it with `make token-labels") as e:
         Chain("local", "volo_tiny", **stages).plan()
+    # the other way to get labels: TokenLabeling's published maps, as downloaded
+    assert "zihangJiang/TokenLabeling" in str(e.value) and '--token-label-data DIR"' in str(e.value)
     shared = {**stages, "finetune_args": stages["finetune_args"].replace(str(new), str(labels))}
     with pytest.raises(ConfigError, match="grid 2 .* grid 4"):  # existing labels never replaced
         Chain("local", "volo_tiny", teacher=str(teacher_run), **shared).plan()

@@ -19,18 +19,20 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site import discover
 from vitpod.workflows.site.probe import NOT_FOUND
 from vitpod.workflows.site.profile import (
-    DEFAULT_USER_PROFILES,
     NODE_FIELDS,
-    USER_PROFILES_ENV,
     Profile,
-    bundled_profiles,
     load_profile,
-    profile_path,
     read_yaml,
     resolve_path,
-    user_profile_dir,
 )
 from vitpod.workflows.site.profile_check import disagreements
+from vitpod.workflows.site.profile_files import (
+    DEFAULT_USER_PROFILES,
+    USER_PROFILES_ENV,
+    bundled_profiles,
+    profile_path,
+    user_profile_dir,
+)
 from vitpod.workflows.site.profile_writer import (
     Discovered,
     max_minutes,
