@@ -1,6 +1,6 @@
 """`make token-labels` on the real local Slurm: a job array labels digits with a run directory's
 final model, a resubmission redoes only the missing shard, a token-labeled pretrain trains on
-the labels, and labels of the wrong grid are refused before sbatch."""
+the labels with the DALI loader, and labels of the wrong grid are refused before sbatch."""
 
 from __future__ import annotations
 
@@ -89,9 +89,9 @@ def test_label_array_resume_use_and_refusal(setup):
     assert labelset.shard_path(setup["labels"], 0, 4).stat().st_mtime_ns == kept
     assert labelset.read_manifest(setup["labels"]) is not None
 
-    # A token-labeled pretrain on Slurm reads them.
+    # A token-labeled pretrain on Slurm reads them, on DALI (cut with its pipeline's boxes).
     flags = f"--token-label --token-label-size 2 --token-label-data {setup['labels']}"
-    args = f"{flags} --max-steps 2 --workers 0 --loader torch --epochs 1"
+    args = f"{flags} --max-steps 2 --workers 0 --loader dali --epochs 1"
     train = make_localslurm("pretrain", setup, NODES="1", ARGS=args)
     assert train.returncode == 0, train.stderr
     job = re.search(r"submitted batch job (\d+)", train.stdout)
@@ -99,7 +99,9 @@ def test_label_array_resume_use_and_refusal(setup):
     run = Path(train.stdout.strip().splitlines()[-1]).parent
     config = json.loads((run / "config.json").read_text())
     assert config["token_label"] and config["token_label_data"] == str(setup["labels"])
-    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert config["loader"] == "dali"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["token_labels"]["layout"] == labelset.FORMAT
 
     # Labels of the wrong grid: refused before sbatch, with the command that makes them.
     before = sorted(setup["runs"].rglob("job.sbatch"))
