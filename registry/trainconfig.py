@@ -21,6 +21,18 @@ SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "
 OUTLOOK_KERNELS = ("timm", "fused", "triton")  # --outlook-kernel (trainer/speed/outlook.py)
 
 
+GROUPS = ("data", "model", "precision", "optim", "parallel", "run")
+
+
+def ordered_fields() -> list[dataclasses.Field]:
+    """TrainConfig's fields by GROUPS, in each vitpod's before timm's (TimmSettings, a base)."""
+    timm = {f.name for f in dataclasses.fields(TimmSettings)}
+    fields = dataclasses.fields(TrainConfig)
+    order = {g: i for i, g in enumerate(GROUPS)}
+    return sorted(fields, key=lambda f: (order.get(f.metadata.get("group"), len(GROUPS)),
+                                         f.name in timm))  # fmt: skip
+
+
 class ConfigError(ValueError):
     """A bad flag or config key; the message names the flag and the fix."""
 
@@ -371,10 +383,10 @@ class TrainConfig(TimmSettings):
         return self.batch_size * self.accum_steps * self.dp_size
 
     def record(self) -> dict[str, Any]:
-        """The resolved values: config.json."""
+        """The resolved values: config.json (flag groups in order, timm's settings last in each)."""
         values = dataclasses.asdict(self)
         del values["requested"]
-        return values
+        return {f.name: values[f.name] for f in ordered_fields() if f.name in values}
 
     def to_json(self) -> str:
         return json.dumps({**self.record(), "global_batch_size": self.global_batch_size}, indent=2)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
 
+from vitpod.registry.trainconfig import ordered_fields
 from vitpod.trainer.config import ConfigError, TrainConfig, resolve
 from vitpod.trainer.settings import timmargs, timmoptions, timmvalues
 from vitpod.trainer.settings.configfile import read_config
@@ -25,7 +26,7 @@ def flag_name(f: dataclasses.Field) -> str:
 
 
 def _cli_fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(TrainConfig) if not f.metadata.get("derived")]
+    return [f for f in ordered_fields() if not f.metadata.get("derived")]
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -92,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     for f in _cli_fields():
         meta = f.metadata
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
-        if f.name == "data_dir":  # the positional or --data-dir (SUPPRESS: absent sets nothing)
-            group.add_argument("data_dir", nargs="?", default=argparse.SUPPRESS, help=meta["help"])
+        if f.name == "data_dir":  # the positional (SUPPRESS: absent sets nothing) or --data-dir
+            group.add_argument("data", nargs="?", default=argparse.SUPPRESS, metavar="DATA_DIR",
+                               help=meta["help"])  # fmt: skip
             group.add_argument("--data-dir", dest="data_dir", default=None, metavar="DIR",
                                help="dataset root (timm's name)")  # fmt: skip
             continue
@@ -330,6 +332,8 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainC
         base = _as_flags(decision.trainer.values(), plan_path, "--plan")
     ns = build_parser().parse_args(layered_argv(argv, base=base))
     ns.config = config_path(argv)
+    data = vars(ns).pop("data", None)  # the positional DATA_DIR; timm: --data-dir wins
+    ns.data_dir = data if ns.data_dir is None else ns.data_dir
     for f in _cli_fields():  # argparse gives nargs values as a list: the field's tuple
         if str(f.type).startswith("tuple") and isinstance(getattr(ns, f.name), list):
             setattr(ns, f.name, tuple(getattr(ns, f.name)))
