@@ -139,6 +139,33 @@ def test_a_persistent_read_error_stops_the_resume_and_moves_nothing(
     assert [p.name for p in rotating.step_dirs()] == ["step_000000040", "step_000000010"]
 
 
+@pytest.mark.usefixtures("quick_retries")
+def test_a_storage_error_while_loading_is_retried_then_stops(tmp_path: Path) -> None:
+    """The engine's own reads (DCP, DeepSpeed) raise the filesystem's OSError: every rank
+    retries the load together, then stops with the storage error, naming its errno."""
+    import errno
+
+    ck = _saved(tmp_path)
+    before = _tree(tmp_path)
+    calls: list[Path] = []
+
+    def flaky(directory: Path) -> None:
+        calls.append(directory)
+        if len(calls) < 2:
+            raise OSError(errno.ESTALE, "Stale file handle", str(directory / "dcp"))
+
+    ck.resume("auto", flaky, CPU)
+    assert calls == [ck.step_dir(30)] * 2
+
+    def stale(directory: Path) -> None:
+        raise OSError(errno.ESTALE, "Stale file handle", str(directory / "dcp"))
+
+    again = Checkpointer(tmp_path, rank=0, world_size=1, settings=SETTINGS)
+    with pytest.raises(StorageError, match=r"storage error \(ESTALE\) loading .*step_000000030"):
+        again.resume("auto", stale, CPU)
+    assert _tree(tmp_path) == before
+
+
 class _CutWhileRead:
     """An open file whose bytes end early once reading starts (the size seen at open stays)."""
 

@@ -61,8 +61,10 @@ def storage_errno(exc: BaseException) -> int | None:
     return None
 
 
-def storage_error(what: str, exc: BaseException | str, tries: int) -> StorageError:
-    code = storage_errno(exc) if isinstance(exc, BaseException) else None
+def storage_error(
+    what: str, exc: BaseException | str, tries: int, code: int | None = None
+) -> StorageError:
+    code = storage_errno(exc) if isinstance(exc, BaseException) else code
     name = errno.errorcode.get(code, "I/O error") if code is not None else "I/O error"
     return StorageError(
         f"checkpoint storage error ({name}) {what}: {exc}; still failing after {tries} "

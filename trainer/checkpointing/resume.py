@@ -180,19 +180,22 @@ class ResumeVerdicts:
                 time.sleep(delay)
                 continue
             if storage:
-                raise reads.storage_error(f"loading {directory}", storage[0][1], tries)
+                raise reads.storage_error(f"loading {directory}", storage[0][1], tries,
+                                          storage[0][2])  # fmt: skip
             if refused:
                 raise ResumeError(refused[0][1])
             return
 
-    def _try_load(self, load: Callable[[Path], None], directory: Path) -> tuple[str, str] | None:
+    def _try_load(self, load: Callable[[Path], None], directory: Path) -> tuple[Any, ...] | None:
+        """None, ("storage", message, errno) or ("refuse", message)."""
         try:
             load(directory)
         except ResumeError as exc:
             return ("refuse", str(exc))
         except Exception as exc:
             if reads.is_storage_error(exc):
-                return ("storage", f"rank {self.rank}: {type(exc).__name__}: {exc}")
+                text = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+                return ("storage", text, reads.storage_errno(exc))
             return ("refuse", self._does_not_load(directory, exc))
         return None
 
