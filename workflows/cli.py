@@ -77,13 +77,13 @@ def stage_parser(prog: str) -> argparse.ArgumentParser:
                                nodes="override the stage partition's node count",
                                args="extra trainer flags, shell-quoted")],
     )  # fmt: skip
-    p.add_argument("--finetune-from", default="", help="run dir or checkpoint to fine-tune")
     if prog == "submit":
         p.add_argument(
             "rendered", nargs="?", default="", metavar="RUN_DIR",
             help="a run or pipeline directory written by make render / make pipeline OFFLINE=1: "
             "preflight it against the live cluster and submit its files as they are",
         )  # fmt: skip
+    p.add_argument("--finetune-from", default="", help="run dir or checkpoint to fine-tune")
     p.add_argument("--dependency", default="", help="sbatch dependency, e.g. afterok:123")
     p.add_argument(
         "--entry",
@@ -198,9 +198,9 @@ def submit_main(argv: list[str]) -> int:
     """Plan, preflight, render, then sbatch it (slurm) or run it here (local); with RUN_DIR,
     the rendered run or pipeline there (workflows/submit/rendered.py)."""
     ns = stage_parser("submit").parse_args(argv)
-    if ns.dry_run:
     if ns.rendered:
         return _submit_rendered(ns.rendered, ns.dry_run)
+    if ns.dry_run:
         return _dry_run(ns)
     if ns.offline:
         raise ConfigError("--offline (OFFLINE=1) is for render/preflight only: a submission "
@@ -217,9 +217,13 @@ def submit_main(argv: list[str]) -> int:
     return 0
 
 
-def _dry_run(ns: argparse.Namespace) -> int:
 def _submit_rendered(path: str, dry_run: bool) -> int:
     """RUN_DIR: a pipeline directory (pipeline.json) through its Chain, else one run."""
+    if (Path(path).expanduser() / runfiles.STUDY).is_file():
+        raise ConfigError(
+            f"{path} is a scaling study: submit it with make scaling (no OFFLINE=1); "
+            "vitpod submit takes a run or pipeline directory"
+        )
     if (Path(path).expanduser() / runfiles.PIPELINE).is_file():
         from vitpod.workflows.pipeline.chain import Chain
 
@@ -233,6 +237,7 @@ def _submit_rendered(path: str, dry_run: bool) -> int:
     return rendered.submit_run(path, dry_run)
 
 
+def _dry_run(ns: argparse.Namespace) -> int:
     """submit --dry-run: the plan and its preflight (none of Slurm's checks with --offline);
     prints the script, writes nothing."""
     plan = _planned(ns)
