@@ -114,6 +114,7 @@ REFUSED = [
     (["--exclude=node[01-"], "EXCLUDE='node[01-' is not a Slurm host list"),
     (["--exclude=node[05-03],gpu7"], "EXCLUDE='node[05-03],gpu7' is not a Slurm host list"),
     (["--exclude=node1,,node2"], "write e.g. EXCLUDE=node[03-05],gpu7"),
+    (["--sbatch-extra=--nodelist=gpu[1-"], "SBATCH_EXTRA --nodelist='gpu[1-' is not a Slurm host"),
     (["--reservation=a b"], "RESERVATION='a b' is not a Slurm reservation name"),
     (["--constraint=a100 ib"], "CONSTRAINT='a100 ib' is not a Slurm node feature"),
     (["--time=2 hours"], "TIME='2 hours' is not a Slurm time"),

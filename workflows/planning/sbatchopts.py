@@ -255,6 +255,8 @@ def parse_extra(extra: str | Sequence[str] | Mapping[str, Any], name: str, prefi
                 f"{name}: --{option}={value!r}: a value must be non-blank and hold no double "
                 f"quote or backslash (sbatch reads those in an #SBATCH line); change it"
             )
+        if option in ("nodelist", "exclude") and "/" not in value:  # '/': a file of names
+            _check_hostlist(f"{name} --{option}", value)
         out.append(f"--{option}={value}" if eq else f"--{option}")
         i += 1
     return tuple(out)
