@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import vitpod
 from vitpod.analysis.goodput import Attempt, assemble
 from vitpod.trainer.telemetry.heartbeat import Heartbeat
 from vitpod.workflows.planning.hangplan import decide, longest_sections
@@ -32,15 +33,15 @@ def test_heartbeat_deadlines_follow_the_running_estimates(tmp_path: Path) -> Non
         assert beat.timeout("step") == 50
         beat.last_boundary -= 2.0  # step 2 took 2 s
         beat.stepped(2)
-        assert beat.measured["step"] == pytest.approx(2.0, abs=0.05)
-        assert beat.deadline - beat.since == pytest.approx(2 * 2.0 + 10, abs=0.1)
+        assert beat.measured["step"] == pytest.approx(2.0, abs=0.5)  # this host may be busy
+        assert beat.deadline - beat.since == pytest.approx(2 * beat.measured["step"] + 10)
         with beat.during("checkpoint", 2):
             assert beat.section == "checkpoint" and beat.deadline - beat.since == 18
         assert beat.section == "step"
         beat._beat()
         rank, node, pid, step, section, since, deadline, _ = _fields(tmp_path / "hb" / "rank3")
         assert (rank, step, section, int(pid) > 0) == ("3", "2", "step", True)
-        assert int(deadline) - int(since) // 1000 in (13, 14) and node
+        assert 12 <= int(deadline) - int(since) // 1000 <= 16 and node
     finally:
         beat.close()
     assert _fields(tmp_path / "hb" / "rank3")[4:7:2] == ["done", "0"]  # no deadline once done
@@ -147,3 +148,19 @@ def test_an_in_job_restart_counts_the_hang_as_lost() -> None:
     assert ledger.parts["lost"] == pytest.approx(2 * 1.0 + (150 - 118))  # steps 3, 4 + the hang
     assert ledger.parts["startup"] == pytest.approx((115 - 110) + (153 - 150))
     assert ledger.parts["training"] == pytest.approx(1.0 + 1.0)  # step 2, then step 4
+
+
+def test_only_a_trainer_job_is_watched(tmp_path: Path) -> None:
+    """The trainer's job runs the watchdog with the profile's floor and records its timeouts in
+    plan.json; a rankinfo job (no heartbeats) has none."""
+    scripts = {}
+    for entry in ("trainer", "rankinfo"):
+        out = vitpod("render", "--cluster", "localslurm", "--model", "volo_tiny", "--offline",
+                     "--entry", entry, runs=tmp_path / entry)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        scripts[entry] = Path(out.stdout.strip().splitlines()[-1])
+    trainer = scripts["trainer"].read_text()
+    assert "vitpod_watch &" in trainer and "hang.floor_s=60" in trainer
+    plan = json.loads((scripts["trainer"].parent / "plan.json").read_text())["hang"]
+    assert plan["floor_s"] == 60 and plan["timeouts_s"]["step"] == 1800  # nothing measured yet
+    assert "vitpod_watch" not in scripts["rankinfo"].read_text()
