@@ -201,6 +201,8 @@ def test_repeated_augmentation_deals_copies_to_ranks_and_resumes_exactly(digits_
     rest = [i.tolist() for _, _, i in resumed]
     assert taken + rest == straight
     assert len(straight) * 8 == 1433 // 256 * 256 // 2 // 8 * 8  # the epoch's share
+    elastic = parse_args(["/d", "--aug-repeats", "3", "--elastic", "--global-batch", "64"])
+    assert any(p.startswith("--aug-repeats with --elastic") for p in problems(elastic, False))
 
 
 def test_pretrained_reads_a_path_or_the_local_cache_never_the_network(

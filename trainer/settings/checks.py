@@ -188,6 +188,9 @@ def _timm_setting_problems(cfg: TrainConfig) -> list[str]:
     if cfg.aug_repeats < 0 or cfg.aug_repeats % 1:
         out.append(f"--aug-repeats {cfg.aug_repeats}: a whole number of copies (timm's "
                    "RepeatAugSampler repeats each index that often); e.g. 3")  # fmt: skip
+    if cfg.aug_repeats and cfg.elastic:
+        out.append("--aug-repeats with --elastic: the repeated order deals each image's copies "
+                   "to the ranks, so another world size reads another order; drop one")  # fmt: skip
     if cfg.aug_repeats and cfg.token_label:
         out.append("--aug-repeats with --token-label: token-label maps are read per image once "
                    "an epoch by their loader; drop one")  # fmt: skip
