@@ -52,10 +52,11 @@ STATE ?=
 DRY_RUN ?=
 OLDER_THAN ?=
 INCLUDE_FINALS ?=
+INCLUDE_DISCARDED ?=
 YES ?=
 CLUSTERS ?= 1
 SLURM_VARS := ACCOUNT QOS RESERVATION CONSTRAINT EXCLUDE SBATCH_EXTRA FT_ACCOUNT FT_QOS FT_RESERVATION FT_CONSTRAINT FT_EXCLUDE FT_SBATCH_EXTRA
-VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS TEST_WORKERS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN OLDER_THAN INCLUDE_FINALS YES CLUSTERS PLACE DEADLINE VENV
+VALID_VARS := CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS TOKEN_LABELS TESTS TEST_WORKERS FOLLOW DATA OUT NAME PARTITIONS OFFLINE CANCEL STATE DRY_RUN OLDER_THAN INCLUDE_FINALS INCLUDE_DISCARDED YES CLUSTERS PLACE DEADLINE VENV
 export CLUSTER STAGE MODEL NODES TIME FT_CLUSTER FT_NODES FT_TIME $(SLURM_VARS) ARGS FINETUNE_FROM RUN STUDY MODE GPUS BATCH ACCUM IMAGE PUSH TEACHER TEACHER_CKPT SHARDS DATA OUT NAME PARTITIONS DEADLINE
 
 # An unknown variable on the command line (a typo such as NODE=5) is an error, not a silent default.
@@ -142,6 +143,7 @@ help:
 	  "DRY_RUN=  pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing" \
 	  "OLDER_THAN=  clean-runs: only entries older than this, e.g. 7d" \
 	  "INCLUDE_FINALS=  clean-runs: 1 = also runs that hold a final model" \
+	  "INCLUDE_DISCARDED=  clean-runs: 1 = also runs holding set-aside checkpoints (checkpoints/discarded/)" \
 	  "YES=  clean-runs: 1 = delete (without it: print what it would delete)" \
 	  "PLACE=  pretrain, finetune, pipeline: 1 = the node count by predicted finish (as make place)" \
 	  "DEADLINE=  place, PLACE=1: 6h or 2026-11-28T06:00: the fewest GPU-hours finishing by then" \
@@ -216,11 +218,12 @@ cancel:
 
 # Delete old or ended runs, pipelines and studies under the run root
 # (workflows/watching/runclean.py): OLDER_THAN=7d and/or STATE=FAILED,CANCELLED; prints the plan
-# with sizes, YES=1 deletes. Live jobs' runs, final models (unless INCLUDE_FINALS=1) and what a kept
-# run reads from are kept. (Not `clean`: that name conventionally removes build outputs.)
+# with sizes, YES=1 deletes. Live jobs' runs, final models (unless INCLUDE_FINALS=1), set-aside
+# checkpoints (unless INCLUDE_DISCARDED=1) and what a kept run reads from are kept. (Not `clean`: that name conventionally removes build outputs.)
 clean-runs:
 	$(WF) clean --older-than "$$OLDER_THAN" --state "$$STATE" $(LIST_CLUSTER) \
-	  $(if $(filter-out 0,$(INCLUDE_FINALS)),--include-finals) $(if $(filter-out 0,$(YES)),--yes)
+	  $(if $(filter-out 0,$(INCLUDE_FINALS)),--include-finals) $(if $(filter-out 0,$(YES)),--yes) \
+	  $(if $(filter-out 0,$(INCLUDE_DISCARDED)),--include-discarded)
 
 # Token labels for STAGE's data and grid (img_size/16), from TEACHER (a run dir or weights file;
 # or a timm name with TEACHER_CKPT): a Slurm job array, one shard per rank.
