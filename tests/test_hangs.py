@@ -5,6 +5,7 @@ in-job restart. Live: tests/test_hang_slurm.py."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from vitpod.analysis.goodput import Attempt, assemble
 from vitpod.trainer.telemetry.heartbeat import Heartbeat
 from vitpod.workflows.planning.hangplan import decide, longest_sections
 from vitpod.workflows.site.profile_hang import Hang
-from vitpod.workflows.watching import hangs
+from vitpod.workflows.submit.jobstate import JobInfo
+from vitpod.workflows.watching import follow, hangs
 
 LIMITS = {"floor_s": 10.0, "measured_s": {"checkpoint": 4.0},
           "ceilings_s": {"startup": 600, "step": 50, "checkpoint": 100, "eval": 100}}  # fmt: skip
@@ -164,3 +166,23 @@ def test_only_a_trainer_job_is_watched(tmp_path: Path) -> None:
     plan = json.loads((scripts["trainer"].parent / "plan.json").read_text())["hang"]
     assert plan["floor_s"] == 60 and plan["timeouts_s"]["step"] == 1800  # nothing measured yet
     assert "vitpod_watch" not in scripts["rankinfo"].read_text()
+
+
+def test_the_follow_view_names_a_straggler_of_a_running_stage(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "heartbeats").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"stage": "pretrain", "job_ids": ["7"]}))
+    (run / "plan.json").write_text(json.dumps({"hang": {"straggler_ratio": 1.3,
+                                                        "straggler_steps": 5}}))  # fmt: skip
+    now = time.time()
+    for rank, (own, comm) in enumerate([(0.1, 0.2), (0.3, 0.0)]):
+        steps = [{**s, "rank": rank, "wall_time": now - 9 + s["step"], "total_steps": 100}
+                 for s in _steps(own, comm, 8)]  # fmt: skip
+        _records(run, rank, steps)
+        (run / "heartbeats" / f"rank{rank}").write_text(f"{rank} node{rank + 1} 1 8 step 0 0 0\n")
+    target = follow.Target(run)
+    row = target.rows[0]
+    assert row.tail is not None
+    row.tail.update()
+    target._set_state(row, [JobInfo("7", "RUNNING")], "")
+    assert row.reason == "straggler rank 1 on node2 x3.00", row.reason
