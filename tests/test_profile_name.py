@@ -48,3 +48,11 @@ def test_completion_offers_profile_and_model_names(tmp_path):
     assert offered("render", "--model", "volo_d") == ["volo_d1", "volo_d2", "volo_d3", "volo_d4",
                                                       "volo_d5"]  # fmt: skip
     assert "--cluster" in offered("render", "--clu")
+
+
+def test_a_bundled_name_is_refused_before_asking_slurm(tmp_path):
+    """Your profile folder comes first for CLUSTER=NAME: discovery never hides a bundled one."""
+    env, calls = recording_slurm(tmp_path)
+    out = make("profile", "NAME=dgxpod", env={**env, "VITPOD_PROFILES": str(tmp_path / "p")})
+    assert out.returncode == 2 and "NAME=dgxpod: a bundled profile has that name" in out.stderr
+    assert not calls.exists() and not (tmp_path / "p").exists()
