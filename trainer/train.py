@@ -15,7 +15,7 @@ from torch import nn
 from vitpod.registry import io, runfiles
 from vitpod.trainer import dist as tdist
 from vitpod.trainer.checkpointing import checkpoint as ckpt
-from vitpod.trainer.checkpointing.elastic import Resize, position_fits
+from vitpod.trainer.checkpointing.elastic import Resize, restore_position
 from vitpod.trainer.checkpointing.preempt import Preemption
 from vitpod.trainer.checkpointing.rng import (
     reseed_for_step,
@@ -310,19 +310,13 @@ class Trainer:
             self._save_now(epoch_end, wait, overlap)
 
     def _save_now(self, epoch_end: bool, wait: bool, overlap: bool) -> None:
-        if self.checkpointer.written(self.step):  # written once per start (the resumed one)
-            log.info("step %d is already checkpointed by this start", self.step)
-            if wait:
-                self.checkpointer.wait()
-                self.engine.wait_sharded()
-            return
-        self.engine.save_sharded(self.checkpointer.step_dir(self.step))
-        state = self._state(epoch_end)
-        # Buffers (BatchNorm running stats) change in the forward: copied before it runs.
-        buffers = {b.data_ptr() for b in self.engine.model.buffers()}
-        self.checkpointer.save(
-            self.step, self.epoch, state, epoch_end, overlap=overlap, copy_now=buffers
-        )
+        if not self.checkpointer.written(self.step):  # a step is written once per start
+            self.engine.save_sharded(self.checkpointer.step_dir(self.step))
+            state = self._state(epoch_end)
+            # Buffers (BatchNorm running stats) change in the forward: copied before it runs.
+            buffers = {b.data_ptr() for b in self.engine.model.buffers()}
+            self.checkpointer.save(self.step, self.epoch, state, epoch_end, overlap=overlap,
+                                   copy_now=buffers)  # fmt: skip
         if wait:
             self.checkpointer.wait()
             self.engine.wait_sharded()
@@ -337,14 +331,7 @@ class Trainer:
             load_ema(self.ema, shared, self.model)
         self.step, self.epoch = own["step"], own["epoch"]
         self.eval_pending = bool(own.get("eval_pending"))
-        # The loader's position counts global samples: it carries over to another world size
-        # when it falls on an optimizer step of this job's global batch (elastic.py).
-        if not own["epoch_end"] and position_fits(own["loader"], cfg.global_batch_size):
-            self.train_loader.load_state_dict(own["loader"])
-        elif not own["epoch_end"]:  # another global batch cuts the epoch differently
-            log.warning("loader position %s is no optimizer step of global batch %d: epoch %d"
-                        " restarts from its first batch", own["loader"]["samples_done"],
-                        cfg.global_batch_size, self.epoch)  # fmt: skip
+        restore_position(self.train_loader, own, cfg.global_batch_size)
         if own.get("mesh", self.mesh_shape) != self.mesh_shape:  # read by status and goodput
             self.metrics.write({"kind": "resize", "step": self.step, "from": own["mesh"],
                                 "to": self.mesh_shape, "world_size": cfg.world_size})  # fmt: skip

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from vitpod.trainer.checkpointing import ds_universal
+
+log = logging.getLogger(__name__)
 
 
 class ElasticError(ValueError):
@@ -83,3 +86,17 @@ def position_fits(loader_state: dict[str, Any], global_batch: int) -> bool:
     """Whether a loader position (global samples consumed) falls on an optimizer step of G."""
     done, total = int(loader_state["samples_done"]), int(loader_state["num_samples"])
     return done % global_batch == 0 or done >= total
+
+
+def restore_position(loader: Any, own: dict[str, Any], global_batch: int) -> None:
+    """Give `loader` the checkpoint's position (global samples consumed): it carries over to
+    another world size when it falls on an optimizer step of this job's global batch. At an
+    epoch's end the next epoch starts from its first batch."""
+    if own["epoch_end"]:
+        return
+    if position_fits(own["loader"], global_batch):
+        loader.load_state_dict(own["loader"])
+        return
+    log.warning("loader position %s is no optimizer step of global batch %d: epoch %d restarts "
+                "from its first batch", own["loader"]["samples_done"], global_batch,
+                own["epoch"])  # fmt: skip
