@@ -96,12 +96,14 @@ def test_hung_ranks_restart_in_place_and_a_slow_rank_is_a_straggler(
     finally:
         stop.set()
     # Detected within 2 x the step time + the floor (+ the 2 s beat and 2 s poll); stopped, not
-    # late: the named rank is the one whose beat stopped.
+    # late: the named rank is the one whose beat stopped. The stop lands in a step, or rarely in
+    # a save (every 2 steps) or the evaluation at step 12, each with its own timeout.
     first, second = _hangs(hung)
     spans = _step_spans(hung, 0)
-    assert (first["rank"], first["node"], first["section"]) == ("1", "node2", "step"), first
-    assert first["step"] >= stop_at and first["stalled"] == "1", first
-    assert first["timeout_s"] <= 2 * max(spans) + FLOOR_S + 1, (first, max(spans))
+    assert (first["rank"], first["node"], first["stalled"]) == ("1", "node2", "1"), first
+    assert first["step"] >= stop_at and first["section"] in ("step", "checkpoint", "eval"), first
+    if first["section"] == "step":
+        assert first["timeout_s"] <= 2 * max(spans) + FLOOR_S + 1, (first, max(spans))
     assert first["quiet_s"] <= first["timeout_s"] + 6 and detected_s < 180, (first, detected_s)
     # The hang in the save: the save's timeout, not the step's.
     assert (second["rank"], second["node"], second["section"]) == ("0", "node1", "checkpoint")
@@ -118,13 +120,13 @@ def test_hung_ranks_restart_in_place_and_a_slow_rank_is_a_straggler(
     rank0 = (logs / f"train-{hung_job}-restart0-rank0.log").read_text()
     assert rank0.count("vitpod: watchdog: stacks of rank 0") == 2, rank0[-3000:]
     sbatch = (logs / f"sbatch-{hung_job}-restart0.log").read_text()
-    assert re.search(rf"vitpod: hang: rank 1 on node2 made no progress in step at step "
-                     rf"{first['step']} ", sbatch), sbatch  # fmt: skip
+    where = f"in {first['section']} at step {first['step']}"
+    assert f"vitpod: hang: rank 1 on node2 made no progress {where} " in sbatch, sbatch
     assert sbatch.count("restarting the ranks in place") == 2, sbatch
     # Restarted in place from the last committed checkpoint: the same weights as never stopped.
     assert _differences(reference, hung) == {"parameters": [], "optimizer": [], "losses": []}
     status = make("status", f"RUN={hung}", runs=tmp_path / "runs", timeout=120).stdout
-    assert f"hang: rank 1 on node2 in step at step {first['step']}" in status, status
+    assert f"hang: rank 1 on node2 {where}" in status, status
     assert f"hang: rank 0 on node1 in checkpoint at step {BLOCKED_SAVE}" in status, status
     assert re.search(r"lost=\d", status), status  # the hangs' time in the goodput ledger
     # The slowed rank: a straggler in status, never taken for a hang.
