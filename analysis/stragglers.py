@@ -13,6 +13,7 @@ from vitpod.registry import runfiles
 
 HEARTBEATS = "heartbeats"  # the ranks' heartbeat files (trainer/telemetry/heartbeat.py)
 DEFAULT_RATIO, DEFAULT_STEPS = 1.3, 20  # the profile's hang: defaults (profile_hang.py)
+MIN_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,12 @@ class Straggler:
     ratio: float
     own_s: float
     median_s: float
+    steps: int  # the rank's steps the medians are over
 
-    def line(self, steps: int) -> str:
+    def line(self) -> str:
         return (f"straggler: rank {self.rank} on {self.node}: own step time {self.ratio:.2f} x "
                 f"the ranks' median ({self.own_s:.3f} s vs {self.median_s:.3f} s, median of "
-                f"the last {steps} steps)")  # fmt: skip
+                f"the last {self.steps} steps)")  # fmt: skip
 
 
 def thresholds(run_dir: Path) -> tuple[float, int]:
@@ -55,7 +57,7 @@ def stragglers(run_dir: Path, ratio: float | None = None, steps: int | None = No
     median over the ranks (the lower median: with 2 ranks, the faster one)."""
     want_ratio, want_steps = thresholds(run_dir)
     ratio, steps = ratio or want_ratio, steps or want_steps
-    per_rank: dict[int, float] = {}
+    per_rank: dict[int, tuple[float, int]] = {}
     for path in runfiles.metrics_files(run_dir):
         try:
             records = runfiles.read_jsonl(path)
@@ -63,16 +65,18 @@ def stragglers(run_dir: Path, ratio: float | None = None, steps: int | None = No
             continue
         own = [s for r in records if r.get("kind") == "step" and not r.get("warmup")
                and (s := own_step_s(r)) is not None]  # fmt: skip
-        if len(own) >= steps and path.stem.removeprefix("rank").isdigit():
-            per_rank[int(path.stem.removeprefix("rank"))] = statistics.median(own[-steps:])
+        # A run shorter than the window is judged on what it has, from MIN_STEPS on.
+        if len(own) >= min(steps, MIN_STEPS) and path.stem.removeprefix("rank").isdigit():
+            kept = own[-steps:]
+            per_rank[int(path.stem.removeprefix("rank"))] = (statistics.median(kept), len(kept))
     if len(per_rank) < 2:
         return []
-    median = statistics.median_low(per_rank.values())
+    median = statistics.median_low(own for own, _ in per_rank.values())
     if median <= 0:
         return []
     nodes = rank_nodes(run_dir)
-    return [Straggler(rank, nodes.get(rank, "?"), own / median, own, median)
-            for rank, own in sorted(per_rank.items()) if own > ratio * median]  # fmt: skip
+    return [Straggler(rank, nodes.get(rank, "?"), own / median, own, median, n)
+            for rank, (own, n) in sorted(per_rank.items()) if own > ratio * median]  # fmt: skip
 
 
 def rank_nodes(run_dir: Path) -> dict[int, str]:

@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers import vitpod
 from vitpod.analysis.goodput import Attempt, assemble
+from vitpod.analysis.stragglers import stragglers
 from vitpod.trainer.telemetry.heartbeat import Heartbeat
 from vitpod.workflows.planning.hangplan import decide, longest_sections
 from vitpod.workflows.site.profile_hang import Hang
@@ -128,6 +129,8 @@ def test_status_names_hangs_and_stragglers(tmp_path: Path) -> None:
     assert lines[1] == "excluded nodes (hung twice): node2"
     assert lines[2].startswith("straggler: rank 2 on node3: own step time 2.50 x the ranks' median")
     assert len(lines) == 3
+    # A run shorter than the window (20 steps) is judged on its 8.
+    assert [(s.rank, s.steps) for s in stragglers(run, steps=20)] == [(2, 8)]
 
 
 def test_an_in_job_restart_counts_the_hang_as_lost() -> None:

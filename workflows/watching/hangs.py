@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitpod.analysis.stragglers import stragglers, thresholds
+from vitpod.analysis.stragglers import stragglers
 
 HANGS = "hangs.jsonl"  # the watchdog's record of each hang (watchdog.sh.j2 writes it)
 EXCLUDE_NODES = "exclude-nodes"  # nodes that hung twice; the requeued job excludes them
@@ -60,8 +60,7 @@ def excluded_nodes(run_dir: Path) -> list[str]:
 
 def lines(run_dir: Path) -> list[str]:
     """What status prints under a stage: its hangs, excluded nodes and stragglers."""
-    _, steps = thresholds(run_dir)
     out = [h.line() for h in hangs(run_dir)]
     if excluded := excluded_nodes(run_dir):
         out.append(f"excluded nodes (hung twice): {','.join(excluded)}")
-    return out + [s.line(steps) for s in stragglers(run_dir)]
+    return out + [s.line() for s in stragglers(run_dir)]
