@@ -296,3 +296,5 @@ def test_published_labels_on_packed_shards_are_refused_by_the_planners_checks(pu
     assert len(found) == 1 and "published labels are one file per image" in found[0], found
     assert "--dataset folder" in found[0]
     assert problems(TrainConfig(dataset="folder", **flags), for_training=False) == []
+    # the digits set is JPEGs in class folders too (the live resume test trains on it)
+    assert problems(TrainConfig(dataset="digits", **flags), for_training=False) == []

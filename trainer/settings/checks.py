@@ -108,7 +108,8 @@ def _loader_problems(cfg: TrainConfig) -> list[str]:
     if cfg.loader == "dali" and cfg.aa and cfg.aa.split("-")[0] != "rand":
         out.append(f"--loader dali with --aa {cfg.aa}: DALI runs RandAugment ('rand-m<M>-n<N>"
                    "...') only; use --loader torch")  # fmt: skip
-    labels = cfg.token_label_data if cfg.token_label and cfg.dataset != "folder" else None
+    folder = cfg.dataset in ("folder", "digits")  # digits: JPEGs in a folder it writes
+    labels = cfg.token_label_data if cfg.token_label and not folder else None
     if labels and labellayout.layout_of(labels) == labelset.PUBLISHED:
         out.append(f"--token-label-data {labels}: TokenLabeling's published labels are one "
                    f"file per image of a folder, and --dataset {cfg.dataset} is not one; train "
