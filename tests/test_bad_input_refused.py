@@ -3,6 +3,7 @@ naming the field and the fix, no run directory (issue 28 item 7)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,20 @@ def test_an_empty_finetune_model_is_refused_at_render(tmp_path: Path) -> None:
         out = vitpod("render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage",
                      "finetune", "--finetune-from", str(source), runs=runs)  # fmt: skip
         _refused(out, runs, f"{pretrain / 'final' / 'model.pt'} is empty (0 bytes", "copy the")
+
+
+def test_a_finetune_model_shorter_than_its_manifest_says_is_refused(tmp_path: Path) -> None:
+    """A final/model.pt cut short but not empty: final/manifest.json records its size."""
+    runs, final = tmp_path / "runs", tmp_path / "pre" / "final"
+    final.mkdir(parents=True)
+    (final / "model.pt").write_bytes(b"x" * 10)
+    (final / "manifest.json").write_text('{"file": "model.pt", "bytes": 10}')
+    argv = ("render", "--cluster", "dgxpod", "--model", "volo_d5", "--stage", "finetune",
+            "--finetune-from", str(final.parent))  # fmt: skip
+    assert vitpod(*argv, runs=runs).returncode == 0
+    (final / "model.pt").write_bytes(b"x" * 4)
+    shutil.rmtree(runs)
+    _refused(vitpod(*argv, runs=runs), runs, "model.pt is 4 bytes, its manifest.json says 10")
 
 
 def test_finetune_from_on_a_pretrain_is_refused(tmp_path: Path) -> None:

@@ -34,7 +34,17 @@ def _unusable_weights(source: str, weights: Path) -> str | None:
     what = f"FINETUNE_FROM={source!r}: {weights}"
     if not os.access(weights, os.R_OK):
         return f"{what} is not readable by you; fix its permissions or give another source"
-    if weights.stat().st_size == 0:
+    size = weights.stat().st_size
+    if size == 0:
         return (f"{what} is empty (0 bytes: a copy cut short?); copy the model again or give "
                 "another run, timm folder or checkpoint file")  # fmt: skip
+    # A final model's manifest (the trainer writes it last) records the file's size.
+    try:
+        record = runfiles.read_record(weights.parent / runfiles.MANIFEST)
+    except (OSError, ValueError):
+        return None
+    if record.get("file") == weights.name and record.get("bytes") not in (None, size):
+        return (f"{what} is {size} bytes, its {runfiles.MANIFEST} says {record['bytes']} (a copy "
+                "cut short?); copy the model again or give another run, timm folder or "
+                "checkpoint file")  # fmt: skip
     return None
