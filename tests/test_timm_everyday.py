@@ -72,6 +72,11 @@ def test_a_run_with_timms_everyday_flags_trains_and_timm_reads_its_args_yaml(
     assert (args.sched_on_updates, args.pin_mem, args.torchcompile) == (False, True, "inductor")
     assert (args.model, args.img_size, args.data_dir) == ("volo_tiny", 32, str(digits_dir))
     assert (args.epochs, args.warmup_epochs, args.amp_dtype) == (1, 0, "bfloat16")
+    # timm's main() derives the unset lr from these (lr_base None was a TypeError there, and
+    # lr_base_scale '' means sqrt scaling for AdamW): the LR vitpod trained with.
+    assert (args.lr, args.lr_base_scale) == (None, "linear")
+    global_batch = args.batch_size * args.grad_accum_steps
+    assert args.lr_base * global_batch / args.lr_base_size == pytest.approx(config["lr"])
     # ... and vitpod reads the same file back to the same configuration.
     again = parse_args(["-c", str(run / "args.yaml")]).record()
     original = parse_args(argv).record()

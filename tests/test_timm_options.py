@@ -169,6 +169,17 @@ def test_a_refusal_says_what_timm_does_why_not_and_what_instead(capsys) -> None:
     assert parse_args(["/d", "--val-split", "validation", "--recount", "1"]).no_effect == {}
 
 
+def test_a_prefix_of_a_timm_flag_names_the_whole_flag() -> None:
+    """timm's parser takes a flag's unique prefix (its documented JSD command types --jsd);
+    vitpod's names the flag instead of argparse's generic refusal."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["/d", "--jsd", "--grad-accum=2", "--no-such", "--epoch", "3"])
+    text = str(refused.value)
+    assert "--jsd: timm's train.py reads it as --jsd-loss (a prefix)" in text
+    assert "type --grad-accum-steps" in text
+    assert "unrecognized arguments: --no-such --epoch 3;" in text  # --epoch: timm's is ambiguous
+
+
 def test_the_docs_flag_table_is_the_tables() -> None:
     done = subprocess.run([sys.executable, "scripts/timm_flags_table.py", "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -49,7 +49,28 @@ class _Parser(argparse.ArgumentParser):
     login node's planner refuses a bad flag before anything is written or submitted."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
+        message = _whole_names(message)
         raise ConfigError(f"{message}; see `python -m vitpod.trainer --help` for the valid flags")
+
+
+def _whole_names(message: str) -> str:
+    """timm's parser takes a flag's unique prefix (timm's documented JSD command types --jsd for
+    --jsd-loss); vitpod's takes whole names (allow_abbrev=False): name the flag it stands for."""
+    head = "unrecognized arguments: "
+    if not message.startswith(head):
+        return message
+    timm_flags = [f for o in timmoptions.OPTIONS for f in o.flags if f.startswith("--")]
+    said, rest, after = [], [], False
+    for token in message.removeprefix(head).split(" "):
+        name = token.partition("=")[0]
+        whole = [f for f in timm_flags if f.startswith(name)] if name.startswith("--") else []
+        if len(whole) == 1:
+            said.append(f"{name}: timm's train.py reads it as {whole[0]} (a prefix); vitpod "
+                        f"takes whole flag names: type {whole[0]}")  # fmt: skip
+        elif not (after and not token.startswith("-")):  # not an abbreviation's value
+            rest.append(token)
+        after = len(whole) == 1 or (after and not token.startswith("-"))
+    return "; ".join(said + ([head + " ".join(rest)] if rest else []))
 
 
 def _cli_value(option: timmoptions.TimmOption | None, kind: Any) -> Any:
@@ -353,6 +374,11 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainC
     _timm_layout(ns, planned=decision is not None)
     cfg = resolve(TrainConfig(**vars(ns), world_size=world_size, requested=requested,
                               no_effect=no_effect))  # fmt: skip
+    # timm's train.py computes an unset lr from lr_base (None: a TypeError) and scales it by
+    # sqrt(batch) for adam/lamb unless told linear, as vitpod does: args.yaml says both.
+    if cfg.requested.get("lr_base") is None:
+        cfg.requested["lr_base"] = cfg.lr_base
+    cfg.requested.setdefault("lr_base_scale", "linear")
     if decision is not None and cfg.engine != decision.engine.name:
         raise ConfigError(
             f"--plan {plan_path}: its trainer settings run engine {cfg.engine!r} but its engine is "
