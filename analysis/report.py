@@ -118,8 +118,8 @@ minus communication) scaled by the images a rank computes per step at this point
 point's predicted communication; error = (predicted - measured) / measured.
 {% if off %}<b>The model is off by more than {{ "%.0f%%"|format(100 * off_by) }} at
 {{ off }} GPU(s).</b>{% else %}It is within {{ "%.0f%%"|format(100 * off_by) }} at every
-point.{% endif %} {{ kind }}-hours are Slurm's: the allocated {{ kind }}s x the time each array
-task held them (sacct), and the useful part, its {{ kind }}s x the time of the training steps
+point.{% endif %} {{ kind }}-hours are Slurm's: the allocated {{ kind }}s x the time each point's
+job held them (sacct), and the useful part, its {{ kind }}s x the time of the training steps
 kept; n/a where the accounting was not read. In all: {{ total }}.</p>
 <table id="prediction"><tr><th>GPUs</th><th class="text">state</th><th>measured step ms</th>
 <th>predicted step ms</th><th>error</th><th>{{ kind }}-hours</th>

@@ -48,7 +48,7 @@ class Point:
     device_kind: str | None = None
     """'GPU', or 'CPU' on CPU profiles; None where Slurm's accounting was not read."""
     device_hours: float | None = None
-    """Allocated device-hours of the point's array task, from sacct (study.record_ledgers)."""
+    """Allocated device-hours of the point's job, from sacct (study.record_ledgers)."""
     useful_device_hours: float | None = None
     """Its devices x the training time of the steps it kept."""
 
@@ -112,11 +112,12 @@ class Row:
 _STUDY_KEYS = {
     "mode", "points", "model", "batch", "accum", "fabric", "grad_bytes", "cluster", "steps",
     "warmup", "args", "created", "script", "job_id", "report_job_id", "fabric_source",
-    "calibration",
+    "calibration", "node_hours",
 }  # fmt: skip
 _POINT_KEYS = {
     "gpus", "nodes", "run_dir", "state", "batch_size", "global_batch", "index", "engine",
     "algorithm", "predicted_comm_s", "device_kind", "device_hours", "useful_device_hours",
+    "job_id", "time", "time_source", "predicted_run_s",  # the point's own job
     "topology",  # an older study's name for "engine"
 }  # fmt: skip
 

@@ -1,12 +1,13 @@
-"""Slurm calls per poll while watching a scaling study of N array tasks (N = 5, 50, 500).
+"""Slurm calls per poll while watching a scaling study of N point jobs (N = 5, 50, 500).
 
 Every Slurm command goes through workflows/submit/slurm.py's `runner`; here it is replaced by
-FakeSlurm, which counts the calls and answers squeue and sacct as Slurm does for one array job: the
-first `finished` tasks completed and left squeue's memory (only sacct knows them), the next ones
-run, the rest pend on one line (`123_[k-499]`). Each way of watching is measured batched (what
-vitpod does) and per job (one call per job, as a watcher asking job by job does; for the goodput
-ledger that is what `vitpod status` and `follow` did before, one sacct per run). No Slurm is needed.
-Results: benchmarks/results/slurm_calls.json.
+FakeSlurm, which counts the calls and answers squeue and sacct as Slurm does for a study's point
+jobs (one job per point, each after the one before: afterany): the first `finished` completed and
+left squeue's memory (only sacct knows them), the next ones run, the rest pend on their
+dependency. Each way of watching is measured batched (what vitpod does) and per job (one call per
+job, as a watcher asking job by job does; for the goodput ledger that is what `vitpod status` and
+`follow` did before, one sacct per run). No Slurm is needed. Results:
+benchmarks/results/slurm_calls.json.
 """
 
 from __future__ import annotations
@@ -26,23 +27,25 @@ from vitpod.workflows.submit import jobstate, slurm  # noqa: E402
 from vitpod.workflows.watching import follow, goodput, jobctl  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "slurm_calls.json"
-ARRAY, REPORT = "4200", "4201"  # the sweep's array job and the report job (afterany on it)
+FIRST, REPORT = 4200, "9999"  # point i's job is FIRST + i; the report job (afterany on them all)
 SIZES = (5, 50, 500)
 STAMP = "2026-11-23T22:57:16"
 
 
-class FakeSlurm:
-    """A runner answering squeue and sacct for ARRAY's `tasks` tasks and the REPORT job."""
+def point_ids(points: int) -> list[str]:
+    return [str(FIRST + i) for i in range(points)]
 
-    def __init__(self, tasks: int, finished: int, running: int = 8) -> None:
-        self.tasks, self.finished, self.running = tasks, finished, running
+
+class FakeSlurm:
+    """A runner answering squeue and sacct for `points` point jobs and the REPORT job."""
+
+    def __init__(self, points: int, finished: int, running: int = 8) -> None:
+        self.points, self.finished, self.running = points, finished, running
         self.calls: Counter[str] = Counter()
 
     def __call__(self, argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
         self.calls[argv[0]] += 1
-        asked = argv[argv.index("-j") + 1].split(",")
-        every = jobstate.task_ids(ARRAY, self.tasks)
-        ids = [t for j in asked for t in (every if j == ARRAY else [j])]
+        ids = argv[argv.index("-j") + 1].split(",")
         fields = argv[argv.index("-O" if argv[0] == "squeue" else "-o") + 1]
         out = self._squeue(ids) if argv[0] == "squeue" else self._sacct(ids, fields)
         if argv[0] == "squeue" and not out:
@@ -50,36 +53,35 @@ class FakeSlurm:
             return subprocess.CompletedProcess(argv, 1, "", err)
         return subprocess.CompletedProcess(argv, 0, out, "")
 
-    def _task(self, job_id: str) -> int | None:
-        array, _, index = job_id.partition("_")
-        return int(index) if array == ARRAY and index.isdigit() else None
+    def _point(self, job_id: str) -> int | None:
+        index = int(job_id) - FIRST if job_id.isdigit() else -1
+        return index if 0 <= index < self.points else None
 
     def _squeue(self, ids: list[str]) -> str:
         lines: list[str] = []
-        first_pending = self.finished + self.running
-        pending = f"{ARRAY}_[{first_pending}-{self.tasks - 1}%8]|PENDING|JobArrayTaskLimit|0|0:0|"
         for job_id in ids:
-            index = self._task(job_id)
-            if job_id == REPORT:
-                lines.append(f"{REPORT}|PENDING|Dependency|0|0:0|")
-            elif index is not None and self.finished <= index < first_pending:
+            index = self._point(job_id)
+            if job_id == REPORT or (index is not None and index >= self.finished + self.running):
+                lines.append(f"{job_id}|PENDING|Dependency|0|0:0|")
+            elif index is not None and index >= self.finished:
                 lines.append(f"{job_id}|RUNNING|None|0|0:0|")
-            elif index is not None and index >= first_pending:
-                lines += [] if pending in lines else [pending]
         return "".join(f"{line}\n" for line in lines)
 
     def _sacct(self, ids: list[str], fields: str) -> str:
-        done = [j for j in ids if (i := self._task(j)) is not None and i < self.finished]
+        done = [j for j in ids if (i := self._point(j)) is not None and i < self.finished]
         if fields.startswith("JobID,State"):  # jobstate.SACCT_FIELDS
             return "".join(f"{j}|COMPLETED|0:0|None\n" for j in done)
         tres = "billing=8,cpu=8,gres/gpu=1,mem=16G,node=1"  # goodput's -D attempts
         return "".join(f"{j}|{STAMP}|{STAMP}|{STAMP}|{tres}\n" for j in done)
 
 
-def study_dir(root: Path, tasks: int) -> Path:
-    """A study directory as `make scaling` leaves it: study.json naming the array and report."""
-    points = [{"index": i, "gpus": i + 1, "run_dir": f"point{i}"} for i in range(tasks)]
-    record = {"job_id": ARRAY, "report_job_id": REPORT, "points": points}
+def study_dir(root: Path, points: int) -> Path:
+    """A study directory as `make scaling` leaves it: study.json naming each point's job and the
+    report job."""
+    record = {"report_job_id": REPORT, "points": [
+        {"index": i, "gpus": i + 1, "run_dir": f"point{i}", "job_id": job}
+        for i, job in enumerate(point_ids(points))
+    ]}  # fmt: skip
     (root / "study.json").write_text(json.dumps(record))
     return root
 
@@ -90,14 +92,14 @@ def count(fake: FakeSlurm, what: Callable[[], object]) -> int:
     return sum(fake.calls.values())
 
 
-def measure(tasks: int) -> dict[str, dict[str, int]]:
-    """Calls of one poll for each way of watching `tasks` tasks (half of them finished)."""
-    fake = FakeSlurm(tasks, finished=tasks // 2)
+def measure(points: int) -> dict[str, dict[str, int]]:
+    """Calls of one poll for each way of watching `points` point jobs (half of them finished)."""
+    fake = FakeSlurm(points, finished=points // 2)
     real, slurm.runner = slurm.runner, fake
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            root = study_dir(Path(tmp), tasks)
-            ids = jobstate.task_ids(ARRAY, tasks)
+            root = study_dir(Path(tmp), points)
+            ids = point_ids(points)
             target = follow.Target(root)
             runs = [(root / f"point{i}", [j]) for i, j in enumerate(ids)]
             return {
@@ -106,10 +108,10 @@ def measure(tasks: int) -> dict[str, dict[str, int]]:
                     "per_job": count(fake, lambda: _one_by_one([*ids, REPORT])),
                 },
                 "list/cancel poll (vitpod list)": {
-                    "batched": count(fake, lambda: jobctl.poll([ARRAY, REPORT])),
+                    "batched": count(fake, lambda: jobctl.poll([*ids, REPORT])),
                     "per_job": count(fake, lambda: _one_by_one([*ids, REPORT])),
                 },
-                "wait_array poll (make scaling WAIT=1)": {
+                "point wait poll (make scaling WAIT=1)": {
                     "batched": count(fake, jobstate.JobStatePoller(ids).poll),
                     "per_job": count(fake, lambda: _one_by_one(ids)),
                 },
@@ -137,8 +139,8 @@ def main() -> int:
         for name in by_size[SIZES[0]]
     }
     result = {
-        "what": "Slurm calls (squeue + sacct) of one poll watching a study of N array tasks, "
-        "half finished (gone from squeue), 8 running, the rest pending",
+        "what": "Slurm calls (squeue + sacct) of one poll watching a study of N point jobs, "
+        "half finished (gone from squeue), 8 running, the rest pending on their dependency",
         "sizes": list(SIZES),
         "scenarios": scenarios,
     }

@@ -149,7 +149,7 @@ def test_ledger_keeps_first_start_and_last_end_for_placement():
 
 
 def test_a_study_records_each_points_gpu_hours_from_one_sacct(tmp_path, monkeypatch):
-    """study.record_ledgers: one sacct for every array task; a task's GPUs x its run time."""
+    """study.record_ledgers: one sacct for every point's job; a job's GPUs x its run time."""
     import subprocess
 
     from vitpod.workflows.studies import study
@@ -160,15 +160,16 @@ def test_a_study_records_each_points_gpu_hours_from_one_sacct(tmp_path, monkeypa
     def runner(argv, **_):
         calls.append(argv)
         day = "2026-01-01T"
-        rows = (f"50_0|{day}00:00:00|{day}00:00:10|{day}01:00:10|gres/gpu=2\n"
-                f"50_1|{day}00:00:00|{day}00:00:20|{day}00:30:20|gres/gpu=4\n")  # fmt: skip
+        rows = (f"50|{day}00:00:00|{day}00:00:10|{day}01:00:10|gres/gpu=2\n"
+                f"51|{day}00:00:00|{day}00:00:20|{day}00:30:20|gres/gpu=4\n")  # fmt: skip
         return subprocess.CompletedProcess(argv, 0, rows, "")
 
     monkeypatch.setattr(slurm, "runner", runner)
-    points = [{"index": i, "gpus": g, "run_dir": f"p{i}"} for i, g in ((0, 2), (1, 4))]
-    (tmp_path / "study.json").write_text(json.dumps({"job_id": "50", "points": points}))
+    points = [{"index": i, "gpus": g, "run_dir": f"p{i}", "job_id": str(50 + i)}
+              for i, g in ((0, 2), (1, 4))]  # fmt: skip
+    (tmp_path / "study.json").write_text(json.dumps({"points": points}))
     recorded = study.record_ledgers(tmp_path)["points"]
-    assert len(calls) == 1 and "50_0,50_1" in calls[0]
+    assert len(calls) == 1 and "50,51" in calls[0]
     assert [p["device_hours"] for p in recorded] == pytest.approx([2.0, 2.0])
     assert [p["device_kind"] for p in recorded] == ["GPU", "GPU"]
     saved = json.loads((tmp_path / "study.json").read_text())["points"]

@@ -32,15 +32,15 @@ def test_a_hostile_study_path_runs_nothing_in_a_real_report_job(local_slurm, tmp
     )  # fmt: skip
     sweep = scaling.prepare(ns)
     study_dir.mkdir(parents=True)
-    Path(sweep.spec.log_dir).mkdir(parents=True, exist_ok=True)
+    Path(sweep.report_spec.log_dir).mkdir(parents=True, exist_ok=True)
     wrap = ["sbatch", "--parsable", "--partition=pretrain", "--output=/dev/null", "--wrap", "true"]
     first = subprocess.run(wrap, capture_output=True, text=True, check=True).stdout.strip()
     script = study_dir / "report.sbatch"
-    script.write_text(reportjob.render_script(sweep.spec, study_dir, first))
+    script.write_text(reportjob.render_script(sweep.report_spec, study_dir, [first]))
     out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
                          env={**os.environ, **env}, check=True)  # fmt: skip
     job = out.stdout.strip().split(";")[0]
     local_slurm.wait(job, timeout=300)
     assert not marker.exists(), "a payload in the study path ran inside the real report job"
-    log = (Path(sweep.spec.log_dir) / f"report-{job}.out").read_text()
-    assert f"vitpod: report of {study_dir} after array {first}" in log, log
+    log = (Path(sweep.report_spec.log_dir) / f"report-{job}.out").read_text()
+    assert f"vitpod: report of {study_dir} after point jobs {first}" in log, log

@@ -40,16 +40,12 @@ if {fail}:
     sys.stderr.write("slurm_load_jobs error: Unable to contact slurm controller\\n")
     sys.exit(1)
 states = json.load(open({states!r}))
-arrays = {{"100": "100_[0-3]", "300": None}}
+arrays = {{"100": "100_[0-3]"}}
 for job in args[args.index("-j") + 1].split(","):
     state = states.get(job) or states.get(job.split("_")[0])  # an array task: its array's
     if state is None:
         continue
     name = arrays.get(job) or job
-    if job == "300":  # a running array: each task its own line
-        for task in ("300_0", "300_1"):
-            print(f"{{task}}|{{state}}|None|0|0:0|")
-        continue
     print(f"{{name}}|{{state}}|None|0|0:0|")
 """
 
@@ -129,8 +125,9 @@ def make_run(root: Path, job_id: str, step: int, total: int, done: bool = False)
     return run
 
 
-def make_study(root: Path, array: str, report: str) -> Path:
-    """study.json with the keys workflows/studies/study.py's study_record writes (two points)."""
+def make_study(root: Path, point_jobs: tuple[str, str], report: str) -> Path:
+    """study.json with the keys workflows/studies/study.py's study_record writes (two points,
+    each its own job)."""
     study = root / "studies" / "20260101T000000Z-volo_tiny-strong-abc123"
     study.mkdir(parents=True)
     points = [
@@ -142,6 +139,7 @@ def make_study(root: Path, array: str, report: str) -> Path:
             "batch_size": 64 // g,
             "global_batch": 64,
             "engine": "ring",
+            "job_id": point_jobs[i],
             "state": None,
         }
         for i, g in enumerate((1, 2))
@@ -151,7 +149,7 @@ def make_study(root: Path, array: str, report: str) -> Path:
     write_json(study / runfiles.STUDY, {
         "mode": "strong", "model": "volo_tiny", "cluster": "localslurm", "batch": 64, "accum": 1,
         "steps": 30, "warmup": 5, "args": "", "created": "2026-01-01T00:00:00+00:00",
-        "script": "sweep.sbatch", "job_id": array, "report_job_id": report, "points": points,
+        "node_hours": 1.0, "report_job_id": report, "points": points,
     })  # fmt: skip
     return study
 
@@ -159,26 +157,28 @@ def make_study(root: Path, array: str, report: str) -> Path:
 def test_list_asks_squeue_once_for_every_job_of_every_run(tmp_path, monkeypatch, capsys):
     root = tmp_path / "runs"
     stubs = stub_slurm(tmp_path, {"101": "RUNNING", "102": "PENDING", "201": "RUNNING",
-                                  "300": "RUNNING", "301": "PENDING"})  # fmt: skip
+                                  "300": "RUNNING", "302": "PENDING",
+                                  "301": "PENDING"})  # fmt: skip
     use_stubs(monkeypatch, stubs, root)
     pipeline = make_pipeline(root, {"pretrain": "101", "finetune": "102"})
     run = make_run(root, "201", step=50, total=200)
     finished = make_run(root, "202", step=200, total=200, done=True)
-    study = make_study(root, "300", "301")
+    study = make_study(root, ("300", "302"), "301")
     capsys.readouterr()
     assert cli.main(["list", "--json"]) == 0
     listed = {Path(e["path"]): e for e in json.loads(capsys.readouterr().out)}
     (squeue_call,) = calls(stubs["squeue"])  # one squeue for the 4 directories
     asked = json.loads(squeue_call)
     assert set(asked[asked.index("-j") + 1].split(",")) == {
-        "101", "102", "201", "202", "300_0", "300_1", "301",
+        "101", "102", "201", "202", "300", "302", "301",
     }  # fmt: skip
     assert listed.keys() == {pipeline, run, finished, study}
     assert (listed[pipeline]["state"], listed[pipeline]["job_ids"]) == ("RUNNING", ["101", "102"])
     assert (listed[run]["state"], listed[run]["progress"]) == ("RUNNING", "50/200")
     # 202 left squeue and sacct does not answer: its summary.json says how it ended
     assert (listed[finished]["state"], listed[finished]["progress"]) == ("COMPLETED", "200/200")
-    assert (listed[study]["state"], listed[study]["job_ids"]) == ("RUNNING", ["300", "301"])
+    assert listed[study]["state"] == "RUNNING"
+    assert listed[study]["job_ids"] == ["300", "302", "301"]  # each point's job, then the report
     assert listed[study]["progress"] == "0/2 points"
     assert all(e["model"] == "volo_tiny" and e["cluster"] == "localslurm" for e in listed.values())
 
@@ -234,16 +234,17 @@ def test_cancel_pipeline_is_one_scancel_with_stages_and_labeling_array(
 
 def test_cancel_run_and_study_name_only_live_jobs(tmp_path, monkeypatch, capsys):
     root = tmp_path / "runs"
-    stubs = stub_slurm(tmp_path, {"201": "RUNNING", "300": "RUNNING", "301": "PENDING"})
+    stubs = stub_slurm(tmp_path, {"201": "RUNNING", "300": "RUNNING", "302": "PENDING",
+                                  "301": "PENDING"})  # fmt: skip
     use_stubs(monkeypatch, stubs, root)
     run = make_run(root, "201", step=10, total=100)
     manifest = json.loads((run / runfiles.MANIFEST).read_text())  # an earlier start's job, ended
     write_json(run / "manifest.restart1.json", {**manifest, "job_ids": ["199"]})
-    study = make_study(root, "300", "301")
+    study = make_study(root, ("300", "302"), "301")
     assert cli.main(["cancel", str(run)]) == 0
     assert cli.main(["cancel", "--run", str(study)]) == 0
-    assert calls(stubs["scancel"]) == ["201", "300 301"]
-    assert Study.from_dir(study).job_ids == ["300", "301"]
+    assert calls(stubs["scancel"]) == ["201", "300 302 301"]
+    assert Study.from_dir(study).job_ids == ["300", "302", "301"]
     assert "cancelled study" in capsys.readouterr().out
 
 

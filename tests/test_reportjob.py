@@ -1,4 +1,4 @@
-"""The report job's script: after the whole array, small, and launched like the sweep itself."""
+"""The report job's script: after every point's job, small, and launched like the points."""
 
 from __future__ import annotations
 
@@ -16,25 +16,29 @@ def sweep_of(tmp_path, cluster: str, gpus: str) -> scaling.Sweep:
     return scaling.prepare(ns)
 
 
-def test_report_script_waits_for_the_array_and_asks_for_little(tmp_path):
+def test_report_script_waits_for_every_point_and_asks_for_little(tmp_path):
     sweep = sweep_of(tmp_path, "dgxpod", "8 16")
-    script = reportjob.render_script(sweep.spec, sweep.study_dir, "4242")
+    script = reportjob.render_script(sweep.report_spec, sweep.study_dir, ["4242", "4243"])
     head = [line for line in script.splitlines() if line.startswith("#SBATCH")]
-    assert "#SBATCH --dependency=afterany:4242" in head  # the ArrayJobID: every task
+    assert "#SBATCH --dependency=afterany:4242:4243" in head  # every point, however it ended
     assert {"#SBATCH --nodes=1", "#SBATCH --mem=2G", "#SBATCH --no-requeue"} <= set(head)
     assert not any(x.startswith(("#SBATCH --gpus", "#SBATCH --exclusive")) for x in head)
     assert not any(x.startswith("#SBATCH --signal") for x in head)
-    # The same container, mounts and working directory as the sweep's ranks.
-    sweep_srun = [line.strip() for line in sweep.script.splitlines() if "--container-" in line]
+    # its log in the study's logs/, not a point's
+    assert any(x.startswith("#SBATCH --output=") and "udy; echo x/logs/report-%j.out" in x
+               for x in head)  # fmt: skip
+    # The same container, mounts and working directory as the points' ranks.
+    point = sweep.plans[0].script
+    point_srun = [line.strip() for line in point.splitlines() if "--container-" in line]
     report_srun = [line.strip() for line in script.splitlines() if "--container-" in line]
-    assert sweep_srun and report_srun == sweep_srun
-    assert "-m vitpod.workflows.studies.reportjob" in script and "--array-job 4242" in script
+    assert point_srun and report_srun == point_srun
+    assert "-m vitpod.workflows.studies.reportjob" in script and "--array-job" not in script
 
 
 def test_report_script_quotes_a_hostile_study_path(tmp_path):
     sweep = sweep_of(tmp_path, "localslurm", "1 2")
     path = tmp_path / "report.sbatch"
-    path.write_text(reportjob.render_script(sweep.spec, sweep.study_dir, "7"))
+    path.write_text(reportjob.render_script(sweep.report_spec, sweep.study_dir, ["7", "8"]))
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     if shutil.which("shellcheck"):
         check = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)

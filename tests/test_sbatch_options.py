@@ -230,9 +230,9 @@ def test_make_scaling_time_reaches_every_points_script(tmp_path):
                timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     study = next((tmp_path / "runs" / "studies").iterdir())
-    header = _header((study / scaling.SCRIPT_NAME).read_text())
-    assert "#SBATCH --time=00:20:00" in header and "#SBATCH --account=proj_a" in header
     for point in json.loads((study / runfiles.STUDY).read_text())["points"]:
+        header = _header((study / point["run_dir"] / runfiles.SBATCH).read_text())
+        assert "#SBATCH --time=00:20:00" in header and "#SBATCH --account=proj_a" in header
         decision = read_decision(study / point["run_dir"])
         assert decision.resources.time == "00:20:00", point["run_dir"]
     assert not calls.exists()  # OFFLINE: Slurm not asked

@@ -1,4 +1,4 @@
-"""Job arrays: task ids in the batched job state, and a sweep rank's requeue marker honoured."""
+"""Job arrays: task ids in the batched job state; a sweep point's rank's requeue marker honoured."""
 
 import json
 
@@ -9,7 +9,7 @@ from tests.fixtures_slurm import preempted_once_python
 from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.studies.scaling import build_parser, materialize, prepare
 from vitpod.workflows.submit import jobstate, slurm
-from vitpod.workflows.submit.jobstate import task_ids, wait_array
+from vitpod.workflows.submit.jobstate import task_ids, wait_array, wait_finished
 from vitpod.workflows.submit.submission import sbatch
 
 
@@ -53,7 +53,7 @@ def test_throttled_array_tasks_are_polled_to_their_end(local_slurm, tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_sweep_task_requeues_on_a_ranks_marker(local_slurm, tmp_path):
+def test_sweep_point_requeues_on_a_ranks_marker(local_slurm, tmp_path):
     wrapper = preempted_once_python(tmp_path / "python-preempted-once", then="exit 0")
     data = yaml.safe_load((PROFILE_DIR / "localslurm.yaml").read_text())
     data["python"] = str(wrapper)
@@ -66,11 +66,13 @@ def test_sweep_task_requeues_on_a_ranks_marker(local_slurm, tmp_path):
         ["--cluster", str(profile), "--model", "volo_tiny", "--mode", "weak", "--gpus", "2"]
         + ["--batch", "8", "--study-dir", str(study_dir)]
     )
-    job = sbatch(materialize(prepare(ns)))
-    assert wait_array(job, 1, timeout=240, poll_s=1) == {0: "COMPLETED"}
-    logs = study_dir / "logs"
-    first = (logs / f"sweep-{job}_0-restart0.log").read_text()
+    (script,) = materialize(prepare(ns))
+    job = sbatch(script)
+    infos = wait_finished(jobstate.JobStatePoller([job]), timeout=240, poll_s=1)
+    assert infos[job].state == "COMPLETED"
+    logs = study_dir / "gpus2" / "logs"  # the point's own run directory
+    first = (logs / f"sbatch-{job}-restart0.log").read_text()
     assert "requeueing job" in first and "(srun exit 75)" not in first
     assert len(list(logs.glob("requeue-*-restart0"))) == 1
-    assert "srun exited with status 0" in (logs / f"sweep-{job}_0-restart1.log").read_text()
+    assert "srun exited with status 0" in (logs / f"sbatch-{job}-restart1.log").read_text()
     assert json.loads((study_dir / "study.json").read_text())["points"][0]["gpus"] == 2

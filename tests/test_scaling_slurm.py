@@ -38,7 +38,8 @@ def study_dir_of(rows):
 def check_common(rows, html, study):
     assert [r["gpus"] for r in rows] == [1, 2]
     assert [r["state"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
-    assert study["job_id"] and all(p["state"] in ("COMPLETED", None) for p in study["points"])
+    assert all(p["job_id"] for p in study["points"])
+    assert all(p["state"] in ("COMPLETED", None) for p in study["points"])
     assert len(re.findall(r'src="data:image/png;base64,', html)) == 4
     for row in rows:
         assert row["images_per_s"] > 0
@@ -48,15 +49,20 @@ def check_common(rows, html, study):
         assert row["time"]["step"] > 0
     assert rows[1]["predicted_comm_s"] > 0 and rows[1]["comm_ratio"] > 0
     assert all(r["predicted_step_s"] > 0 and r["step_error"] is not None for r in rows)
-    # CPU-hours per point (the report job's one sacct) against sacct's own CPUTimeRAW
-    tasks = ",".join(f"{study['job_id']}_{p['index']}" for p in study["points"])
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", tasks, "-o", "JobID,CPUTimeRAW"],
+    # Each point ran as its own job, sized to it, one after another (afterany on the one
+    # before); its CPU-hours (the report job's one sacct) against sacct's own CPUTimeRAW.
+    jobs = ",".join(p["job_id"] for p in study["points"])
+    fields = "JobID,CPUTimeRAW,NNodes,Timelimit,Start,End"
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", jobs, "-o", fields],
                          capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
-    cpu_s = dict(line.split("|") for line in out.split())
+    acct = {row[0]: row[1:] for row in (line.split("|") for line in out.split())}
     for point in study["points"]:
+        cpu_s, nodes, limit, _, _ = acct[point["job_id"]]
+        assert (int(nodes), limit) == (point["nodes"], point["time"]), point
         assert point["device_kind"] == "CPU", point
-        expected = int(cpu_s[f"{study['job_id']}_{point['index']}"])
-        assert point["device_hours"] * 3600 == pytest.approx(expected, abs=4), point
+        assert point["device_hours"] * 3600 == pytest.approx(int(cpu_s), abs=4), point
+    first, second = (acct[p["job_id"]] for p in study["points"])
+    assert second[3] >= first[4]  # the 2-rank point started once the 1-rank point had ended
     summed = json.loads((Path(study_dir_of(rows)) / "report.json").read_text())
     assert summed["device_hours"] == pytest.approx(sum(p["device_hours"] for p in study["points"]))
 

@@ -1,4 +1,5 @@
-"""Scaling sweep: bad input stops before anything is written; the rendered array script."""
+"""Scaling sweep: bad input stops before anything is written; each point's own job script, sized
+to the point (nodes, ranks, a time limit from the step-time model), and the study's node-hours."""
 
 import json
 import shlex
@@ -8,9 +9,11 @@ import sys
 
 import pytest
 
+from tests.helpers import profile_copy
 from vitpod.registry.decision import read_decision
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.studies.scaling import main, parse_gpus, per_rank_batches, placement
+from vitpod.workflows.studies.pointsize import FLOOR_S, MARGIN, slurm_time
+from vitpod.workflows.studies.scaling import main, parse_gpus, per_rank_batches, placement_of
 
 BASE = ["--cluster", "localslurm", "--model", "volo_tiny", "--render-only"]
 
@@ -38,7 +41,7 @@ def test_bad_sweep_inputs_name_the_field(tmp_path):
         (["--batch", "0"], "BATCH=0"),
         (["--accum", "x"], "ACCUM='x'"),
         (["--steps", "5", "--warmup", "5"], "--warmup=5"),
-        (["--cluster", "local"], "a scaling sweep is a Slurm job array"),
+        (["--cluster", "local"], "a scaling sweep is Slurm jobs"),
     ]
     for args, message in cases:
         with pytest.raises(ConfigError, match=message):
@@ -56,45 +59,130 @@ def test_batch_arithmetic():
     assert per_rank_batches("strong", [1, 2, 4], 32, 2) == {1: 16, 2: 8, 4: 4}
     assert per_rank_batches("weak", [1, 2, 4], 8, 2) == {1: 8, 2: 8, 4: 8}
     assert parse_gpus("4, 1 2") == [1, 2, 4]
-    assert placement(2, 2, 2, "p") == (1, 2)
-    assert placement(4, 2, 2, "p") == (2, 2)
-    assert placement(1, 8, 5, "p") == (1, 1)
+    assert placement_of(2, 2, 2, "p") == (1, 2)
+    assert placement_of(4, 2, 2, "p") == (2, 2)
+    assert placement_of(1, 8, 5, "p") == (1, 1)
+    assert [slurm_time(s) for s in (1, 600, 601, 86400 + 5400)] == [
+        "0:01:00", "0:10:00", "0:11:00", "1-01:30:00",
+    ]  # fmt: skip
 
 
-def test_rendered_array_script(tmp_path, capsys):
+def header(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_rendered_point_scripts(tmp_path, capsys):
     quirky = "--loader torch --workers 0"
     assert (
         run(tmp_path, "--mode", "strong", "--gpus", "1 2 4", "--batch", "16", "--args", quirky) == 0
     )
     study_dir = tmp_path / "study"
-    script = (study_dir / "sweep.sbatch").read_text()
-    assert capsys.readouterr().out.strip().splitlines()[-1] == str(study_dir / "sweep.sbatch")
-    assert script.splitlines()[1] == "#SBATCH --array=0-2%1"
-    assert "#SBATCH --nodes=2" in script  # every task holds the largest point's allocation
-    assert f"#SBATCH --output={study_dir}/logs/sweep-%A_%a.out" in script
-    for index, (gpus, nodes, batch) in enumerate(((1, 1, 16), (2, 1, 8), (4, 2, 4))):
-        block = script.split(f"  {index})  #")[1].split(";;")[0]
-        assert f"NODES={nodes} NTASKS={gpus}" in block
-        assert f"      --plan {study_dir}/gpus{gpus}/plan.json\n" in block  # ranks start from it
-        record = read_decision(study_dir / f"gpus{gpus}")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-3:] == [str(study_dir / f"gpus{g}" / "job.sbatch") for g in (1, 2, 4)]
+    assert not (study_dir / "sweep.sbatch").exists()
+    for gpus, nodes, per_node, batch in ((1, 1, 1, 16), (2, 1, 2, 8), (4, 2, 2, 4)):
+        run_dir = study_dir / f"gpus{gpus}"
+        script = (run_dir / "job.sbatch").read_text()
+        # its own allocation, not the largest point's; the profile (localslurm) is not exclusive
+        head = set(header(script))
+        assert {f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={per_node}",
+                f"#SBATCH --output={run_dir}/logs/sbatch-%j.out"} <= head  # fmt: skip
+        assert "#SBATCH --exclusive" not in script and "--array" not in script
+        assert f"--plan {run_dir}/plan.json" in script  # the ranks start from it
+        record = read_decision(run_dir)
         trainer = record.trainer
-        assert trainer.run["output"] == f"{study_dir}/gpus{gpus}"
+        assert trainer.run["output"] == str(run_dir)
+        assert (record.resources.nodes, record.resources.tasks_per_node) == (nodes, per_node)
+        assert record.resources.world_size == gpus
         # The sweep's own batch comes after the recipe's, so it wins (argparse: last one).
         assert trainer.optim["batch_size"] == batch and trainer.optim["max_steps"] == 30
         assert trainer.run["warmup_steps_excluded"] == 10 and trainer.data["workers"] == 0
         assert record.engine.name == "ring" == trainer.parallel["exchange"]
-        assert (study_dir / f"gpus{gpus}" / "bind.sh").is_file()
+        assert (run_dir / "bind.sh").is_file() and (run_dir / "manifest.json").is_file()
+        assert subprocess.run(["bash", "-n", str(run_dir / "job.sbatch")]).returncode == 0
+        if shutil.which("shellcheck"):
+            check = subprocess.run(["shellcheck", str(run_dir / "job.sbatch")], capture_output=True)
+            assert check.returncode == 0, check.stdout.decode()
     study = json.loads((study_dir / "study.json").read_text())
     assert [p["global_batch"] for p in study["points"]] == [16, 16, 16]
     assert [p["batch_size"] for p in study["points"]] == [16, 8, 4]
+    assert [p["job_id"] for p in study["points"]] == [None, None, None]  # rendered only
     assert study["mode"] == "strong" and study["fabric"]["gpus_per_node"] == 2
     assert study["grad_bytes"] == 4 * 161_045
     assert study["points"][0]["predicted_comm_s"] == 0.0
     assert study["points"][2]["predicted_comm_s"] > study["points"][1]["predicted_comm_s"] > 0
-    assert subprocess.run(["bash", "-n", str(study_dir / "sweep.sbatch")]).returncode == 0
-    if shutil.which("shellcheck"):
-        check = subprocess.run(["shellcheck", str(study_dir / "sweep.sbatch")], capture_output=True)
-        assert check.returncode == 0, check.stdout.decode()
+
+
+def earlier_run(root, model="vit_base_patch16_224", batch=128, world=8, step_s=0.4, comm_s=0.03):
+    """A finished run in the run root: config.json and rank 0's step records (as
+    tests/test_placement.py's), what the step-time model reads."""
+    run = root / f"20000101T000000Z-{model}-pretrain-aaaaaa"
+    (run / "metrics").mkdir(parents=True)
+    config = {"model": model, "img_size": 224, "batch_size": batch, "accum_steps": 1,
+              "world_size": world, "epochs": 1, "max_steps": 100, "data_dir": "x"}  # fmt: skip
+    (run / "config.json").write_text(json.dumps(config))
+    records = [{"kind": "step", "step": s, "world_size": world, "warmup": s < 3,
+                "total_steps": 100, "wall_time": 1000.0 + s * step_s,
+                "time": {"step": step_s, "comm": comm_s}} for s in range(1, 101)]  # fmt: skip
+    (run / "metrics" / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_a_dgxpod_study_is_sized_per_point(tmp_path, capsys):
+    """Issue 45: a ViT-B strong study on dgxpod held --nodes=5 --time=2-00:00:00 for every point.
+    Each point's script now has its own nodes, its own time from the step-time model (an
+    earlier ViT-B run on one DGX measured 0.4 s a step), --exclusive as the profile asks, and
+    the study's node-hours are printed; TIME= wins over the model."""
+    root = tmp_path / "runs"
+    earlier_run(root)
+    argv = ["--cluster", "dgxpod", "--model", "vit_base_patch16_224", "--mode", "strong",
+            "--gpus", "8 16 32", "--batch", "1024", "--steps", "3000", "--offline",
+            "--run-root", str(root)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (study_dir,) = (root / "studies").iterdir()
+    study = json.loads((study_dir / "study.json").read_text())
+    times = []
+    for point, nodes in zip(study["points"], (1, 2, 4), strict=True):
+        head = header((study_dir / point["run_dir"] / "job.sbatch").read_text())
+        assert f"#SBATCH --nodes={nodes}" in head and "#SBATCH --exclusive" in head
+        assert "#SBATCH --ntasks-per-node=8" in head and "#SBATCH --gpus-per-node=8" in head
+        # the model's run x the margin (at least the floor), not the partition's 2 days
+        assert point["predicted_run_s"] > 3000 * 0.1
+        assert point["time"] == slurm_time(max(FLOOR_S, MARGIN * point["predicted_run_s"]))
+        assert f"#SBATCH --time={point['time']}" in head
+        assert read_decision(study_dir / point["run_dir"]).resources.time == point["time"]
+        times.append(point["time"])
+        assert f"--time={point['time']} (1.5 x the predicted" in out
+    # the 1-node point is the measured layout: 3000 steps x 0.4 s (+ start-up and its save)
+    assert study["points"][0]["predicted_run_s"] >= 3000 * 0.4
+    assert len(set(times[:2])) == 2  # each point its own
+    hours = sum(n * int(t.split(":")[0]) + n * int(t.split(":")[1]) / 60
+                for n, t in zip((1, 2, 4), times, strict=True))  # fmt: skip
+    assert study["node_hours"] == pytest.approx(hours, abs=1e-3)
+    assert f"study: 3 point job(s) run one after another, {hours:.3g} node-hours at most" in out
+
+    # a profile that does not ask for whole nodes gets none; TIME= wins over the model
+    capsys.readouterr()
+    lent = profile_copy(tmp_path, "dgxpod", name="shared", exclusive=False)
+    argv[1] = str(lent)
+    assert main([*argv, "--time", "3:00:00", "--gpus", "8 16"]) == 0
+    out = capsys.readouterr().out
+    (shared,) = [s for s in (root / "studies").iterdir() if s != study_dir]
+    for point in json.loads((shared / "study.json").read_text())["points"]:
+        head = header((shared / point["run_dir"] / "job.sbatch").read_text())
+        assert "#SBATCH --time=3:00:00" in head and "#SBATCH --exclusive" not in head
+        assert point["time_source"] == "TIME="
+    assert "study: 2 point job(s) run one after another, 9 node-hours at most" in out
+
+
+def test_a_point_without_a_prediction_keeps_the_partitions_limit_and_says_why(tmp_path, capsys):
+    assert run(tmp_path, "--gpus", "1 2") == 0
+    out = capsys.readouterr().out
+    study = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert [p["time"] for p in study["points"]] == ["00:30:00", "00:30:00"]
+    assert "--time=00:30:00 (the partition's limit; no prediction: no earlier run" in out
+    assert "study: 2 point job(s) run one after another, 1 node-hours at most" in out
 
 
 def test_study_json_is_readable_by_analysis(tmp_path):
@@ -120,35 +208,29 @@ def test_hostile_paths_and_args_are_quoted(tmp_path):
     study_dir = tmp_path / "it's a study; echo pwned"
     args = "--loader torch --aa 'x; touch /tmp/pwned'"
     assert main([*BASE, "--study-dir", str(study_dir), "--gpus", "1 2", "--args", args]) == 0
-    script = (study_dir / "sweep.sbatch").read_text()
-    assert f"RUN_DIR={shlex.quote(str(study_dir / 'gpus1'))} " in script
+    script = (study_dir / "gpus1" / "job.sbatch").read_text()
+    assert f"RUN_DIR={shlex.quote(str(study_dir / 'gpus1'))}\n" in script
     assert read_decision(study_dir / "gpus1").trainer.data["aa"] == "x; touch /tmp/pwned"
     assert f"--plan {shlex.quote(str(study_dir / 'gpus1' / 'plan.json'))}" in script
-    assert f'#SBATCH --output="{study_dir}/logs/sweep-%A_%a.out"' in script
-    assert subprocess.run(["bash", "-n", str(study_dir / "sweep.sbatch")]).returncode == 0
+    assert f'#SBATCH --output="{study_dir}/gpus1/logs/sbatch-%j.out"' in script
+    assert subprocess.run(["bash", "-n", str(study_dir / "gpus1" / "job.sbatch")]).returncode == 0
 
 
-def test_sweep_shares_the_requeue_rule_and_marker(tmp_path):
-    from vitpod.workflows.planning.spec import launch_for
+def test_each_point_keeps_its_requeue_marker_where_its_teardown_looks(tmp_path):
     from vitpod.workflows.studies.scaling import build_parser, prepare
 
     ns = build_parser().parse_args([*BASE, "--study-dir", str(tmp_path / "study"), "--gpus", "2"])
-    sweep = prepare(ns)
-    teardown = launch_for(sweep.spec).teardown_lines
-    assert "\n".join(teardown) in sweep.script  # the same lines as job.sbatch, after srun
-    marker = f"{tmp_path / 'study'}/logs/" + '"requeue-${SLURM_JOB_ID}'
-    assert any(line.startswith("if ") and marker in line for line in teardown)
-    # Each point's bind.sh leaves its marker where that teardown looks.
-    bind = sweep.points[0].bind_script
-    assert f"export VITPOD_REQUEUE_MARKER={marker}" in bind
+    (plan,) = prepare(ns).plans
+    marker = f"{tmp_path / 'study' / 'gpus2'}/logs/" + '"requeue-${SLURM_JOB_ID}'
+    assert any(line.startswith("if ") and marker in line for line in plan.launch.teardown_lines)
+    assert f"export VITPOD_REQUEUE_MARKER={marker}" in plan.launch.bind_script
 
 
 def test_forced_parameter_server_gets_a_server_on_every_rank(tmp_path):
     assert run(tmp_path, "--gpus", "1 2 4", "--args", "--exchange ps") == 0
-    script = (tmp_path / "study" / "sweep.sbatch").read_text()
-    for index, gpus in enumerate((1, 2, 4)):
-        block = script.split(f"  {index})  #")[1].split(";;")[0]
-        assert "--exchange" not in block  # the ranks' settings are in the point's plan.json
+    for gpus in (1, 2, 4):
+        script = (tmp_path / "study" / f"gpus{gpus}" / "job.sbatch").read_text()
+        assert "--exchange" not in script  # the ranks' settings are in the point's plan.json
         record = read_decision(tmp_path / "study" / f"gpus{gpus}")
         assert (record.engine.name, record.engine.ps_servers) == ("ps", gpus)
         assert (record.trainer.parallel["exchange"], record.trainer.parallel["ps_servers"]) == (

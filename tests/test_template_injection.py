@@ -2,13 +2,14 @@
 
 Each value a template writes into a shell goes through one quoting filter (`q`, or `sbatch` in an
 #SBATCH line; workflows/planning/templating.py). Here every script vitpod renders (job.sbatch with
-the container start, doctor and credentials lines, bind.sh, the local torchrun script, the scaling
-array and its report job) is rendered through the project's own functions with paths, profile values
-and ARGS full of `$( )`, backticks, quotes, `;`, `&&` and `|`, then run by bash with the Slurm
-commands stubbed (tiny scripts on PATH that record their argv and exit 0). Each payload runs `touch
-$P`: the marker file must not exist afterwards, and the stubs must have received the hostile values
-byte for byte. A newline, which no quoting carries into a comment or an #SBATCH line, is a
-ValueError naming the template field. The study path of issue 30 (finding 9) is one of the cases.
+the container start, doctor and credentials lines, bind.sh, the local torchrun script, a scaling
+study's point jobs and its report job) is rendered through the project's own functions with
+paths, profile values and ARGS full of `$( )`, backticks, quotes, `;`, `&&` and `|`, then run by
+bash with the Slurm commands stubbed (tiny scripts on PATH that record their argv and exit 0).
+Each payload runs `touch $P`: the marker file must not exist afterwards, and the stubs must have
+received the hostile values byte for byte. A newline, which no quoting carries into a comment or
+an #SBATCH line, is a ValueError naming the template field. The study path of issue 30 (finding
+9) is one of the cases.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def test_local_script_runs_nothing_hostile(tmp_path):
     assert plan.decision.trainer.run["wandb_name"] == HOSTILE
 
 
-def test_scaling_array_and_report_job_with_hostile_study_dir_run_nothing(tmp_path):
+def test_scaling_points_and_report_job_with_hostile_study_dir_run_nothing(tmp_path):
     """Issue 30, finding 9: `--study-dir '.../st$(touch X)u`touch Y`dy'` ran both commands."""
     env = _stubs(tmp_path)
     cluster, root = _slurm_profile(tmp_path)
@@ -206,26 +207,24 @@ def test_scaling_array_and_report_job_with_hostile_study_dir_run_nothing(tmp_pat
          "--args", _args(), "--steps", "4", "--warmup", "1"]
     )  # fmt: skip
     sweep = scaling.prepare(ns)
-    script = scaling.materialize(sweep)
-    assert script.parent == study_dir
-    task = _slurm_job(SLURM_ARRAY_JOB_ID="40", SLURM_ARRAY_TASK_ID="1")
-    assert _run(script, env, **task) == 0
-    point = sweep.points[1]
-    train = [c for c in _calls(env) if c[0] == "srun" and point.argv[1] in c]
-    assert len(train) == 1 and train[0][-len(point.argv) :] == list(point.argv)
+    scripts = scaling.materialize(sweep)
+    assert [s.parent.parent for s in scripts] == [study_dir, study_dir]
+    point, plan = sweep.points[1], sweep.plans[1]
+    assert _run(scripts[1], env, **_slurm_job()) == 0
+    train = [c for c in _calls(env) if c[0] == "srun" and plan.launch.argv[1] in c]
+    assert len(train) == 1 and train[0][-len(plan.launch.argv) :] == list(plan.launch.argv)
     assert train[0][-1] == str(Path(point.run_dir) / runfiles.PLAN)
     assert point.decision.trainer.run["wandb_name"] == HOSTILE
 
-    # the report job: the study path in its echo line and its srun argv; a hostile array id too
-    for array_id in ("40", f"40{HOSTILE}"):
+    # the report job: the study path in its echo line and its srun argv; hostile job ids too
+    for ids in (["40", "41"], ["40", f"41{HOSTILE}"]):
         Path(env["STUB_LOG"]).unlink()
-        report = study_dir / f"report-{len(array_id)}.sbatch"
-        report.write_text(reportjob.render_script(sweep.spec, study_dir, array_id))
+        report = study_dir / f"report-{len(ids[1])}.sbatch"
+        report.write_text(reportjob.render_script(sweep.report_spec, study_dir, ids))
         assert _run(report, env, **_slurm_job()) == 0
         (call,) = _calls(env)
-        assert call[0] == "srun" and call[-6:] == [
-            sweep.spec.python, "-m", "vitpod.workflows.studies.reportjob", str(study_dir),
-            "--array-job", array_id,
+        assert call[0] == "srun" and call[-4:] == [
+            sweep.report_spec.python, "-m", "vitpod.workflows.studies.reportjob", str(study_dir),
         ]  # fmt: skip
 
 
@@ -255,7 +254,7 @@ def test_partials_with_hostile_context_run_nothing(tmp_path):
     [
         (
             "report.sh.j2",
-            {"study_dir": "/s\ntouch X", "array_job_id": "1", "srun_args": [], "python": "python3"},
+            {"study_dir": "/s\ntouch X", "job_ids": "1", "srun_args": [], "python": "python3"},
             "study_dir",
         ),  # fmt: skip
         (

@@ -1,4 +1,5 @@
-"""Node ranges (`nodes: MIN-MAX`): the global batch the job keeps on whatever Slurm gives it."""
+"""Node ranges (`nodes: MIN-MAX`): the global batch the job keeps on whatever Slurm gives it; and
+a job of fewer ranks than its nodes hold."""
 
 from __future__ import annotations
 
@@ -34,3 +35,12 @@ def check_range(cfg: TrainConfig, low: int, high: int, ranks_per_node: int) -> N
             f"{', '.join(map(str, bad))} node(s) x {ranks_per_node} rank(s); node counts that "
             f"work: {', '.join(map(str, good)) or 'none'} (narrow the range or change -b)"
         )
+
+
+def part_of_nodes(ranks: int | None, nodes: int, per_node: int, gpus: int) -> dict[str, int]:
+    """A job of fewer ranks than its nodes hold (a sweep point: 1 GPU of an 8-GPU node) asks
+    Slurm for those ranks only: that many tasks a node, and their GPUs (JobSpec fields)."""
+    if not ranks or ranks >= nodes * per_node:
+        return {}
+    tasks = -(-ranks // nodes)
+    return {"tasks_per_node": tasks, "gpus_per_node": tasks * gpus // per_node if gpus else 0}

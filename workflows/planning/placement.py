@@ -192,7 +192,10 @@ def predict(plan: JobPlan, start: dt.datetime) -> PlacedCandidate:
         cost = runmeasure.save_cost(runs)
         save_s = cost.seconds if cost else plan.profile.checkpoint.save_cost_s
         every = cfg.get("checkpoint_every")
-        saves = steps // every if isinstance(every, int) and every > 0 else int(cfg["epochs"])
+        if isinstance(every, int) and every > 0:
+            saves = steps // every
+        else:  # epoch ends; a run cut short by --max-steps (a sweep point): its last step's
+            saves = 1 if cfg.get("max_steps") else int(cfg["epochs"])
         run_s = startup + steps * model.seconds + saves * save_s
         source = (f"{startup:.0f} s start-up ({startup_src}) + {steps} steps ({steps_src}) + "
                   f"{saves} save(s) x {save_s:.3g} s")  # fmt: skip

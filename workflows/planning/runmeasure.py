@@ -12,6 +12,9 @@ from typing import Any
 
 from vitpod.registry import runfiles
 
+STUDIES = "studies"
+"""Scaling studies live in RUNS/studies (workflows/studies/scaling.py)."""
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -40,11 +43,15 @@ def matching_runs(run_dir: Path, model: str, img_size: int, batch_size: int) -> 
 
 def configs(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     """run_dir, then the runs beside it newest first, each with its config.json (runs without a
-    readable one are left out)."""
+    readable one are left out). A scaling study's point (RUNS/studies/STUDY/gpusN) then reads
+    the points of the earlier studies and the runs in RUNS, newest first."""
     root = run_dir.parent
-    siblings = sorted(root.iterdir(), reverse=True) if root.is_dir() else []
+    runs = [run_dir, *_newest_first(root)]
+    if root.parent.name == STUDIES:
+        runs += [p for study in _newest_first(root.parent) for p in _newest_first(study)]
+        runs += _newest_first(root.parent.parent)
     out = []
-    for run in [run_dir, *(r for r in siblings if r != run_dir)]:
+    for run in dict.fromkeys(runs):
         try:
             config = json.loads((run / runfiles.CONFIG).read_text())
         except (OSError, ValueError):
@@ -52,6 +59,13 @@ def configs(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
         if isinstance(config, dict):
             out.append((run, config))
     return out
+
+
+def _newest_first(folder: Path) -> list[Path]:
+    """The folders in `folder`, newest first (run and study names start with their UTC time)."""
+    if not folder.is_dir():
+        return []
+    return sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True)
 
 
 def save_cost(runs: list[Path]) -> Measured | None:

@@ -1,10 +1,10 @@
-"""The scaling report as a Slurm job that waits for the sweep's array: report.html appears by
-itself once every point has ended, failed ones included.
+"""The scaling report as a Slurm job that waits for the study's point jobs: report.html
+appears by itself once every point has ended, failed ones included.
 
-`sbatch --dependency=afterany:<array job id>` starts the job after all of the array's tasks have
-terminated, whatever their state (https://slurm.schedmd.com/sbatch.html#OPT_dependency; a
-dependency on an array's ArrayJobID covers every task, https://slurm.schedmd.com/job_array.html).
-The job records each task's final Slurm state in study.json, then writes the report.
+`sbatch --dependency=afterany:<id>:<id>...` starts the job after all of those jobs have
+terminated, whatever their state (https://slurm.schedmd.com/sbatch.html#OPT_dependency). The job
+records each point's final Slurm state in study.json (the ids it reads there), then writes the
+report.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.spec import JobSpec, launch_for
 from vitpod.workflows.planning.templating import render
-from vitpod.workflows.studies.study import record_states, report
+from vitpod.workflows.studies.study import point_states, record_states, report
 from vitpod.workflows.submit import jobstate, submission
 from vitpod.workflows.submit.rundir import write_atomic
 
@@ -30,12 +30,12 @@ TIME_LIMIT = "00:15:00"  # matplotlib plots of a handful of points take seconds
 MEMORY = "2G"
 
 
-def render_script(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
-    """One task (1 CPU, 2 GB, no GPU) on the study's partition, not requeued, after the array."""
+def render_script(spec: JobSpec, study_dir: Path, job_ids: list[str]) -> str:
+    """One task (1 CPU, 2 GB, no GPU) on the study's partition, not requeued, after the points."""
     spec = dataclasses.replace(
         spec, job_name=f"vitpod-report-{spec.model}", nodes=1, tasks_per_node=1,
         gpus_per_node=0, cpus_per_task=1, mem=MEMORY, time=TIME_LIMIT, requeue=False,
-        exclusive=False, dependency=f"afterany:{array_job_id}",
+        exclusive=False, dependency="afterany:" + ":".join(job_ids),
     )  # fmt: skip
     header = render("partials/header.sh.j2", {"spec": spec}).rstrip("\n").splitlines()
     header = [
@@ -43,40 +43,41 @@ def render_script(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
         for line in header
         if not line.startswith("#SBATCH --signal")  # nothing to checkpoint
     ]
-    # Same srun flags as the sweep (container image, mounts, working directory), so the report
-    # runs with the code and Python that trained the points.
+    # Same srun flags as the points (container image, mounts, working directory), so the report
+    # runs with the code and Python that trained them.
     srun_args = launch_for(spec).srun_args
     body = render(
         "report.sh.j2",
-        {"study_dir": str(study_dir), "array_job_id": array_job_id,
+        {"study_dir": str(study_dir), "job_ids": ",".join(job_ids),
          "srun_args": srun_args, "python": spec.python},
     )  # fmt: skip
     return "\n".join(header) + "\n" + body
 
 
-def submit(spec: JobSpec, study_dir: Path, array_job_id: str) -> str:
-    """Write STUDY/report.sbatch and submit it after the array; returns the report job's id."""
+def submit(spec: JobSpec, study_dir: Path, job_ids: list[str]) -> str:
+    """Write STUDY/report.sbatch and submit it after the points; returns the report job's id."""
     script = study_dir / SCRIPT_NAME
-    write_atomic(script, render_script(spec, study_dir, array_job_id), mode=0o750)
+    write_atomic(script, render_script(spec, study_dir, job_ids), mode=0o750)
     study = runfiles.read_record(study_dir / runfiles.STUDY)
-    job = submission.submit(script, study, record_name=runfiles.STUDY, id_key="report_job_id")
+    job = submission.submit(script, study, record_name=runfiles.STUDY, id_key="report_job_id",
+                            cluster=spec.profile.cluster or "")  # fmt: skip
     return job.job_id
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Inside the report job: record the array tasks' final states, then write the report."""
+    """Inside the report job: record the points' final states, then write the report."""
     parser = argparse.ArgumentParser(
         prog="python -m vitpod.workflows.studies.reportjob", description=__doc__
     )
     parser.add_argument("study_dir", type=Path)
-    parser.add_argument("--array-job", required=True, help="the sweep's array job id")
     ns = parser.parse_args(argv)
     study = ns.study_dir / runfiles.STUDY
     if not study.is_file():
         raise ConfigError(f"{ns.study_dir} has no {runfiles.STUDY}; pass the study directory")
-    points = len(json.loads(study.read_text())["points"])
-    # a task forgotten by squeue and without accounting is left out: its end is unknown
-    states = jobstate.task_states(jobstate.poll_once(jobstate.task_ids(ns.array_job, points)))
+    job_ids = [str(p.get("job_id") or "") for p in json.loads(study.read_text())["points"]]
+    # one squeue (sacct for those it forgot); a point without accounting is left out: its end
+    # is unknown
+    states = point_states(job_ids, jobstate.poll_once([j for j in job_ids if j]))
     record_states(ns.study_dir, states)
     print(f"vitpod: point states {dict(sorted(states.items()))}", flush=True)
     return report(ns.study_dir)

@@ -1,4 +1,6 @@
-"""Strong/weak scaling sweeps: one Slurm job array, one short timed run per point, one study dir."""
+"""Strong/weak scaling sweeps: one Slurm job per point, each sized to the point (its nodes, its
+ranks, a time limit from the step-time model), run one after another, then a report job; one
+study directory (docs/scaling-and-reports.md)."""
 
 from __future__ import annotations
 
@@ -12,21 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
-from vitpod.registry.decision import write_decision
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import preflight, sbatchopts
 from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.quantities import count, whole_number
 from vitpod.workflows.planning.recipe import Recipe, load_recipe
-from vitpod.workflows.planning.spec import JobSpec, launch_for
-from vitpod.workflows.planning.templating import render
+from vitpod.workflows.planning.spec import JobSpec
 from vitpod.workflows.site.profile import Profile, load_profile
 from vitpod.workflows.studies import reportjob
+from vitpod.workflows.studies.pointsize import point_time, sizes
 from vitpod.workflows.studies.study import (
-    SCRIPT_NAME,
     STAGE,
     SweepPoint,
+    point_states,
     record_states,
     report,
     study_record,
@@ -38,31 +39,37 @@ from vitpod.workflows.submit.rundir import (
     new_run_path,
     remove_run_dir,
     runs_root,
-    write_atomic,
     write_json,
 )
-from vitpod.workflows.submit.submission import record_checksums
 from vitpod.workflows.watching import follow
 
 MODES = ("strong", "weak")
-TEMPLATE = "sweep.sh.j2"  # the array body; the #SBATCH header is partials/header.sh.j2
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """A validated study, rendered in memory; nothing on disk yet."""
+    """A validated study, planned in memory; nothing on disk yet."""
 
     study_dir: Path
     mode: str
-    spec: JobSpec
-    """The study's own job (its directory, the largest point's allocation): header, checks."""
     profile: Profile
     recipe: Recipe
     points: list[SweepPoint]
-    script: str
-    study: dict[str, Any]
     plans: list[JobPlan]
-    """Each point's plan: what the preflight checks before the array is submitted."""
+    """Each point's own job (gpusN/job.sbatch), checked by the preflight before any submission."""
+    study: dict[str, Any]
+    concurrent: int
+    """Points running at once: point i starts after point i-concurrent ended (afterany)."""
+
+    @property
+    def report_spec(self) -> JobSpec:
+        """The report job's base: the points' launch (image, mounts), logs in the study's."""
+        return dataclasses.replace(self.plans[0].spec, log_dir=str(self.study_dir / runfiles.LOGS))
+
+    def waits_for(self, index: int, job_ids: list[str]) -> str:
+        """The dependency of point `index` on the points submitted before it ('' none)."""
+        before = index - self.concurrent
+        return f"afterany:{job_ids[before]}" if before >= 0 else ""
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -79,7 +86,7 @@ def parse_gpus(text: str) -> list[int]:
     return sorted(counts)
 
 
-def placement(gpus: int, per_node: int, max_nodes: int, profile: str) -> tuple[int, int]:
+def placement_of(gpus: int, per_node: int, max_nodes: int, profile: str) -> tuple[int, int]:
     """(nodes, ranks per node): fill nodes; a point larger than a node uses whole nodes."""
     if gpus <= per_node:
         return 1, gpus
@@ -134,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default="30", help="optimizer steps per point")
     p.add_argument("--warmup", default="10", help="first steps left out of the timing")
     p.add_argument("--study-dir", default="", help="new directory for the study")
-    p.add_argument("--concurrent", default="1", help="array tasks running at once (%%N)")
+    p.add_argument("--concurrent", default="1", help="points at once (point i after point i-N)")
     p.add_argument("--render-only", action="store_true", help="write the study, do not submit")
     p.add_argument(
         "--offline",
@@ -144,9 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="preflight every point, print the array script; write nothing",
+        help="preflight every point, print its script; write nothing",
     )
-    p.add_argument("--wait", action="store_true", help="wait for the array, then the report")
+    p.add_argument("--wait", action="store_true", help="wait for the points, then the report")
     p.add_argument("--follow", action="store_true", help="live view until the report exists")
     p.add_argument("--interval", type=float, default=None, help="seconds between --follow polls")
     sbatchopts.add_flags(p)
@@ -165,13 +172,13 @@ def _study_dir(ns: argparse.Namespace, profile: Profile, model: str, mode: str) 
 
 
 def prepare(ns: argparse.Namespace) -> Sweep:
-    """Validate everything and render the array script in memory (ConfigError on bad input)."""
+    """Validate everything and plan every point's job in memory (ConfigError on bad input)."""
     if ns.mode not in MODES:
         raise ConfigError(f"MODE={ns.mode!r}: choose strong or weak")
     profile = load_profile(ns.cluster)
     if profile.scheduler != "slurm":
         raise ConfigError(
-            f"CLUSTER={profile.name}: a scaling sweep is a Slurm job array; use a Slurm profile "
+            f"CLUSTER={profile.name}: a scaling sweep is Slurm jobs; use a Slurm profile "
             f"(CLUSTER=localslurm for the local test cluster)"
         )
     recipe = load_recipe(profile.model_for(ns.model))
@@ -182,9 +189,10 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     warmup = count(ns.warmup, "--warmup")
     if not 0 <= warmup < steps:
         raise ConfigError(f"--warmup={warmup}: must be >= 0 and below --steps={steps}")
+    concurrent = whole_number(ns.concurrent, "--concurrent", 1)
     per_node = profile.node_type(STAGE).ranks_per_node
     max_nodes = profile.partition(STAGE).node_limit
-    layout = {n: placement(n, per_node, max_nodes, profile.name) for n in gpus}
+    layout = {n: placement_of(n, per_node, max_nodes, profile.name) for n in gpus}
     default = stage.batch_size if ns.mode == "weak" else stage.batch_size * max(gpus) * accum
     batch = whole_number(ns.batch, "BATCH", default)
     batches = per_rank_batches(ns.mode, gpus, batch, accum)
@@ -192,89 +200,97 @@ def prepare(ns: argparse.Namespace) -> Sweep:
     points, plans = [], []
     for index, n in enumerate(gpus):
         nodes, ranks = layout[n]
-        run_dir = study_dir / f"gpus{n}"
-        plan = plan_job(
-            Request(
-                cluster=ns.cluster, model=recipe.model, stage=STAGE, nodes=nodes, args=ns.args,
-                tool_args=tuple(sweep_args(batches[n], accum, steps, warmup)), ranks=n,
-                run_dir=run_dir, time=ns.time, slurm=sbatchopts.from_namespace(ns),
-                offline=ns.offline,
-            )
+        req = Request(
+            cluster=ns.cluster, model=recipe.model, stage=STAGE, nodes=nodes, args=ns.args,
+            tool_args=tuple(sweep_args(batches[n], accum, steps, warmup)), ranks=n,
+            run_dir=study_dir / f"gpus{n}", time=ns.time, slurm=sbatchopts.from_namespace(ns),
+            offline=ns.offline,
         )  # fmt: skip
+        plan = plan_job(req)
+        time, why, run_s = point_time(plan, given=ns.time)
+        if time != plan.spec.time:
+            plan = plan_job(dataclasses.replace(req, time=time))
         plans.append(plan)
         assert plan.decision is not None  # sweep points run the trainer
-        # bind.sh leaves its requeue marker where the array script's teardown (rendered from the
-        # study's spec) looks for it: the study's logs/.
-        launch = launch_for(dataclasses.replace(plan.spec, log_dir=str(study_dir / runfiles.LOGS)))
         points.append(
             SweepPoint(
                 index=index, gpus=n, nodes=nodes, per_node=ranks, batch_size=batches[n],
-                global_batch=batches[n] * accum * n, run_dir=str(run_dir), argv=launch.argv,
-                bind_script=launch.bind_script, decision=plan.decision,
+                global_batch=batches[n] * accum * n, run_dir=str(plan.run_dir),
+                decision=plan.decision, time=time, time_source=why, predicted_run_s=run_s,
             )
         )  # fmt: skip
-    head = plan_job(
-        Request(
-            cluster=ns.cluster, model=recipe.model, stage=STAGE,
-            nodes=max(p.nodes for p in points), args=ns.args, run_dir=study_dir, time=ns.time,
-            slurm=sbatchopts.from_namespace(ns), offline=ns.offline,
-        )
-    )  # fmt: skip
-    head_spec = head.spec
-    concurrent = whole_number(ns.concurrent, "--concurrent", 1)
-    script = render_script(head_spec, points, ns.mode, concurrent)
     study = study_record(ns.mode, ns.cluster, ns.args, profile, recipe, points, batch, accum,
                          steps, warmup)  # fmt: skip
-    return Sweep(study_dir, ns.mode, head_spec, profile, recipe, points, script, study, plans)
+    return Sweep(study_dir, ns.mode, profile, recipe, points, plans, study, concurrent)
 
 
-def render_script(
-    spec: JobSpec, points: list[SweepPoint], mode: str, concurrent: int | None
-) -> str:
-    """The readable array script: the usual #SBATCH header plus --array, then the case body."""
-    spec = dataclasses.replace(spec, job_name=f"vitpod-scaling-{spec.model}-{mode}")
-    header = render("partials/header.sh.j2", {"spec": spec}).rstrip("\n").splitlines()
-    array = f"#SBATCH --array=0-{len(points) - 1}" + (f"%{concurrent}" if concurrent else "")
-    lines = [header[0], array, *header[1:]]
-    lines = [
-        line.replace("/sbatch-%j.", "/sweep-%A_%a.") if line.startswith("#SBATCH --") else line
-        for line in lines
-    ]
-    context = {"spec": spec, "launch": launch_for(spec), "points": points, "mode": mode}
-    return "\n".join(lines) + "\n" + render(TEMPLATE, context)
-
-
-def materialize(sweep: Sweep) -> Path:
-    """Create the study dir, each point's run dir and bind.sh, the script and study.json."""
+def materialize(sweep: Sweep) -> list[Path]:
+    """Create the study dir, each point's run directory (submission.materialize: job.sbatch,
+    bind.sh, plan.json, manifest.json, rendered.sha256) and study.json; the points' scripts."""
     create_run_dir(sweep.study_dir)
     try:
-        written = []
-        for point in sweep.points:
-            create_run_dir(Path(point.run_dir))
-            write_decision(point.run_dir, point.decision)
-            write_atomic(Path(point.argv[1]), point.bind_script, mode=0o750)
-            written += [Path(point.run_dir) / runfiles.PLAN, Path(point.argv[1])]
-        script = sweep.study_dir / SCRIPT_NAME
-        write_atomic(script, sweep.script, mode=0o750)
+        scripts = [
+            submission.materialize(plan, plan.manifest(study=str(sweep.study_dir)))
+            for plan in sweep.plans
+        ]
         write_json(sweep.study_dir / runfiles.STUDY, sweep.study)
-        record_checksums(sweep.study_dir, [script, *written])
     except BaseException:
         remove_run_dir(sweep.study_dir)
         raise
-    return script
+    return scripts
 
 
-def submit_report_job(sweep: Sweep, array_job_id: str) -> str | None:
-    """Submit the report job (afterany on the array; workflows/studies/reportjob.py); its id, or
-    None (with a warning: the sweep itself is submitted) when sbatch refused it."""
+def submit_points(sweep: Sweep, scripts: list[Path]) -> list[str]:
+    """Submit every point's kept script through submission.submit, each after the one
+    `concurrent` before it (afterany, on sbatch's command line), and record its job id in its
+    manifest.json and in study.json. A refusal after the first point cancels those submitted."""
+    ids: list[str] = []
+    record = sweep.study_dir / runfiles.STUDY
+    for point, script in zip(sweep.points, scripts, strict=True):
+        manifest = runfiles.read_manifest(script.parent)
+        try:
+            job = submission.submit(script, manifest, dependency=sweep.waits_for(point.index, ids),
+                                    cluster=sweep.profile.cluster or "")  # fmt: skip
+        except submission.SbatchUnanswered:
+            raise
+        except ConfigError as exc:
+            if not ids:
+                remove_run_dir(sweep.study_dir)
+                raise
+            outcome = jobstate.cancel_outcome(ids)
+            raise ConfigError(f"point {point.gpus}: {exc}; the points submitted before it "
+                              f"({','.join(ids)}): {outcome}; {sweep.study_dir} is kept; "
+                              "start a new study") from None  # fmt: skip
+        ids.append(job.job_id)
+        study = runfiles.read_record(record)
+        study["points"][point.index]["job_id"] = job.job_id
+        write_json(record, study)
+    return ids
+
+
+def submit_report_job(sweep: Sweep, job_ids: list[str]) -> str | None:
+    """Submit the report job (afterany on every point; workflows/studies/reportjob.py); its id,
+    or None (with a warning: the points themselves are submitted) when sbatch refused it."""
     try:
-        job_id = reportjob.submit(sweep.spec, sweep.study_dir, array_job_id)
+        job_id = reportjob.submit(sweep.report_spec, sweep.study_dir, job_ids)
     except ConfigError as exc:
-        print(f"warning: no report job ({exc}); when the array is done: make report "
+        print(f"warning: no report job ({exc}); when the points are done: make report "
               f"STUDY={shlex.quote(str(sweep.study_dir))}", file=sys.stderr)  # fmt: skip
         return None
-    print(f"submitted report job {job_id} (afterany:{array_job_id})")
+    print(f"submitted report job {job_id} (afterany:{':'.join(job_ids)})")
     return job_id
+
+
+def wait_points(job_ids: list[str], timeout: float | None) -> dict[int, str]:
+    """Each point's final state (one batched squeue a poll); on timeout the points are
+    cancelled and TimeoutError says whether scancel succeeded."""
+    try:
+        infos = jobstate.wait_finished(jobstate.JobStatePoller(job_ids), timeout, poll_s=3.0)
+    except TimeoutError:
+        outcome = jobstate.cancel_outcome(job_ids)
+        raise TimeoutError(f"points {','.join(job_ids)} not done after {timeout} s; "
+                           f"{outcome}") from None  # fmt: skip
+    return point_states(job_ids, infos)
 
 
 def main(argv: list[str]) -> int:
@@ -285,21 +301,22 @@ def main(argv: list[str]) -> int:
         hint = f"python -m vitpod.workflows scaling --cluster {ns.cluster} ... --render-only"
         for plan in sweep.plans:
             preflight.check(plan, render_hint=hint)
+    print("\n".join(sizes(sweep.points, sweep.plans, sweep.concurrent)))
     if ns.dry_run:
-        print(f"# dry run: would write {sweep.study_dir} and submit this array "
-              f"({len(sweep.points)} points) and its report job; "
-              "nothing written or submitted")  # fmt: skip
-        print(sweep.script, end="" if sweep.script.endswith("\n") else "\n")
+        print(f"# dry run: would write {sweep.study_dir} and submit these {len(sweep.points)} "
+              "point jobs and the report job; nothing written or submitted")  # fmt: skip
+        for plan in sweep.plans:
+            print(f"# {plan.script_path}")
+            print(plan.script, end="" if plan.script.endswith("\n") else "\n")
         return 0
-    script = materialize(sweep)
+    scripts = materialize(sweep)
     print(f"study directory: {sweep.study_dir}")
     if ns.render_only:
-        print(script)
+        print("\n".join(map(str, scripts)))
         return 0
-    job_id = submission.submit(script, sweep.study, record_name=runfiles.STUDY, id_key="job_id",
-                               remove_on_refusal=True).job_id  # fmt: skip
-    print(f"submitted array job {job_id} ({len(sweep.points)} points)")
-    report_job = submit_report_job(sweep, job_id)
+    job_ids = submit_points(sweep, scripts)
+    print(f"submitted point jobs {','.join(job_ids)} ({len(sweep.points)} points)")
+    report_job = submit_report_job(sweep, job_ids)
     study_arg = shlex.quote(str(sweep.study_dir))
     if ns.follow:
         return follow.follow(sweep.study_dir, interval=ns.interval)
@@ -308,7 +325,7 @@ def main(argv: list[str]) -> int:
         print(sweep.study_dir / runfiles.STUDY_REPORT / runfiles.STUDY_REPORT_HTML)
         return 0
     try:
-        states = jobstate.wait_array(job_id, len(sweep.points), ns.timeout)
+        states = wait_points(job_ids, ns.timeout)
         if report_job:  # it records the states and writes the report; wait for it, not twice
             poller = jobstate.JobStatePoller([report_job])
             jobstate.wait_finished(poller, ns.timeout, poll_s=2)
@@ -321,6 +338,6 @@ def main(argv: list[str]) -> int:
     failed = [p["gpus"] for p in study["points"] if p["state"] not in (None, "COMPLETED")]
     if failed:
         print(f"error: the points with {failed} GPUs did not complete; see the report and "
-              f"{sweep.study_dir / runfiles.LOGS}", file=sys.stderr)  # fmt: skip
+              f"their logs ({sweep.study_dir}/gpusN/logs)", file=sys.stderr)  # fmt: skip
         return 1
     return rc

@@ -1,4 +1,4 @@
-"""A scaling study's record (study.json): what the sweep planned, and each point's end."""
+"""A scaling study's record (study.json): what the sweep planned, each point's job and its end."""
 
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision
 from vitpod.workflows.planning.exchange import calibration_for
+from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.planning.recipe import Recipe
 from vitpod.workflows.site.profile import Profile, profile_path
+from vitpod.workflows.submit import jobstate
 from vitpod.workflows.submit.rundir import write_json
 from vitpod.workflows.watching import goodput
 
 STAGE = "pretrain"
-SCRIPT_NAME = "sweep.sbatch"
 
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One array task: its ranks, their placement, the per-rank batch and the run it writes."""
+    """One point: its own job (nodes, ranks, time limit), the per-rank batch and its run."""
 
     index: int
     gpus: int
@@ -33,11 +34,18 @@ class SweepPoint:
     batch_size: int
     global_batch: int
     run_dir: str
-    argv: tuple[str, ...]
-    """srun's command for every rank: bash RUN_DIR/bind.sh python -m vitpod.trainer ..."""
-    bind_script: str
     decision: Decision
-    """None when DeepSpeed reduces gradients itself."""
+    time: str
+    """The point's Slurm time limit (#SBATCH --time of its job.sbatch)."""
+    time_source: str
+    """How it was chosen: TIME=, the step-time model's prediction x a margin, or the limit."""
+    predicted_run_s: float | None
+    """The step-time model's seconds for the whole run (None: no earlier run to go by)."""
+
+    @property
+    def node_hours(self) -> float:
+        """Nodes x the time limit: the most the point can hold."""
+        return self.nodes * slurm_minutes(self.time) / 60
 
 
 def study_record(
@@ -63,8 +71,8 @@ def study_record(
         "warmup": warmup,
         "args": args or "",
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "script": SCRIPT_NAME,
-        "job_id": None,
+        "node_hours": round(sum(p.node_hours for p in points), 4),
+        "report_job_id": None,
         "fabric": dict(profile.node_type(STAGE).fabric),
         "fabric_source": _fabric_source(points),
         "calibration": _calibration_record(cluster, points),
@@ -80,10 +88,29 @@ def study_record(
                 "engine": p.decision.engine.name,
                 "algorithm": p.decision.costs.algorithm if p.decision.costs else None,
                 "predicted_comm_s": p.decision.costs.predicted_comm_s if p.decision.costs else None,
+                "time": p.time,
+                "time_source": p.time_source,
+                "predicted_run_s": p.predicted_run_s,
+                "job_id": None,
                 "state": None,
             }
             for p in points
         ],
+    }
+
+
+def point_jobs(point: dict[str, Any]) -> list[str]:
+    """A study.json point's job id as a list ([]: rendered, never submitted)."""
+    return [str(point["job_id"])] if point.get("job_id") else []
+
+
+def point_states(job_ids: list[str], infos: dict[str, jobstate.JobInfo]) -> dict[int, str]:
+    """Point index -> its job's final state (job_ids[i]: point i's id, '' none), leaving out
+    the points nobody recorded (GONE)."""
+    return {
+        index: infos[job].state
+        for index, job in enumerate(job_ids)
+        if job in infos and infos[job].state != jobstate.GONE
     }
 
 
@@ -121,15 +148,14 @@ def record_states(study_dir: Path, states: dict[int, str]) -> dict[str, Any]:
 
 def record_ledgers(study_dir: Path) -> dict[str, Any]:
     """Write each point's allocated and useful GPU-hours (CPU-hours on CPU profiles) into
-    study.json, from ONE sacct for every array task (workflows/watching/goodput.py); a point sacct
-    could not account for keeps None."""
+    study.json, from ONE sacct for every point's job (workflows/watching/goodput.py); a point
+    sacct could not account for keeps None."""
     path = study_dir / runfiles.STUDY
     study = json.loads(path.read_text())
-    job_id = study.get("job_id")
-    if not job_id:
-        return study  # rendered, never submitted: no accounting to read
     points = study["points"]
-    runs = [(study_dir / p["run_dir"], [f"{job_id}_{p['index']}"]) for p in points]
+    runs = [(study_dir / p["run_dir"], point_jobs(p)) for p in points]
+    if not any(jobs for _, jobs in runs):
+        return study  # rendered, never submitted: no accounting to read
     try:
         found = goodput.ledgers(runs)
     except runfiles.RunFileError as exc:  # the report must still appear; its hours say n/a

@@ -23,6 +23,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.studies.study import point_jobs
 from vitpod.workflows.submit import jobstate, multicluster, slurm
 from vitpod.workflows.submit.rundir import write_json
 from vitpod.workflows.watching import goodput, hangs, status, triage
@@ -124,12 +125,10 @@ class Target:
 
     def _study_rows(self) -> None:
         study = runfiles.read_record(self.path / runfiles.STUDY)
-        array = study.get("job_id")
         for point in study["points"]:
             run_dir = self.path / point["run_dir"]
-            ids = [f"{array}_{point['index']}"] if array else []
             tail = MetricsTail(run_dir)
-            self.rows.append(Row(f"{point['gpus']} GPU(s)", run_dir, ids, tail=tail))
+            self.rows.append(Row(f"{point['gpus']} GPU(s)", run_dir, point_jobs(point), tail=tail))
         report_ids = [str(study["report_job_id"])] if study.get("report_job_id") else []
         self.rows.append(Row("report", None, report_ids))
 

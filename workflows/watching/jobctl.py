@@ -17,6 +17,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.studies.study import point_jobs
 from vitpod.workflows.submit import jobstate, multicluster, slurm
 from vitpod.workflows.submit.runjobs import run_job_ids
 from vitpod.workflows.watching import status
@@ -136,17 +137,13 @@ def load(path: Path) -> Entry | None:
                      record.get("executor", "slurm"))  # fmt: skip
     if (path / runfiles.STUDY).is_file():
         study = runfiles.read_record(path / runfiles.STUDY)
-        array, report = study.get("job_id"), study.get("report_job_id")
+        report = study.get("report_job_id")
         parts = [
-            Part(
-                f"{p['gpus']} GPU(s)",
-                path / p["run_dir"],
-                [f"{array}_{p['index']}"] if array else [],
-            )
+            Part(f"{p['gpus']} GPU(s)", path / p["run_dir"], point_jobs(p))
             for p in study.get("points", [])
         ]
         parts.append(Part("report", None, [str(report)] if report else []))
-        jobs = [str(j) for j in (array, report) if j]
+        jobs = [j for p in parts for j in p.job_ids]
         return Entry("study", path, study.get("model", ""), study.get("cluster", ""),
                      _created(path, study.get("created")), parts, jobs)  # fmt: skip
     if (path / runfiles.MANIFEST).is_file():
@@ -312,7 +309,7 @@ def cancel_jobs(job_ids: list[str]) -> dict[str, str]:
 
 
 def cancel(path: Path) -> tuple[Entry, dict[str, str]]:
-    """Cancel every job of a run, pipeline (stages and labeling arrays) or study (array and
+    """Cancel every job of a run, pipeline (stages and labeling arrays) or study (point jobs and
     report job) still queued or running; the directory stays for `vitpod resume`."""
     entry = load(Path(path))
     if entry is None:
@@ -370,5 +367,5 @@ class Study:
         return follow.follow(self.directory, interval)
 
     def cancel(self) -> list[str]:
-        """scancel the array and the report job (one call); returns the ids cancelled."""
+        """scancel the points' jobs and the report job (one call); returns the ids cancelled."""
         return list(cancel_jobs(self.job_ids))
