@@ -180,6 +180,22 @@ def test_a_prefix_of_a_timm_flag_names_the_whole_flag() -> None:
     assert "unrecognized arguments: --no-such --epoch 3;" in text  # --epoch: timm's is ambiguous
 
 
+def test_the_command_line_wins_over_a_refused_key_of_timms_args_yaml(tmp_path: Path) -> None:
+    """command line > config file for refused keys too: timm's args.yaml of a CPU run
+    (`device: cpu`) or of an AdamW run without lr (sqrt scaling) trains once the command line
+    gives timm's default or the lr the refusal asks for; the file alone stays refused."""
+    file = tmp_path / "args.yaml"
+    fixture = yaml.safe_load(TIMM_ARGS.read_text())
+    file.write_text(yaml.safe_dump({**fixture, "device": "cpu", "lr": None, "opt": "adamw",
+                                    "lr_base_scale": ""}))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"--device cpu: in timm.*lr: None with lr_base_scale"):
+        parse_args(["/d", "-c", str(file)])
+    cfg = parse_args(["/d", "-c", str(file), "--device", "cuda", "--lr", "1e-3"])
+    assert (cfg.lr, cfg.opt, cfg.no_effect) == (1e-3, "adamw", {})
+    with pytest.raises(ConfigError, match="--device cpu: in timm"):
+        parse_args(["/d", "-c", str(file), "--lr-base-scale", "linear"])
+
+
 def test_the_docs_flag_table_is_the_tables() -> None:
     done = subprocess.run([sys.executable, "scripts/timm_flags_table.py", "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -4,6 +4,7 @@ timm train.py's args.yaml (trainer/settings/timmargs.py reads it)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from typing import Any
 
 import yaml
@@ -17,9 +18,9 @@ from vitpod.trainer.settings import timmargs
 RECORD_KEYS = ("config", "plan", "print_config", "world_size", "global_batch_size", "no_effect")
 
 
-def read_config(path: str, fields: set[str]) -> dict[str, Any]:
+def read_config(path: str, fields: set[str], given: Collection[str] = ()) -> dict[str, Any]:
     """The TrainConfig values of FILE (only the keys it holds); ConfigError names the file, the
-    key and the fix."""
+    key and the fix. `given`: the command line's destinations, which win over the file's."""
     if not os.path.isfile(path):
         raise ConfigError(
             f"--config {path}: no such file; pass a YAML or JSON file of trainer keys (a run's "
@@ -36,7 +37,7 @@ def read_config(path: str, fields: set[str]) -> dict[str, Any]:
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     if timmargs.is_timm(data, fields):
         try:
-            return timmargs.from_timm(data, fields)
+            return timmargs.from_timm(data, fields, given)
         except ConfigError as exc:
             raise ConfigError(f"--config {path} (timm's args.yaml): {exc}") from None
     data = {k: v for k, v in data.items() if k not in RECORD_KEYS}

@@ -287,7 +287,7 @@ def layered_argv(
     above = {dest for dest, _ in [*own, *_chunks(parser, fixed)]} | set(owned)
     if any(dest == "data_dir" for dest, _ in _chunks(parser, base)):
         above.add("data_dir")
-    layer = {k: v for k, v in read_config(path, config_keys()).items() if k not in above}
+    layer = {k: v for k, v in read_config(path, config_keys(), above).items() if k not in above}
     below = [t for dest, tokens in _chunks(parser, base) if dest not in layer for t in tokens]
     rest = [t for dest, tokens in own if dest != "config" for t in tokens]
     above_base = [*_as_flags(layer, path), *fixed, *rest]

@@ -5,6 +5,7 @@ option that sets no field asks for (unmapped_values), and a run's args.yaml unde
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from vitpod.trainer.config import ConfigError
@@ -53,7 +54,9 @@ def is_timm(data: dict[str, Any], fields: set[str]) -> bool:
     return any(key in TIMM and key not in fields for key in data)
 
 
-def from_timm(data: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+def from_timm(
+    data: dict[str, Any], fields: set[str], given: Collection[str] = ()
+) -> dict[str, Any]:
     """TrainConfig values of a timm args.yaml (keys only vitpod has, as in a vitpod run's
     args.yaml, pass through and win); options that set no field come back under dest(key)
     when they ask for something (flags.py records or refuses them as on the command line).
@@ -71,7 +74,8 @@ def from_timm(data: dict[str, Any], fields: set[str]) -> dict[str, Any]:
             continue
         option = TIMM[key]
         if option.field is None:
-            unmapped[key] = value
+            if dest(key) not in given:  # typed on the command line: that value wins
+                unmapped[key] = value
             continue
         if option.convert is not None:
             mapped = option.convert(value, data)
@@ -84,7 +88,8 @@ def from_timm(data: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"unknown key(s) {unknown}: neither timm train.py's nor vitpod's")
     _, refused = unmapped_values(unmapped)
-    refused += _lr_scaling(data)
+    if not any(k in given for k in ("lr", dest("lr_base_scale"))):  # the command line's win
+        refused += _lr_scaling(data)
     if refused:
         raise ConfigError("; ".join(refused) + " (set these keys to timm's default or drop "
                           "them: docs/trainer.md#timms-trainpy-options)")  # fmt: skip
