@@ -167,6 +167,10 @@ def test_a_refusal_says_what_timm_does_why_not_and_what_instead(capsys) -> None:
     assert "--aa '' --reprob 0 --hflip 0" in err and "unrecognized" not in err
     # At timm's default a refused option asks for nothing: accepted as typed.
     assert parse_args(["/d", "--val-split", "validation", "--recount", "1"]).no_effect == {}
+    # timm resolves these names to the same DATA/train and DATA/val folders as its defaults
+    assert parse_args(["/d", "--val-split", "val", "--train-split", "training"]).no_effect == {}
+    assert main(["/d", "--print-config", "--val-split", "test"]) == 2
+    assert "--val-split test: in timm, selects the validation split" in capsys.readouterr().err
 
 
 def test_a_prefix_of_a_timm_flag_names_the_whole_flag() -> None:

@@ -18,6 +18,12 @@ from vitpod.trainer.settings.timmoptions import (
 )
 from vitpod.trainer.settings.timmvalues import SKIP
 
+# timm's dataset_factory: the split names it resolves to the same train or eval split
+_SPLIT_SYNONYMS = {
+    "train_split": ("train", "training"),
+    "val_split": ("validation", "val", "valid", "eval", "evaluation"),
+}
+
 
 def dest(key: str) -> str:
     """The parser's destination of an option that sets no field (flags.py pops it)."""
@@ -29,6 +35,8 @@ def asks_nothing(option: TimmOption, value: Any) -> bool:
     default = option.default
     if option.key == "lr_base_scale":  # vitpod's scaling is linear; timm's '' is checked by -c
         return value in ("", "linear")
+    if option.key in _SPLIT_SYNONYMS:  # timm reads DATA/val (or train) for any of these names
+        return value in _SPLIT_SYNONYMS[option.key]
     if isinstance(default, list | tuple) and isinstance(value, list | tuple):
         return [float(v) if option.kind is float else v for v in value] == list(default)
     return value == default or (option.kind is bool and not value and not default)
