@@ -89,6 +89,24 @@ def test_settings_that_differ_stop_the_resume_naming_each_and_move_nothing(tmp_p
     assert loaded == [] and _tree(tmp_path) == before
 
 
+def test_a_fresh_start_over_committed_checkpoints_is_refused_and_moves_nothing(tmp_path: Path):
+    """--resume none in a run that holds checkpoints rewrote step_N in place (and a requeue then
+    resumed the older run's newest step): refused, naming them and a new run directory."""
+    _saved(tmp_path / "run" / "checkpoints")
+    before = _tree(tmp_path)
+    fresh = Checkpointer(tmp_path / "run" / "checkpoints", 0, 1, settings=SETTINGS)
+    with pytest.raises(ResumeError) as info:
+        fresh.resume("none", lambda d: None, CPU)
+    message = str(info.value)
+    assert "step_000000010, step_000000020, step_000000030" in message
+    assert "new run directory (--output NEW)" in message and "Nothing was moved" in message
+    assert _tree(tmp_path) == before
+    other = tmp_path / "other" / "checkpoints"  # a user's copy and an uncommitted step only
+    (other / "step_backup").mkdir(parents=True)
+    (other / "step_000000004").mkdir()
+    Checkpointer(other, 0, 1, settings=SETTINGS).resume("none", lambda d: None, CPU)
+
+
 def test_an_intact_checkpoint_that_does_not_load_stops_the_resume(tmp_path: Path):
     """No recorded settings (an older checkpoint): the load's own error decides, never the
     checksums, so the checkpoint is not set aside and the one before is not tried."""

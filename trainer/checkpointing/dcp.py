@@ -77,7 +77,8 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) ->
     if not is_sharded_checkpoint(directory):
         raise FileNotFoundError(
             f"--resume {directory}: no {SUBDIR}/{METADATA}; the checkpoint was written by another"
-            " engine (DDP/DeepSpeed) or is incomplete: resume with the same flags or --resume none"
+            " engine (DDP/DeepSpeed) or is incomplete: resume with the same flags"
+            " or use a new run directory"
         )
     model_state, optim_state = get_state_dict(model, optimizer, options=FLAT)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}

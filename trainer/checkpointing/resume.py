@@ -148,7 +148,9 @@ class ResumeVerdicts:
         a storage error that persists with StorageError, both before any step and with
         nothing moved. An explicit `resume` PATH is a first start's choice: once the run has a
         checkpoint of its own (a requeue), that one is resumed."""
-        if resume == "none":
+        if resume == "none":  # a fresh start writes step_N over the run's own: refused
+            self._agree(lambda: reads.retried(f"reading the checkpoints under {self.root}",
+                                              self._fresh_start_refusal))  # fmt: skip
             return
         directory = self.agree_on_latest()
         if directory is None and resume != "auto":
@@ -163,6 +165,19 @@ class ResumeVerdicts:
         if self.rank == 0:  # every rank has loaded: the damaged ones newer go aside now
             self.discard_newer_than(directory if directory and directory.parent == self.root
                                     else None)  # fmt: skip
+
+    def _fresh_start_refusal(self) -> None:
+        """ResumeError when the run already holds committed checkpoints: --resume none would
+        rewrite their steps in place (and a requeue would resume the older run's newest)."""
+        committed = [d.name for d in self.step_dirs() if (d / commit.COMMIT).exists()]
+        if committed:
+            raise ResumeError(
+                f"--resume none: {self.root} already holds committed checkpoints "
+                f"({', '.join(reversed(committed))}); a fresh start there would overwrite them. "
+                "Nothing was moved or deleted. To train from scratch, use a new run directory "
+                f"(--output NEW); to continue this run, --resume auto; to start from its "
+                f"weights, --finetune {self.root.parent}"
+            )
 
     def _load_agreed(
         self, load: Callable[[Path], None], directory: Path, device: torch.device

@@ -125,7 +125,7 @@ def named(path: Path) -> Iterator[None]:
     except UnsafeCheckpoint:
         raise
     except safepickle.UnsafePickle as err:
-        raise UnsafeCheckpoint(f"{err}: take another checkpoint or --resume none") from None
+        raise UnsafeCheckpoint(f"{err}: take another checkpoint or a new run directory") from None
 
 
 @contextlib.contextmanager
@@ -140,7 +140,7 @@ def weights_only(directory: Path) -> Iterator[None]:
     except pickle.UnpicklingError as err:
         where = _offending_file(directory) or directory
         raise UnsafeCheckpoint(
-            f"{safepickle.refusal(where, err)}: take another checkpoint or --resume none"
+            f"{safepickle.refusal(where, err)}: take another checkpoint or a new run directory"
         ) from None
 
 
