@@ -1,8 +1,8 @@
 """On the real local Slurm: the study report appears by itself, and FOLLOW views end by themselves.
 
-- `make scaling` and nothing else: the dependent report job (afterany on the array) writes
+- `make scaling` and nothing else: the dependent report job (afterany on every point) writes
   report.html, with failed points shown as failed.
-- `make scaling FOLLOW=1`: follows the array until the report exists, then prints its path.
+- `make scaling FOLLOW=1`: follows the points until the report exists, then prints its path.
 - `make status RUN=... FOLLOW=1` on a job that raises: ends and prints the root-cause traceback.
 """
 
@@ -39,6 +39,10 @@ def test_report_appears_by_itself_with_failed_points(local_slurm, tmp_path, caps
     # the data reveals; the planner refuses bad flags before submission): both tasks FAILED.
     assert scaling.main(study_argv(study_dir, "1 2", "--num-classes 3")) == 0
     out = capsys.readouterr().out
+    # after the preflight: each point's size, and the study's node-hours (no earlier run here:
+    # each point keeps the partition's 30 minutes)
+    assert "point 2 rank(s): 1 node(s) x 2 task(s), --time=00:30:00" in out
+    assert "study: 2 point job(s) run one after another, 1 node-hours at most" in out
     assert "submitted report job" in out and "afterany:" in out
     html = study_dir / "report" / "report.html"
     assert out.strip().splitlines()[-1] == str(html)  # returns at once: no report yet

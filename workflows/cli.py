@@ -54,7 +54,7 @@ DESCRIPTIONS = {
     "pipeline": "the pretrain -> fine-tune chain, token labels first with --teacher",
     "demo": "the whole 224->512 style chain on this machine",
     "status": "state, progress and root cause of a run, pipeline or study (--follow)",
-    "scaling": "a scaling study: one job array plus a report job",
+    "scaling": "a scaling study: one job per point plus a report job",
     "calibrate": "time collectives, fit the fabric the cost model uses",
     "token-labels": "make VOLO token labels with a teacher (a job array)",
     "memory": "predicted peak GPU memory of a model and batch",
