@@ -271,3 +271,39 @@ def test_unsafe_study_dir_and_run_root_variable(tmp_path, monkeypatch):
     assert main([*BASE, "--gpus", "1"]) == 0
     (study,) = (tmp_path / "root" / "studies").iterdir()
     assert study.name.split("-")[1:3] == ["volo_tiny", "strong"]
+
+
+def test_points_are_submitted_one_after_another_and_a_refusal_cancels_the_earlier(
+    tmp_path, monkeypatch
+):
+    """sbatch (a fake runner: no Slurm) takes point 0, then point 1 with afterany on it on the
+    command line (the kept script unchanged), and refuses point 2: point 1 and 0 are cancelled
+    with one scancel, the study directory is kept with their ids, and the error says so."""
+    from vitpod.workflows.studies.scaling import build_parser, materialize, prepare, submit_points
+    from vitpod.workflows.submit import slurm
+
+    asked: list[list[str]] = []
+
+    def runner(argv, *, timeout, input=None, cwd=None):
+        asked.append(argv)
+        if argv[0] == "sbatch" and len([a for a in asked if a[0] == "sbatch"]) == 3:
+            return subprocess.CompletedProcess(argv, 1, "", "sbatch: error: QOSMaxNodeLimit\n")
+        job = str(100 + len(asked))
+        return subprocess.CompletedProcess(argv, 0, f"{job}\n" if argv[0] == "sbatch" else "", "")
+
+    ns = build_parser().parse_args([*BASE, "--study-dir", str(tmp_path / "study"),
+                                    "--gpus", "1 2 4"])  # fmt: skip
+    sweep = prepare(ns)
+    scripts = materialize(sweep)
+    monkeypatch.setattr(slurm, "runner", runner)
+    with pytest.raises(ConfigError, match=r"point 4: .*QOSMaxNodeLimit.*\(101,102\): cancelled"):
+        submit_points(sweep, scripts)
+    sbatch = [a for a in asked if a[0] == "sbatch"]
+    assert sbatch[0] == ["sbatch", "--parsable", str(scripts[0])]
+    assert sbatch[1] == ["sbatch", "--parsable", "--dependency=afterany:101", str(scripts[1])]
+    assert sbatch[2][2] == "--dependency=afterany:102"
+    assert asked[-1] == ["scancel", "101", "102"]
+    study = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert [p["job_id"] for p in study["points"]] == ["101", "102", None]
+    assert "#SBATCH --dependency" not in scripts[1].read_text()
+    assert json.loads((scripts[1].parent / "manifest.json").read_text())["job_ids"] == ["102"]
