@@ -83,3 +83,13 @@ def test_a_rank_without_steps_for_n_median_step_times_is_stuck(tmp_path):
     assert found is not None and found.cause.startswith("stuck: no step for 16 s")
     assert found.lines == ("rank1: newest step written 16 s ago",)
     assert triage.stuck(tmp_path, factor=20, now=140.5) is None
+
+
+def test_every_make_target_a_fix_names_exists():
+    """A fix that says `make X` names a target of the Makefile (one said `make check`)."""
+    import re
+
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.M))
+    named = {t for rule in triage.RULES for t in re.findall(r"`make ([a-z][\w-]*)", rule.fix)}
+    assert named and named <= targets, named - targets

@@ -57,17 +57,18 @@ RULES: tuple[Rule, ...] = (
          _re(r"NVRM: Xid \(")),
     Rule("out of GPU memory",
          "lower --batch-size (keep the global batch with --accum-steps), or use --fsdp / "
-         "activation checkpointing; `make memory` estimates the peak before submitting",
+         "activation checkpointing; `vitpod memory` estimates the peak before submitting",
          _re(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")),
     Rule("out of host memory",
-         "fewer data workers (--workers), a smaller --prefetch, or more memory per node "
+         "fewer data workers (--workers), or more memory per node "
          "(the profile's `mem:`); the OOM killer's victim has no traceback",
          _re(r"\bMemoryError\b|oom[-_ ]kill|Out of memory: Killed process|Cannot allocate memory|"
              r"can't allocate memory|std::bad_alloc"),
          frozenset({"OUT_OF_MEMORY"})),
     Rule("registry credentials refused",
          "put the registry's login in ~/.config/enroot/.credentials (netrc: machine HOST login "
-         "USER password TOKEN) on the nodes, or `make registry-login`; check the image name",
+         "USER password TOKEN) on the nodes, or name them in the profile's container.credentials; "
+         "check the image name",
          _re(r"401 Unauthorized|\bunauthorized\b|Could not process JSON input")),
     Rule("container import or mount failed (pyxis/enroot)",
          "check the image exists and every --container-mounts source exists on the nodes "
@@ -102,7 +103,7 @@ RULES: tuple[Rule, ...] = (
          "run's job.sbatch and it resumes from the newest checkpoint",
          _re(r"preempted \(SIG\w+\)"), exit_code=75),
     Rule("bad configuration (exit 2)",
-         "fix the flag or path named in the error line and resubmit; `make check` catches "
+         "fix the flag or path named in the error line and resubmit; `make preflight` catches "
          "most before submission",
          _re(r"^(\d+: |\[rank\d+\] )?error: "), exit_code=2),
     Rule("hang: a rank made no progress within its timeout (the watchdog)",
