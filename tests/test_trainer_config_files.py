@@ -57,8 +57,11 @@ def test_timm_keys_vitpod_lacks_are_refused_in_one_message_unless_at_timms_defau
         parse_args(["-c", str(path)])
     message = str(err.value)
     assert message.startswith(f"--config {path} (timm's args.yaml): --jsd-loss: in timm, the ")
-    for named in ("--vflip 0.5: in timm, flips images vertically; vitpod's loaders flip "
-                  "horizontally only (--hflip)", "--lr-cycle-limit 3: in timm, restart cycles"):
+    for named in (
+        "--vflip 0.5: in timm, flips images vertically; vitpod's loaders flip "
+        "horizontally only (--hflip)",
+        "--lr-cycle-limit 3: in timm, restart cycles",
+    ):
         assert named in message
     assert "split" not in message.replace("splits", "")  # at timm's default: asks nothing
     assert "docs/trainer.md#timms-trainpy-options" in message

@@ -44,8 +44,9 @@ class Chain:
     then sbatches exactly those files, after the preflight again against the live cluster, and
     refuses a file changed since rendering (workflows/pipeline/chain_submit.py).
 
-    Per-stage nodes/time: workflows/planning/stageres.py. slurm=, finetune_slurm= (the fine-tune's, winning): sbatch options
-    (workflows/planning/sbatchopts.py), e.g. slurm={"account": "proj", "extra": "--mail-type=END"}.
+    Per-stage nodes/time: workflows/planning/stageres.py. slurm=, finetune_slurm= (the
+    fine-tune's, winning): sbatch options (workflows/planning/sbatchopts.py),
+    e.g. slurm={"account": "proj", "extra": "--mail-type=END"}.
     place=True: the first stage's node count by predicted finish (workflows/planning/placement.py).
 
     Slurm profiles: each stage's job.sbatch is submitted as rendered; the finetune at once
