@@ -128,6 +128,10 @@ def test_drop_and_model_kwargs_reach_the_constructor() -> None:
     assert 0.25 not in {m.p for m in create_model("volo_tiny", 32, 10, 0.0).modules()
                         if isinstance(m, nn.Dropout)}  # fmt: skip
     assert all(m.bias is not None for n, m in model.named_modules() if n.endswith(".v"))
+    # timm's train.py users size a ViT with --model-kwargs img_size=N (timm passes no --img-size)
+    assert create_model("vit_tiny_patch16_224", 32, 10, 0.0, model_kwargs={"img_size": 32})
+    with pytest.raises(ModelLoadError, match="img_size=64 with --img-size 32: "):
+        create_model("vit_tiny_patch16_224", 32, 10, 0.0, model_kwargs={"img_size": 64})
     with pytest.raises(ModelLoadError, match=r"--model-kwargs \{'no_such': 1\}: .*no_such"):
         create_model("volo_tiny", 32, 10, 0.0, model_kwargs={"no_such": 1})
 

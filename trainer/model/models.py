@@ -41,6 +41,13 @@ def create_model(
     if not known_model(name):
         raise ModelLoadError(f"--model {name}: unknown; use volo_d1..volo_d5, volo_tiny or vit_*")
     kwargs = {"drop_rate": drop, **(model_kwargs or {})}
+    # timm's train.py does not pass --img-size to the model: its users size a ViT with
+    # --model-kwargs img_size=N (args.yaml too); vitpod builds at --img-size, so the two agree
+    size = kwargs.pop("img_size", img_size)
+    if size != img_size:
+        raise ModelLoadError(f"--model-kwargs img_size={size} with --img-size {img_size}: vitpod "
+                             "builds the model at --img-size; give both the same size or drop "
+                             "img_size from --model-kwargs")  # fmt: skip
     try:
         if models.known(name):
             return models.build(name, img_size, num_classes, drop_path, **kwargs)  # type: ignore[no-any-return]
