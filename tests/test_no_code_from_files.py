@@ -67,6 +67,25 @@ def test_dcp_metadata_planted_runs_nothing_through_finetune(tmp_path: Path) -> N
     assert not target.exists()
 
 
+def test_a_planted_finetune_source_is_bad_input_naming_the_file(
+    digits_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """vitpod-train --finetune DIR whose dcp/.metadata is planted: exit 2 with one error line
+    naming the file (it ended in a traceback and exit 1), nothing run."""
+    from vitpod.trainer.__main__ import main
+    from vitpod.trainer.exitcodes import USAGE
+
+    step, target = tmp_path / "step_000000004", tmp_path / "ran"
+    _dcp_checkpoint(step)
+    (step / "dcp" / ".metadata").write_bytes(pickle.dumps(Plant(target)))
+    args = [str(digits_dir), "--model", "volo_tiny", "--img-size", "32", "--num-classes", "10",
+            "--workers", "0", "--max-steps", "1", "--finetune", str(step),
+            "--output", str(tmp_path / "run")]  # fmt: skip
+    assert main(args) == USAGE
+    assert f"error: {step}/dcp/.metadata: names " in capsys.readouterr().err
+    assert not target.exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_dcp_value_planted_in_a_shard_runs_nothing(tmp_path: Path) -> None:
     """A non-tensor value is stored as torch.save bytes; DCP's planner loads it with
     weights_only=False: here weights_only, and the error names the shard file."""

@@ -92,8 +92,9 @@ def num_classes(cfg: TrainConfig) -> int:
 
 def startup_errors() -> tuple[type[Exception], ...]:
     """Errors that mean bad input (exit USAGE), raised while the Trainer is built."""
+    from vitpod.registry.safepickle import UnsafePickle  # a planted --finetune or label file
     from vitpod.trainer.config import ConfigError
     from vitpod.trainer.data import DataConfigError, DataSourceError
     from vitpod.trainer.model.models import ModelLoadError
 
-    return (ConfigError, DataConfigError, DataSourceError, ModelLoadError)
+    return (ConfigError, DataConfigError, DataSourceError, ModelLoadError, UnsafePickle)
