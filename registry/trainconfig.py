@@ -29,7 +29,7 @@ def ordered_fields() -> list[dataclasses.Field]:
     timm = {f.name for f in dataclasses.fields(TimmSettings)}
     fields = dataclasses.fields(TrainConfig)
     order = {g: i for i, g in enumerate(GROUPS)}
-    return sorted(fields, key=lambda f: (order.get(f.metadata.get("group"), len(GROUPS)),
+    return sorted(fields, key=lambda f: (order.get(f.metadata.get("group", ""), len(GROUPS)),
                                          f.name in timm))  # fmt: skip
 
 
