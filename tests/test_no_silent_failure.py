@@ -134,7 +134,7 @@ echo "sbatch $*" >>"$STUB_LOG"
 if [[ "$*" == *--dependency* ]] || grep -q -- "--dependency" "${@: -1}"; then
   echo "sbatch: error: Batch job submission failed: Invalid dependency" >&2; exit 1
 fi
-echo "Submitted batch job 990001"
+if [[ "$*" == *--parsable* ]]; then echo 990001; else echo "Submitted batch job 990001"; fi
 """
 SCANCEL = """#!/bin/bash
 echo "scancel $*" >>"$STUB_LOG"
