@@ -37,10 +37,10 @@ def check_range(cfg: TrainConfig, low: int, high: int, ranks_per_node: int) -> N
         )
 
 
-def part_of_nodes(ranks: int | None, nodes: int, per_node: int, gpus: int) -> dict[str, int]:
-    """A job of fewer ranks than its nodes hold (a sweep point: 1 GPU of an 8-GPU node) asks
-    Slurm for those ranks only: that many tasks a node, and their GPUs (JobSpec fields)."""
+def part_of_nodes(ranks: int | None, nodes: int, per_node: int, gpus: int) -> tuple[int, int]:
+    """(tasks, GPUs) a node: a job of fewer ranks than its nodes hold (a sweep point: 1 GPU of an
+    8-GPU node) asks Slurm for those ranks only; any other job for whole nodes."""
     if not ranks or ranks >= nodes * per_node:
-        return {}
+        return per_node, gpus
     tasks = -(-ranks // nodes)
-    return {"tasks_per_node": tasks, "gpus_per_node": tasks * gpus // per_node if gpus else 0}
+    return tasks, tasks * gpus // per_node if gpus else 0

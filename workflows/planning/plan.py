@@ -231,8 +231,9 @@ def plan_job(req: Request) -> JobPlan:
             finetune_from=req.finetune_from or None, dependency=req.dependency or None,
         )  # fmt: skip
         cfg = _parse_trainer(spec.args, world)
-    sized = noderange.part_of_nodes(req.ranks, nodes, node.ranks_per_node, node.gpus_per_node)
-    spec = sbatchopts.apply(dataclasses.replace(spec, time=time_limit, **sized), sbatch)
+    tasks, gpus = noderange.part_of_nodes(req.ranks, nodes, node.ranks_per_node, node.gpus_per_node)
+    spec = dataclasses.replace(spec, time=time_limit, tasks_per_node=tasks, gpus_per_node=gpus)
+    spec = sbatchopts.apply(spec, sbatch)
     if cfg is not None:
         preflight.check_layout(cfg, node, world)
         memory = preflight.memory_fit(cfg, node, world, req.stage, partition.name)
