@@ -269,6 +269,18 @@ def test_resume_keeps_the_runs_options_and_time_unless_given(tmp_path):
     )
 
 
+def test_resume_excludes_the_nodes_that_hung_twice(tmp_path):
+    """RUN/exclude-nodes (the watchdog's, docs/hangs.md) reaches the resumed job's --exclude,
+    merged with EXCLUDE given or recorded; a node listed twice is excluded once."""
+    assert _render(tmp_path, "--exclude=node9") == 0
+    run = next((tmp_path / "runs").iterdir())
+    assert "#SBATCH --exclude=node9" in _header(plan_resume(run, "1").script)
+    (run / "exclude-nodes").write_text("node2\nnode2\n")
+    assert "#SBATCH --exclude=node9,node2" in _header(plan_resume(run, "1").script)
+    given = SbatchOptions(exclude="node2", names={"exclude": "EXCLUDE"})
+    assert "#SBATCH --exclude=node2" in _header(plan_resume(run, "1", given).script)
+
+
 def _stub_sbatch(tmp_path: Path, monkeypatch, body: str) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

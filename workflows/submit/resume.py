@@ -27,6 +27,7 @@ from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.site.profile import load_profile
 from vitpod.workflows.submit import runjobs
 from vitpod.workflows.submit.submission import materialize, submit
+from vitpod.workflows.watching.hangs import excluded_nodes
 
 KEPT = (runfiles.PLAN, runfiles.MANIFEST)
 
@@ -55,12 +56,16 @@ def resume_request(
     assert decision.trainer is not None and decision.global_batch is not None  # _decision's
     recorded = SbatchOptions(**overrides.get("sbatch", {}))
     pinned = noderange.pinned_flags(decision.trainer.optim["batch_size"], decision.global_batch)
+    slurm = given.over(recorded) if given else recorded
+    listed = set(str(slurm.exclude).split(","))
+    if "/" not in str(slurm.exclude):  # with '/': EXCLUDE names a file of nodes (sbatch)
+        # Nodes that hung twice in this run (the watchdog's RUN/exclude-nodes), as a requeue does
+        slurm = sbatchopts.excluding(slurm, [n for n in excluded_nodes(run) if n not in listed])
     return Request(
         cluster=_profile(manifest), model=manifest["model"], stage=manifest["stage"],
         nodes=nodes or manifest["resolved"]["nodes"], args=overrides.get("args") or "",
         tool_args=pinned, finetune_from=overrides.get("finetune_from") or "", run_dir=run,
-        slurm=given.over(recorded) if given else recorded,
-        time=time or overrides.get("time") or "",
+        slurm=slurm, time=time or overrides.get("time") or "",
     )  # fmt: skip
 
 
