@@ -87,6 +87,12 @@ def test_the_plan_takes_the_last_runs_times(tmp_path: Path) -> None:
     assert record.timeouts_s == {"startup": 82.0, "step": 61.0, "checkpoint": 66.0, "eval": 100}
     assert "earlier" in record.sources["eval"]
     assert decide(Hang(enabled=False), cfg, earlier) is None  # type: ignore[arg-type]
+    # A run of another plan is not measured from: a --compile on run after an uncompiled one
+    # (its cold compile took 101 s of the uncompiled start-up's 2 x 19 s + 60 s and was killed)
+    compiled = type("Cfg", (), {"model": "m", "img_size": 32, "batch_size": 8, "compile": "on"})()
+    record = decide(hang, compiled, tmp_path / "runs" / "new")  # type: ignore[arg-type]
+    assert record is not None and record.timeouts_s["startup"] == hang.startup_s
+    assert set(record.measured_s.values()) == {None}
 
 
 def _steps(own: float, comm: float, n: int = 8) -> list[dict]:

@@ -14,11 +14,29 @@ from vitpod.trainer.telemetry.heartbeat import timeout
 from vitpod.workflows.planning import runmeasure
 from vitpod.workflows.site.profile_hang import SECTIONS, Hang
 
+SAME_PLAN = (
+    "compile",
+    "deepspeed",
+    "zero_stage",
+    "fsdp",
+    "tp",
+    "pp",
+    "loader",
+    "amp",
+    "grad_checkpointing",
+    "accum_steps",
+)
+"""Besides model, image size and per-rank batch, what a measured run must share with this one:
+each can change a section's time by more than the floor (a cold torch.compile in the start-up and
+the first evaluation, a DeepSpeed engine's start, another loader)."""
+
 
 def decide(hang: Hang, cfg: TrainConfig, run_dir: Path) -> HangTimeouts | None:
     if not hang.enabled:
         return None
-    runs = runmeasure.matching_runs(run_dir, cfg.model, cfg.img_size, cfg.batch_size)
+    matching = runmeasure.matching_runs(run_dir, cfg.model, cfg.img_size, cfg.batch_size)
+    runs = [run for run, config in runmeasure.configs(run_dir) if run in matching
+            and all(config.get(k) == getattr(cfg, k, None) for k in SAME_PLAN)]  # fmt: skip
     measured: dict[str, float | None] = dict.fromkeys(SECTIONS)
     sources = dict.fromkeys(SECTIONS, "not measured: the profile's ceiling")
     step = runmeasure.step_time(runs)
