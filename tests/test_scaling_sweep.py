@@ -114,16 +114,17 @@ def test_rendered_point_scripts(tmp_path, capsys):
 
 
 def earlier_run(root, model="vit_base_patch16_224", batch=128, world=8, step_s=0.4, comm_s=0.03):
-    """A finished run in the run root: config.json and rank 0's step records (as
+    """A finished run on one DGX A100 in the run root: config.json and rank 0's records (as
     tests/test_placement.py's), what the step-time model reads."""
     run = root / f"20000101T000000Z-{model}-pretrain-aaaaaa"
     (run / "metrics").mkdir(parents=True)
     config = {"model": model, "img_size": 224, "batch_size": batch, "accum_steps": 1,
               "world_size": world, "epochs": 1, "max_steps": 100, "data_dir": "x"}  # fmt: skip
     (run / "config.json").write_text(json.dumps(config))
-    records = [{"kind": "step", "step": s, "world_size": world, "warmup": s < 3,
-                "total_steps": 100, "wall_time": 1000.0 + s * step_s,
-                "time": {"step": step_s, "comm": comm_s}} for s in range(1, 101)]  # fmt: skip
+    records = [{"kind": "mfu", "device": "NVIDIA A100-SXM4-80GB"}]  # what the steps ran on
+    records += [{"kind": "step", "step": s, "world_size": world, "warmup": s < 3,
+                 "total_steps": 100, "wall_time": 1000.0 + s * step_s,
+                 "time": {"step": step_s, "comm": comm_s}} for s in range(1, 101)]  # fmt: skip
     (run / "metrics" / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return run
 
