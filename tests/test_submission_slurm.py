@@ -87,5 +87,11 @@ def test_vitpod_submit_runs_the_rendered_run_as_rendered(local_slurm, tmp_path, 
         wait_until(f"job {job} to end", lambda: not _queued(job), timeout=120, interval=0.5)
         assert list((script.parent / "logs").iterdir())  # Slurm's log, written by the job
         assert wider_than_private(script.parent) == []
+        with umask(0o002):  # resubmitted by hand (the docs' `sbatch RUN/job.sbatch`): the same
+            again = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                                   text=True, check=True).stdout.strip()  # fmt: skip
+        job = again.split(";")[0]
+        wait_until(f"job {job} to end", lambda: not _queued(job), timeout=120, interval=0.5)
+        assert wider_than_private(script.parent) == []
     finally:
         subprocess.run(["scancel", job], timeout=30, check=False)
