@@ -20,6 +20,7 @@ from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.quantities import count, whole_number
 from vitpod.workflows.planning.recipe import Recipe, load_recipe
+from vitpod.workflows.planning.runmeasure import STUDIES
 from vitpod.workflows.planning.spec import JobSpec
 from vitpod.workflows.site.profile import Profile, load_profile
 from vitpod.workflows.studies import reportjob
@@ -164,7 +165,7 @@ def _study_dir(ns: argparse.Namespace, profile: Profile, model: str, mode: str) 
     if ns.study_dir:
         path = Path(ns.study_dir).expanduser().absolute()
     else:
-        path = new_run_path(runs_root(profile, ns.run_root) / "studies", model, mode)
+        path = new_run_path(runs_root(profile, ns.run_root) / STUDIES, model, mode)
     if path.exists():
         raise ConfigError(f"study directory {path} already exists; choose a new --study-dir")
     check_path_safe(path, "study directory", "choose another --study-dir / --run-root")
