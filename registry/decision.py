@@ -203,6 +203,9 @@ class Placement(_Record):
     starts_known: bool = True
     """False offline (OFFLINE=1): Slurm was not asked, every start is the placement's own time and
     the candidates are ranked by the step model alone."""
+    note: str = ""
+    """How the step times were found ('estimated from FLOPs (no earlier run on A100)', ...) and
+    the earlier runs left out because they ran on another device (the table's caption)."""
 
     @property
     def prediction(self) -> PlacedCandidate:

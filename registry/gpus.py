@@ -7,6 +7,8 @@ says which GPUs have bf16 tensor cores (compute capability 8.0, Ampere, and newe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 BF16_MIN_CAPABILITY = (8, 0)
 """bf16 tensor cores: Ampere (sm_80) and newer. V100 (7.0) and T4 (7.5) have fp16 ones only."""
 
@@ -47,3 +49,53 @@ def bf16_native(capability: tuple[int, int]) -> bool:
 def amp_dtype_for(capability: tuple[int, int]) -> str:
     """The autocast dtype for a GPU: bf16 where native, else fp16 (with dynamic loss scaling)."""
     return "bf16" if bf16_native(capability) else "fp16"
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Dense tensor-core peak of one GPU for the training dtype, and the datasheet it is from."""
+
+    flops: float
+    dtype: str
+    source: str
+
+
+# Matched by substring of torch.cuda.get_device_name(), first match wins (H100 NVL before H100).
+# Dense (no 2:4 sparsity) figures: the datasheets print the sparse ones with an asterisk.
+# The trainer's MFU (trainer/hardware.py) and the placement's step estimate use them.
+PEAKS: tuple[tuple[str, Peak], ...] = (
+    ("H200", Peak(989e12, "bf16", "NVIDIA H200 Tensor Core GPU datasheet (SXM, BF16 dense)")),
+    ("H100 NVL", Peak(835e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (NVL, BF16 dense)")),
+    ("H100 PCIe", Peak(756e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (PCIe, BF16 dense)")),
+    ("H100", Peak(989e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (SXM, BF16 dense)")),
+    ("A100", Peak(312e12, "bf16", "NVIDIA A100 Tensor Core GPU datasheet (BF16 dense)")),
+    ("L40S", Peak(362e12, "bf16", "NVIDIA L40S datasheet (BF16 dense)")),
+    ("A10", Peak(125e12, "bf16", "NVIDIA A10 Tensor Core GPU datasheet (BF16 dense)")),
+    ("V100", Peak(125e12, "fp16", "NVIDIA Tesla V100 datasheet (SXM2, FP16 tensor)")),
+)
+
+
+def _words(name: str) -> str:
+    return " ".join(name.upper().replace("-", " ").replace("_", " ").split())
+
+
+def kind(name: str) -> str:
+    """One name for a GPU model however it is written (a profile's `A100-SXM4-80GB`, torch's
+    `NVIDIA A100-SXM4-80GB`): its PEAKS key, else its CAPABILITIES key, else the name itself;
+    'cpu' for a CPU (or no name)."""
+    words = _words(name)
+    if words in ("", "CPU"):
+        return "cpu"
+    for key, _ in PEAKS:
+        if _words(key) in words:
+            return key
+    for key, _ in CAPABILITIES:
+        if key in words:
+            return key
+    return words.removeprefix("NVIDIA ")
+
+
+def peak_of(name: str) -> Peak | None:
+    """The dense 16-bit peak of a GPU model (PEAKS, matched as `kind` matches), or None."""
+    found = kind(name)
+    return next((peak for key, peak in PEAKS if key == found), None)

@@ -5,6 +5,7 @@ nothing. The live test is tests/test_placement_slurm.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -21,7 +22,7 @@ from vitpod.analysis.layout import step_flops
 from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning import placement
+from vitpod.workflows.planning import placement, steptime
 from vitpod.workflows.planning.plan import Request
 from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.submit import slurm
@@ -62,15 +63,18 @@ def fake_slurm(monkeypatch: pytest.MonkeyPatch, wait_for_two: float) -> list[str
 
 
 def earlier_run(root: Path, name: str, model: str = "volo_tiny", world: int = 2, accum: int = 2,
-                step_s: float = STEP_S, comm_s: float = COMM_S) -> Path:  # fmt: skip
-    """A finished run beside the new one: config.json and rank 0's step records."""
+                step_s: float = STEP_S, comm_s: float = COMM_S,
+                device: str = "cpu") -> Path:  # fmt: skip
+    """A finished run beside the new one: config.json and rank 0's records (the start-up `mfu`
+    record naming what the steps ran on, the steps)."""
     run = root / name
     (run / "metrics").mkdir(parents=True)
     config = {"model": model, "img_size": 32, "batch_size": 8, "accum_steps": accum,
               "world_size": world, "epochs": 1, "max_steps": 10, "data_dir": "x"}  # fmt: skip
     (run / "config.json").write_text(json.dumps(config))
     records = [{"kind": "timing", "event": "start", "step": 0, "wall_time": 1000.0,
-                "process_start": 990.0, "job_id": "1", "restart": 0}]  # fmt: skip
+                "process_start": 990.0, "job_id": "1", "restart": 0},
+               {"kind": "mfu", "device": device}]  # fmt: skip
     for step in range(1, 11):
         records.append({"kind": "step", "step": step, "world_size": world, "warmup": step < 3,
                         "total_steps": 10, "wall_time": 1000.0 + 10 + step * step_s,
@@ -178,7 +182,7 @@ def test_no_run_to_go_by_predicts_the_time_limit(ranged, tmp_path, monkeypatch):
     fake_slurm(monkeypatch, wait_for_two=0)
     one = placement.place(request(ranged, tmp_path / "runs")).decision.placement.candidates[0]
     assert one.step_time_s is None and one.run_s == 30 * 60
-    assert one.run_source.startswith("the time limit 00:30:00: no earlier run measured a step")
+    assert one.run_source.startswith("the time limit 00:30:00: no earlier run on cpu measured")
 
 
 def test_make_place_prints_the_table_and_ends_with_the_script_path(
@@ -219,7 +223,7 @@ def test_offline_ranks_by_the_step_model_alone_and_says_the_starts_are_unknown(
     asks Slurm nothing, so with an earlier run the shortest predicted run wins."""
     root = tmp_path / "runs"
     earlier_run(root, "20000101T000000Z-volo_d5-pretrain-aaaaaa", model="volo_d5", world=8,
-                accum=1, step_s=2.0, comm_s=0.1)  # fmt: skip
+                accum=1, step_s=2.0, comm_s=0.1, device="NVIDIA A100-SXM4-80GB")  # fmt: skip
     asked = fake_slurm(monkeypatch, wait_for_two=0)
     req = Request(cluster="dgxpod", model="volo_d5", offline=True, run_root=str(root),
                   args="--img-size 32 -b 8 --max-steps 100 --checkpoint-every 0 --epochs 1 "
@@ -230,6 +234,8 @@ def test_offline_ranks_by_the_step_model_alone_and_says_the_starts_are_unknown(
     runs = [c.run_s for c in record.candidates]
     assert record.chosen == runs.index(min(runs)) and "start times unknown" in record.rule
     assert len({c.start for c in record.candidates}) == 1  # not asked: one "now" for all
+    assert record.candidates[0].step_time_s == pytest.approx(2.0)  # measured on an A100
+    assert record.note == "measured on A100"
     placement.print_placement(record)
 
 
@@ -237,6 +243,8 @@ def test_make_place_offline_is_passed_and_prints_unknown_starts(tmp_path):
     done = make("place", "CLUSTER=dgxpod", "MODEL=volo_d5", "OFFLINE=1", runs=tmp_path / "runs")
     assert done.returncode == 0, done.stderr
     assert "start and finish unknown (offline: Slurm not asked" in done.stdout
+    assert "step s: estimated from FLOPs (no earlier run on A100)" in done.stdout
+    assert "assumed MFU 0.064" in done.stdout
     assert Path(done.stdout.strip().splitlines()[-1]).is_file()
 
 
@@ -351,3 +359,96 @@ def test_candidates_slurm_would_start_at_once_share_one_start(ranged, tmp_path, 
     one, two = record.candidates
     assert heard[1] > heard[0] and one.start == two.start
     assert dt.datetime.fromisoformat(one.start) <= heard[0] + dt.timedelta(seconds=1)
+
+
+D5_ARGS = "--checkpoint-every 0 --epochs 300 --warmup-epochs 0"
+
+
+def imagenet_like(tmp_path: Path, images: int) -> str:
+    """dgxpod with its data set at a folder of `images` (empty) JPEG files in 4 classes."""
+    data = tmp_path / "imagenet"
+    for i in range(images):
+        folder = data / "train" / f"n{i % 4:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.JPEG").touch()
+    (data / "train" / "n00000000").mkdir(parents=True, exist_ok=True)
+    (data / "train" / "n00000000" / "README.txt").touch()  # not an image: not counted
+    (data / "val").mkdir()
+    profile = yaml.safe_load((PROFILE_DIR / "dgxpod.yaml").read_text())
+    profile["storage"]["data"] = str(data)
+    profile["container"]["mounts"].append({"src": str(data), "dst": str(data)})
+    path = tmp_path / "dgxpod-here.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return str(path)
+
+
+def test_gpu_kinds_match_however_the_name_is_written():
+    from vitpod.registry import gpus
+
+    assert gpus.kind("A100-SXM4-80GB") == gpus.kind("NVIDIA A100-SXM4-80GB") == "A100"
+    assert gpus.kind("H100-PCIe-80GB") == gpus.kind("NVIDIA H100 PCIe") == "H100 PCIe"
+    assert gpus.kind("NVIDIA H100 80GB HBM3") == "H100" and gpus.kind("cpu") == "cpu"
+    assert gpus.kind("Tesla T4") == "T4" and gpus.peak_of("Tesla T4") is None
+    assert gpus.peak_of("A100-SXM4-80GB").flops == 312e12
+
+
+def test_without_a_run_on_the_gpu_the_step_is_estimated_from_flops_and_a_cpu_run_is_left_out(
+    tmp_path,
+):
+    """Issue 45 (verification): a CPU volo_tiny run in the run root made dgxpod's A100 step
+    1.24e4 s (the CPU's FLOP/s); now it is left out, said in the note, and the step is the
+    model's FLOPs over the A100's peak x the assumed MFU, plus the predicted communication."""
+    root = tmp_path / "runs"
+    earlier_run(root, "20000101T000000Z-volo_tiny-pretrain-aaaaaa", device="cpu")
+    req = Request(cluster="dgxpod", model="volo_d5", offline=True, run_root=str(root),
+                  args=D5_ARGS)  # fmt: skip
+    plan = placement.place(req)
+    record = plan.decision.placement
+    assert record.note == ("estimated from FLOPs (no earlier run on A100); left out: 1 earlier "
+                           "run(s) measured on another device (cpu)")  # fmt: skip
+    mfu, _ = steptime.ASSUMED_MFU["Volo"]
+    for c in record.candidates:
+        one = placement.plan_job(dataclasses.replace(req, nodes=c.nodes))
+        comm = one.decision.costs.predicted_comm_s
+        assert c.step_time_s == pytest.approx(step_flops("volo_d5", 224, 44) / (312e12 * mfu)
+                                              + comm, rel=1e-9)  # fmt: skip
+        assert "assumed MFU 0.064 (volo_d1 b128 bf16 eager" in c.step_time_source
+    assert record.candidates[0].step_time_s < 2  # not the CPU's 1.24e4 s
+
+
+def test_a_run_measured_on_another_gpu_is_left_out(tmp_path):
+    root = tmp_path / "runs"
+    earlier_run(root, "20000101T000000Z-volo_d5-pretrain-aaaaaa", model="volo_d5", world=8,
+                accum=1, step_s=2.0, comm_s=0.1, device="NVIDIA H100 80GB HBM3")  # fmt: skip
+    req = Request(cluster="dgxpod", model="volo_d5", offline=True, run_root=str(root),
+                  args=D5_ARGS)  # fmt: skip
+    record = placement.place(req).decision.placement
+    assert "left out: 1 earlier run(s) measured on another device (H100)" in record.note
+    assert record.candidates[0].step_time_s != pytest.approx(2.0)
+
+
+def test_with_no_earlier_run_candidates_differ_and_a_deadline_chooses(tmp_path):
+    """The steps of an epoch counted in the data set's train folder (3520 images: 10 steps an
+    epoch at 1 node's global batch of 352, 2 at 5 nodes'), the step estimated from FLOPs: more
+    nodes finish sooner, and DEADLINE takes the fewest GPU-hours among those done by then."""
+    profile = imagenet_like(tmp_path, 3520)
+    req = Request(cluster=profile, model="volo_d5", offline=True,
+                  run_root=str(tmp_path / "runs"), args=D5_ARGS)  # fmt: skip
+    record = placement.place(req).decision.placement
+    assert [c.steps for c in record.candidates] == [3000, 1500, 1200, 900, 600]
+    assert "300 epoch(s) of the 3520 images in" in record.candidates[0].run_source
+    runs = [c.run_s for c in record.candidates]
+    assert runs == sorted(runs, reverse=True) and record.chosen == 4  # shortest offline
+    # a deadline between the 2-node and the 1-node run: 2 nodes hold the fewest GPU-hours
+    deadline = f"{round((runs[0] + runs[1]) / 2 / 60)}m"
+    chosen = placement.place(req, deadline).decision.placement
+    assert chosen.chosen == 1 and chosen.rule == "fewest GPU-hours by DEADLINE"
+    assert [c.within_deadline for c in chosen.candidates] == [False, True, True, True, True]
+
+
+def test_steps_are_unknown_without_images_to_count(tmp_path):
+    profile = imagenet_like(tmp_path, 0)
+    req = Request(cluster=profile, model="volo_d5", offline=True,
+                  run_root=str(tmp_path / "runs"), args=D5_ARGS)  # fmt: skip
+    one = placement.place(req).decision.placement.candidates[0]
+    assert one.steps is None and "no images found" in one.run_source

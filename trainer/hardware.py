@@ -2,38 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from vitpod.registry.gpus import BF16_MIN_CAPABILITY, bf16_native
+from vitpod.registry.gpus import BF16_MIN_CAPABILITY, PEAKS, Peak, bf16_native
 
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 FP8_MIN_CAPABILITY = (8, 9)  # Ada (sm_89) and Hopper (sm_90) have float8 tensor cores
-
-
-@dataclass(frozen=True)
-class Peak:
-    """Dense tensor-core peak of one GPU for the training dtype, and the datasheet it is from."""
-
-    flops: float
-    dtype: str
-    source: str
-
-
-# Matched by substring of torch.cuda.get_device_name(), first match wins (H100 NVL before H100).
-# Dense (no 2:4 sparsity) figures: the datasheets print the sparse ones with an asterisk.
-PEAKS: tuple[tuple[str, Peak], ...] = (
-    ("H200", Peak(989e12, "bf16", "NVIDIA H200 Tensor Core GPU datasheet (SXM, BF16 dense)")),
-    ("H100 NVL", Peak(835e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (NVL, BF16 dense)")),
-    ("H100 PCIe", Peak(756e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (PCIe, BF16 dense)")),
-    ("H100", Peak(989e12, "bf16", "NVIDIA H100 Tensor Core GPU datasheet (SXM, BF16 dense)")),
-    ("A100", Peak(312e12, "bf16", "NVIDIA A100 Tensor Core GPU datasheet (BF16 dense)")),
-    ("L40S", Peak(362e12, "bf16", "NVIDIA L40S datasheet (BF16 dense)")),
-    ("A10", Peak(125e12, "bf16", "NVIDIA A10 Tensor Core GPU datasheet (BF16 dense)")),
-    ("V100", Peak(125e12, "fp16", "NVIDIA Tesla V100 datasheet (SXM2, FP16 tensor)")),
-)
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
@@ -81,13 +57,13 @@ def bf16_problem(device: torch.device, capability: tuple[int, int] | None = None
         return ""
     need = ".".join(map(str, BF16_MIN_CAPABILITY))
     return (
-        f"--amp-dtype bf16: this GPU ({_device_name(device)}) has compute capability "
+        f"--amp-dtype bf16: this GPU ({device_name(device)}) has compute capability "
         f"{major}.{minor}, bf16 tensor cores need >= {need}; use --amp-dtype fp16 (dynamic loss "
         "scaling)"
     )
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     try:
         return torch.cuda.get_device_name(device)
     except (RuntimeError, AssertionError):
@@ -124,4 +100,4 @@ def peak_flops(
     for key, peak in PEAKS:
         if key in name:
             return peak, ""
-    return None, f"GPU '{name}' is not in vitpod.trainer.hardware.PEAKS"
+    return None, f"GPU '{name}' is not in vitpod.registry.gpus.PEAKS"

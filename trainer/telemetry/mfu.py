@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitpod.trainer.hardware import peak_flops
+from vitpod.trainer.hardware import device_name, peak_flops
 
 COUNT_BATCH = 2  # samples in the counted forward+backward: small, it runs once at start-up
 
@@ -43,6 +43,9 @@ class Mfu:
     peak_flops: float | None
     peak_source: str
     reason: str  # why MFU is None ('' when it is computed)
+    device: str = ""
+    """What the steps ran on: torch's GPU name (`NVIDIA A100-SXM4-80GB`) or the device type
+    (`cpu`); `make place` uses an earlier run's step time only on the same kind of device."""
 
     def of_step(self, step_seconds: float) -> float | None:
         """MFU of one data-parallel rank's step that took `step_seconds`."""
@@ -75,13 +78,15 @@ def measure(model: nn.Module, img_size: int, device: torch.device, per_step_samp
     and scale them to `per_step_samples`, shared by the `replica_ranks` (tp x pp) ranks of one
     model replica; the peak is that of `peak_device` (default `device`)."""
     per_sample = count_train_flops(model, img_size, device) // COUNT_BATCH
-    peak, reason = peak_flops(peak_device or device, dtype=dtype)
+    ran_on = peak_device or device
+    peak, reason = peak_flops(ran_on, dtype=dtype)
     return Mfu(
         flops_per_sample=per_sample,
         flops_per_step=per_sample * per_step_samples // replica_ranks,
         peak_flops=peak.flops if peak else None,
         peak_source=peak.source if peak else "",
         reason=reason,
+        device=device_name(ran_on) if ran_on.type == "cuda" else ran_on.type,
     )
 
 

@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.analysis import goodput
-from vitpod.analysis.layout import step_flops
-from vitpod.analysis.scaling import scaled_step_s
-from vitpod.registry import models
 from vitpod.registry.decision import PlacedCandidate, Placement
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import noderange, runmeasure
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.quantities import slurm_minutes
+from vitpod.workflows.planning.steptime import planned_steps, step_model
 from vitpod.workflows.submit import slurmchecks
 from vitpod.workflows.watching import runclean
 
@@ -35,14 +33,6 @@ DEADLINE_FORMAT = "an ISO time (2026-11-28T06:00, local unless it has an offset)
     "from now (90m, 6h, 2d)"  # fmt: skip
 _START = re.compile(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
 StartFn = Callable[[JobPlan], dt.datetime]
-
-
-@dataclasses.dataclass(frozen=True)
-class StepModel:
-    """Seconds per optimizer step and where they came from (None: no run to go by)."""
-
-    seconds: float | None
-    source: str
 
 
 def parse_deadline(text: str, now: dt.datetime | None = None) -> dt.datetime | None:
@@ -103,76 +93,6 @@ def candidate_plans(req: Request, base: JobPlan) -> list[JobPlan]:
         )  # fmt: skip
         for n in counts
     ]
-
-
-def step_model(plan: JobPlan) -> StepModel:
-    """Seconds per optimizer step of this plan. An earlier run of the same model, image size and
-    per-rank batch: its median step, the compute part (step - comm) per micro-batch times this
-    plan's micro-batches per step, plus the communication the cost model predicts for this node
-    count (analysis/commcost.py, calibrated where `make calibrate` ran). Else the FLOPs of a step
-    (analysis/layout.step_flops) over the FLOP/s the newest earlier run of any known model
-    sustained per rank, plus the same predicted communication."""
-    cfg = plan.trainer or {}
-    comm = plan.decision.costs.predicted_comm_s if plan.decision and plan.decision.costs else 0.0
-    world, micro = plan.spec.world_size, int(cfg["accum_steps"])
-    same = runmeasure.matching_runs(plan.run_dir, cfg["model"], cfg["img_size"], cfg["batch_size"])
-    found = runmeasure.step_time(same)
-    if found is not None:
-        ran = _config(found.run)
-        if found.world_size == world and ran.get("accum_steps") == micro:
-            return StepModel(found.seconds, found.source("step time"))
-        seconds = scaled_step_s(
-            found.seconds, found.comm_s, int(ran.get("accum_steps") or 1), micro, comm
-        )
-        why = (f"{found.source('step')} on {found.world_size} rank(s), compute scaled to "
-               f"{micro} micro-batch(es) a step + predicted comm {comm * 1e3:.3g} ms")  # fmt: skip
-        return StepModel(seconds, why)
-    if not models.known(cfg["model"]):
-        return StepModel(None, f"{cfg['model']} is not in the model registry (no FLOP count)")
-    for run, ran in runmeasure.configs(plan.run_dir):
-        if not (_whole(ran, "img_size", "batch_size", "accum_steps")
-                and models.known(str(ran.get("model", "")))):  # fmt: skip
-            continue
-        other = runmeasure.step_time([run])
-        if other is None:
-            continue
-        flops = step_flops(ran["model"], ran["img_size"], ran["batch_size"] * ran["accum_steps"])
-        rate = flops / max(other.seconds - other.comm_s, 1e-9)
-        mine = step_flops(cfg["model"], cfg["img_size"], cfg["batch_size"] * micro)
-        why = (f"{mine:.3g} FLOPs a rank's step at {rate:.3g} FLOP/s ({ran['model']} measured in "
-               f"{run}) + predicted comm {comm * 1e3:.3g} ms")  # fmt: skip
-        return StepModel(mine / rate + comm, why)
-    return StepModel(None, "no earlier run measured a step")
-
-
-def _config(run: str) -> dict[str, Any]:
-    return next((c for r, c in runmeasure.configs(Path(run)) if str(r) == run), {})
-
-
-def _whole(config: dict[str, Any], *keys: str) -> bool:
-    """config.json has a positive whole number under every key (a damaged one measures nothing)."""
-    return all(isinstance(config.get(k), int) and config[k] > 0 for k in keys)
-
-
-def planned_steps(plan: JobPlan) -> tuple[int | None, str]:
-    """Optimizer steps the job will run: --max-steps, else its epochs x the steps per epoch an
-    earlier run over the same data had at its global batch (scaled to this one's)."""
-    cfg = plan.trainer or {}
-    if cfg.get("max_steps"):
-        return int(cfg["max_steps"]), "--max-steps"
-    for run, ran in runmeasure.configs(plan.run_dir):
-        if ran.get("data_dir") != cfg.get("data_dir") or ran.get("max_steps"):
-            continue
-        if not _whole(ran, "epochs", "batch_size", "accum_steps"):
-            continue
-        found = runmeasure.step_time([run])
-        if found is None or not found.total_steps or not found.world_size:
-            continue
-        replicas = found.world_size // max(1, int(ran.get("tp") or 1) * int(ran.get("pp") or 1))
-        batch = ran["batch_size"] * ran["accum_steps"] * replicas
-        per_epoch = found.total_steps / ran["epochs"] * batch / cfg["global_batch_size"]
-        return round(per_epoch * cfg["epochs"]), f"{cfg['epochs']} epoch(s) of the data {run} read"
-    return None, "steps unknown (no --max-steps, no earlier run over the data)"
 
 
 def predict(plan: JobPlan, start: dt.datetime) -> PlacedCandidate:
@@ -269,6 +189,7 @@ def place(req: Request, deadline: str = "", start_of: StartFn = slurm_start) -> 
                                          dt.datetime.fromisoformat(c.finish) <= when})
                     for c in found],
         starts_known=not req.offline,
+        note="; ".join(dict.fromkeys(step_model(p).note for p in plans)),
     )  # fmt: skip
     chosen = plans[index]
     assert chosen.decision is not None
@@ -291,7 +212,8 @@ def table(record: Placement) -> Any:
 
     kind = record.candidates[0].device_kind
     out = Table(title=f"placement: {record.rule}"
-                + (f" {record.deadline}" if record.deadline else ""))  # fmt: skip
+                + (f" {record.deadline}" if record.deadline else ""),
+                caption=f"step s: {record.note}" if record.note else None)  # fmt: skip
     for name in ("", "partition", "node type", "nodes", "start", "step s", "run", "finish",
                  f"{kind}-h"):  # fmt: skip
         out.add_column(name, justify="left" if name in ("partition", "node type") else "right")

@@ -102,6 +102,13 @@ def step_time(runs: list[Path]) -> Measured | None:
     return None
 
 
+def device(run: Path) -> str:
+    """What the run's steps ran on, as its start-up `mfu` record names it (torch's GPU name or
+    `cpu`); '' where it names none (a run from before vitpod recorded it)."""
+    found = next((r.get("device") for r in _rank0(run) if r.get("kind") == "mfu"), None)
+    return found if isinstance(found, str) else ""
+
+
 def _rank0(run: Path) -> list[dict[str, Any]]:
     try:
         return runfiles.read_metrics(run, 0)
