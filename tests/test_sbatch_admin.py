@@ -49,7 +49,7 @@ def _shellcheck(*paths: Path) -> None:
 
 def _ranks_srun(text: str) -> str:
     """The ranks' srun command (from `srun \\` to its bind.sh line)."""
-    start = text.index("VITPOD_PHASE=ranks\nset +e\nsrun \\\n")
+    start = text.index("srun \\\n", text.index("VITPOD_PHASE=ranks\nset +e\n"))
     return text[start : text.index("vitpod_teardown\n", start)]
 
 
