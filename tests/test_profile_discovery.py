@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import make, submitted
+from tests.helpers import REPO, make, submitted
 from vitpod.workflows.site import binding
 from vitpod.workflows.site.discover import gres_gpu, node_info
 from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
 from vitpod.workflows.site.profile_check import disagreements
 from vitpod.workflows.site.profile_writer import Discovered, compute_hcas, node_type
+from vitpod.workflows.submit import sharedfs
 from vitpod.workflows.submit.slurm import oneliner
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -187,14 +188,16 @@ def test_profile_is_written_from_the_nodes_and_says_what_it_could_not_tell(disco
 @pytest.mark.slurm
 def test_discovery_records_the_run_root_and_code_dir_every_node_sees(discovered, tmp_path):
     """A file written on node1 in the run root and the checkout was read on node2 (both nodes
-    are this host): storage.shared is written, said in the header, and the mount type's doubt
-    is not; no marker is left behind."""
+    are this host): the tested paths are written (storage.shared_paths, not a `shared: true` that
+    would cover any path), said in the header, and the mount type's doubt is not; no marker is
+    left behind."""
     profile = load_profile(str(discovered))
-    assert profile.storage.shared is True
+    assert profile.storage.shared is False
+    assert profile.storage.shared_paths == [str(tmp_path / "site-runs"), str(REPO)]
     text = discovered.read_text()
     assert re.search(
         rf"# shared storage: {tmp_path / 'site-runs'} and \S+: a file written on "
-        r"one node was read on the others of pretrain, finetune",
+        r"one node was read on the others of pretrain, finetune \(shared_paths\)",
         text,
     ), text
     assert f"{tmp_path / 'site-runs'} is on" not in text
@@ -239,13 +242,17 @@ def test_check_finds_an_entry_made_wrong_on_purpose(discovered, tmp_path):
 def test_discovered_profile_passes_the_preflight_and_pretrains(
     discovered, local_slurm, localslurm_data, tmp_path
 ):
-    env = {"VITPOD_RUN_ROOT": str(tmp_path / "runs")}
+    env: dict[str, str | None] = {"VITPOD_RUN_ROOT": None}  # the profile's own, tested runs
     cluster = "CLUSTER=site"  # $VITPOD_PROFILES/site.yaml, by its name
     pre = make("preflight", cluster, "MODEL=volo_tiny", env=env)
     assert pre.returncode == 0 and "preflight passed" in pre.stdout, pre.stderr
-    assert "ok: run root" in pre.stdout and "shared (storage.shared: true in profile site" in (
-        pre.stdout
-    )  # fmt: skip
+    assert f"ok: run root {tmp_path / 'site-runs'}: shared (at or below" in pre.stdout
+    assert "which `make profile` tested" in pre.stdout
+    if sharedfs.fs_type(tmp_path)[0] not in sharedfs.SHARED_TYPES:  # a path it did not test
+        other = make("preflight", cluster, "MODEL=volo_tiny",
+                     env={"VITPOD_RUN_ROOT": str(tmp_path / "runs")})  # fmt: skip
+        assert other.returncode != 0 and f"run root {tmp_path / 'runs'}: on " in other.stderr
+        assert "storage.shared_paths" in other.stderr and "do not hold it" in other.stderr
     args = "ARGS=--max-steps 2 --epochs 1 --workers 0 --loader torch"
     sub = make("pretrain", cluster, "MODEL=volo_tiny", args, env=env)
     job, run_dir = submitted(sub)

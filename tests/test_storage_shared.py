@@ -72,7 +72,9 @@ def test_the_override_and_one_node_pass_and_offline_is_not_checked(tmp_path):
     runs = tmp_path / "runs"
     _local_type(tmp_path)
     shared = _spec(_copy(tmp_path, "dgxpod", shared=True), 2, runs)
-    assert "shared (storage.shared: true in profile dgxpod" in preflight.shared_run_root(shared)
+    assert "shared (storage.shared: true in profile dgxpod: declared for every path" in (
+        preflight.shared_run_root(shared)
+    )  # fmt: skip
     one = _spec(_copy(tmp_path, "dgxpod"), 1, runs)
     assert preflight.shared_run_root(one) == f"run root {runs}: 1 node, need not be shared"
     two = _spec(_copy(tmp_path, "dgxpod"), 2, runs)
@@ -134,3 +136,32 @@ def test_the_code_dir_a_multi_node_job_runs_from_is_checked_like_the_run_root(tm
     shared = _spec(_copy(tmp_path, "localslurm", code=str(code)), 2, tmp_path / "runs")
     assert "shared (storage.shared: true" in preflight.shared_code_dir(shared)
     assert "NOT CHECKED (offline" in preflight.shared_code_dir(spec, offline=True)
+
+
+def test_a_path_make_profile_tested_covers_itself_and_below_and_nothing_else(tmp_path):
+    """Issue 45 (verification): `storage.shared: true` from `make profile` passed any run root
+    (VITPOD_RUN_ROOT=/tmp/x on ext4). A discovered profile now records the paths it tested
+    (storage.shared_paths): a run root at or below one passes, saying so; another path, even a
+    sibling with the same prefix, gets the file system type check and is refused naming them."""
+    tested = tmp_path / "site-runs"
+    kind = _local_type(tmp_path)
+    profile = _copy(tmp_path, "dgxpod", shared_paths=[str(tested)])
+    for runs in (tested, tested / "deeper" / "runs"):
+        line = preflight.shared_run_root(_spec(profile, 2, runs))
+        assert line == (f"run root {runs}: shared (at or below {tested}, which `make profile` "
+                        "tested: a file written on one node was read on the others; "
+                        "storage.shared_paths in profile dgxpod)")  # fmt: skip
+    for runs in (tmp_path / "x", tmp_path / "site-runs2"):
+        with pytest.raises(ConfigError) as err:
+            preflight.shared_run_root(_spec(profile, 2, runs))
+        message = str(err.value)
+        assert f"run root {runs}: on {kind} (mount " in message
+        assert f"storage.shared_paths, {tested}, which `make profile` tested, do not hold it" in (
+            message
+        )  # fmt: skip
+        assert "run `make profile` with this path (--run-root" in message
+
+
+def test_shared_paths_must_be_absolute(tmp_path):
+    with pytest.raises(ConfigError, match=r"'runs': shared_paths are absolute paths"):
+        load_profile(_copy(tmp_path, "dgxpod", shared_paths=["runs"]))

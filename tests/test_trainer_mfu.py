@@ -103,3 +103,4 @@ def test_a_run_records_its_flops_and_mfu_in_summary_and_metrics(digits_dir, tmp_
     records = [json.loads(line) for line in (run / "metrics" / "rank0.jsonl").open()]
     startup = [r for r in records if r["kind"] == "mfu"]
     assert len(startup) == 1 and startup[0]["flops_per_step"] == expected.flops_per_step
+    assert startup[0]["device"] == "cpu"  # what make place matches a candidate's device by

@@ -225,12 +225,13 @@ def check_ranks_per_gpu(plan: Planned) -> None:
 
 def shared_run_root(spec: JobSpec, offline: bool = False) -> str:
     """A multi-node job's run root must be on a shared file system type
-    (workflows/submit/sharedfs.py), unless the profile says `storage.shared: true`; offline: NOT
-    CHECKED."""
+    (workflows/submit/sharedfs.py), unless it is at or below a path `make profile` tested
+    (`storage.shared_paths`) or the profile says `storage.shared: true`; offline: NOT CHECKED."""
     nodes = max(spec.nodes, spec.nodes_max or 0)
     return sharedfs.check_run_root(
         Path(spec.run_dir).parent, nodes, shared=spec.profile.storage.shared,
         profile=spec.profile.name, offline=offline,
+        shared_paths=spec.profile.storage.shared_paths,
     )  # fmt: skip
 
 
@@ -240,6 +241,7 @@ def shared_code_dir(spec: JobSpec, offline: bool = False) -> str:
     return sharedfs.check_code_dir(
         Path(spec.code_dir), nodes, shared=spec.profile.storage.shared,
         profile=spec.profile.name, offline=offline,
+        shared_paths=spec.profile.storage.shared_paths,
     )  # fmt: skip
 
 

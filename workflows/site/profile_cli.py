@@ -139,7 +139,7 @@ def shared_storage(site: dict[str, discover.PartitionInfo], found: Discovered,
     """Whether every usable node of the chosen partitions sees the run root and the code dir as
     one file system: a file written there on one node, read on the others (per partition)."""
     names = dict.fromkeys(p["name"] for p in found.partitions.values())
-    missed: list[str] = []
+    missed: dict[str, list[str]] = {p: [] for p in paths}
     tested = False
     for name in names:
         nodes = [n.name for n in site[name].nodes if n.usable]
@@ -147,19 +147,21 @@ def shared_storage(site: dict[str, discover.PartitionInfo], found: Discovered,
             continue
         tested = True
         for path in paths:
-            missed += [f"{path} on {n} (written on {nodes[0]})"
-                       for n in discover.unseen(name, nodes, path)]  # fmt: skip
+            missed[path] += [f"{path} on {n} (written on {nodes[0]})"
+                             for n in discover.unseen(name, nodes, path)]  # fmt: skip
     if not tested:
         return
-    found.shared = not missed
-    if missed:
+    found.shared_paths = [p for p in dict.fromkeys(paths) if not missed[p]]
+    unseen = [m for p in dict.fromkeys(paths) for m in missed[p]]
+    if unseen:
         found.unknown.append(f"storage: not shared: a file written there was not seen at "
-                             f"{'; '.join(missed)}; point storage.runs and storage.code at the "
+                             f"{'; '.join(unseen)}; point storage.runs and storage.code at the "
                              "shared file system")  # fmt: skip
-    else:  # the marker says more than the type of the mount did
-        found.unknown = [u for u in found.unknown if not any(f": {p} is on " in u for p in paths)]
-        found.shared_note = (f"{' and '.join(paths)}: a file written on one node was read on "
-                             f"the others of {', '.join(names)} (shared: true)")  # fmt: skip
+    if found.shared_paths:  # the marker says more than the type of the mount did
+        ok = found.shared_paths
+        found.unknown = [u for u in found.unknown if not any(f": {p} is on " in u for p in ok)]
+        found.shared_note = (f"{' and '.join(ok)}: a file written on one node was read on "
+                             f"the others of {', '.join(names)} (shared_paths)")  # fmt: skip
 
 
 def probe_one(partition: str, nodes: list[discover.NodeInfo], paths: list[str], python: str,
@@ -185,8 +187,9 @@ def profile_dict(ns: argparse.Namespace, found: Discovered, base: dict[str, Any]
     if not (ns.data or base.get("storage")):
         found.unknown.append("storage.data: not known; wrote 'data' (pass --data or --base)")
     storage.update({k: v for k, v in (("data", ns.data), ("runs", ns.run_root)) if v})
-    if found.shared is not None:  # what the nodes showed, not what the base profile says
-        storage["shared"] = found.shared
+    if found.shared_paths is not None:  # what the nodes showed, not what the base profile says
+        storage.pop("shared", None)
+        storage["shared_paths"] = found.shared_paths
     gpus = any(t["gpus_per_node"] for t in found.node_types.values())
     out: dict[str, Any] = {
         "name": ns.name,

@@ -26,9 +26,16 @@ class Storage(Strict):
     runs: str = "runs"
     shared: bool = Field(
         default=False,
-        description="true: every node sees `runs` and `code` at the same paths (`make profile` "
-        "writes it when a file written on one node is read on the others); preflight then does "
-        "not check the file system type of a multi-node job's run root and code dir",
+        description="true: declared by whoever wrote the profile: every path a job uses (run "
+        "root, code dir), wherever it is, is seen by every node as one file system (the local "
+        "test profiles: all nodes are one host); preflight then checks no file system type. "
+        "`make profile` writes shared_paths instead",
+    )
+    shared_paths: list[str] = Field(
+        default_factory=list,
+        description="absolute paths that `make profile` tested (a file written on one node was "
+        "read on the others): a run root or code dir at or below one of them passes the "
+        "preflight's shared-storage check; any other path has its file system type checked",
     )
 
     @model_validator(mode="before")
@@ -54,5 +61,16 @@ class Storage(Strict):
         if value is not None and UNSAFE_PATH.search(value):
             raise ValueError(
                 f"{value!r}: paths cannot contain double quotes, '%', '\\' or newlines"
+            )
+        return value
+
+    @field_validator("shared_paths")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        relative = [p for p in value if not p.startswith("/")]
+        if relative:
+            raise ValueError(
+                f"{relative[0]!r}: shared_paths are absolute paths, as `make profile` tested "
+                "them (write /path/to/runs)"
             )
         return value

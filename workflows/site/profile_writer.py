@@ -29,9 +29,9 @@ class Discovered:
     """Each node type's probe facts (for --check and the profile's comments)."""
     max_minutes: dict[str, int | None] = field(default_factory=dict)
     """Each stage partition's MaxTime in minutes (None: unlimited)."""
-    shared: bool | None = None
-    """Every node saw a file written on one of them in the run root and code dir (None: one
-    node, nothing to test); storage.shared records it."""
+    shared_paths: list[str] | None = None
+    """The run root and code dir where every node saw a file written on one of them (None: one
+    node, nothing to test); storage.shared_paths records them."""
     shared_note: str = ""
 
 
