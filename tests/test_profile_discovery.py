@@ -259,3 +259,23 @@ def test_discovered_profile_passes_the_preflight_and_pretrains(
     assert local_slurm.wait(job, timeout=300) == "COMPLETED"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["steps"] == 2
+
+
+def test_only_the_paths_every_node_saw_are_recorded_as_shared(monkeypatch, tmp_path):
+    """The marker seen on every node in the run root but not in the code dir (node2 has its own
+    copy): only the run root goes to storage.shared_paths, the code dir is named as not shared,
+    and a base profile's `shared: true` does not survive the test."""
+    from vitpod.workflows.site import discover, profile_cli
+
+    nodes = [node_info({"NodeName": n, "CPUTot": "8", "State": "IDLE"}) for n in ("n1", "n2")]
+    site = {"batch": discover.PartitionInfo("batch", "1:00:00", "2", True, nodes)}
+    runs, code = str(tmp_path / "runs"), str(tmp_path / "code")
+    monkeypatch.setattr(discover, "unseen", lambda part, names, path: ["n2"] if path == code
+                        else [])  # fmt: skip
+    found = Discovered(partitions={"pretrain": {"name": "batch"}})
+    profile_cli.shared_storage(site, found, [runs, code])
+    assert found.shared_paths == [runs]
+    assert any(f"{code} on n2 (written on n1)" in u for u in found.unknown)
+    ns = profile_cli.parse(["--name", "x", "--data", "/d"])
+    storage = profile_cli.profile_dict(ns, found, {"storage": {"data": "/d", "shared": True}})
+    assert storage["storage"] == {"data": "/d", "shared_paths": [runs]}
