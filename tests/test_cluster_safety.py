@@ -104,7 +104,8 @@ def test_header_and_env_part_run_without_evaluating_anything(tmp_path, capsys):
     canary = tmp_path / "CANARY"
     script = render_hostile(tmp_path, canary, capsys)
     text = script.read_text()
-    head = text[: text.index("VITPOD_PHASE=ranks\nset +e")]  # #SBATCH header, run dir, logs, environment
+    # the #SBATCH header, run dir, logs and environment
+    head = text[: text.index("VITPOD_PHASE=ranks\nset +e")]
     probe = head + 'printf "%s|%s|%s" "$RUN_DIR" "$MASTER_ADDR" "$MASTER_PORT" > "$1"\n'
     result = tmp_path / "result"
     out = subprocess.run(
