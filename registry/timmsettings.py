@@ -44,7 +44,7 @@ class TimmSettings:
     aug_repeats: float = field(
         default=0,
         metadata=_arg("data", "repeated augmentation: each image N times per epoch on different "
-                      "ranks (timm's RepeatAugSampler; 0 = off)"),
+                      "ranks (timm's RepeatAugSampler, fractions too; 0 = off)"),
     )  # fmt: skip
     validation_batch_size: int | None = field(
         default=None,

@@ -17,7 +17,8 @@ from vitpod.registry.paralleldims import ParallelDims
 from vitpod.registry.timmsettings import TimmSettings
 
 SCHEDULES = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
-"""timm's schedules that step per optimizer update (its plateau steps on an epoch's metric)."""
+"""timm's schedules that are a function of the step count (its plateau steps on an epoch's
+metric)."""
 OUTLOOK_KERNELS = ("timm", "fused", "triton")  # --outlook-kernel (trainer/speed/outlook.py)
 
 
@@ -183,7 +184,7 @@ class TrainConfig(TimmSettings):
     sched: str = field(
         default="cosine",
         metadata=_arg("optim", "LR schedule: " + ", ".join(SCHEDULES) + " (timm's, stepped per "
-                      "optimizer update)"),
+                      "optimizer update; per epoch with --no-sched-on-updates)"),
     )  # fmt: skip
     decay_epochs: float | None = field(
         default=None,
@@ -390,11 +391,3 @@ class TrainConfig(TimmSettings):
 
     def to_json(self) -> str:
         return json.dumps({**self.record(), "global_batch_size": self.global_batch_size}, indent=2)
-
-    def args_yaml(self) -> str:
-        """args.yaml: every flag as parsed (YAML lists for tuples); `-c args.yaml` gives the
-        same configuration back."""
-        import yaml
-
-        values = {k: list(v) if isinstance(v, tuple) else v for k, v in self.requested.items()}
-        return yaml.safe_dump(values, sort_keys=False)

@@ -45,6 +45,10 @@ class TrainerSettings(BaseModel):
     optim: dict[str, Any]
     parallel: dict[str, Any]
     run: dict[str, Any]
+    no_effect: dict[str, Any] = {}
+    """timm flags given that change nothing here, under timm's key with the value given
+    (pin_mem: true): the ranks take them as given, so config.json's `no_effect` and args.yaml
+    record them as a run by hand does."""
 
     @model_validator(mode="before")
     @classmethod
@@ -74,7 +78,9 @@ class TrainerSettings(BaseModel):
         return self
 
     def sections(self) -> dict[str, dict[str, Any]]:
-        return {name: getattr(self, name) for name in type(self).model_fields}
+        """The flag groups (no_effect is none)."""
+        return {name: getattr(self, name) for name in type(self).model_fields
+                if name != "no_effect"}  # fmt: skip
 
     def values(self) -> dict[str, Any]:
         """Every setting by field name, as stored (JSON types: lists for tuples)."""
@@ -88,6 +94,11 @@ class TrainerSettings(BaseModel):
         for name, group in groups().items():
             value = record[name]
             sections[group][name] = list(value) if isinstance(value, tuple) else value
+        # cfg.no_effect's flags are timm's keys spelled as flags (--pin-mem, --local_rank)
+        sections["no_effect"] = {
+            key: value for key, value in cfg.requested.items()
+            if {f"--{key}", f"--{key.replace('_', '-')}"} & set(cfg.no_effect)
+        }  # fmt: skip
         return cls(**sections)
 
     def lines(self) -> list[str]:

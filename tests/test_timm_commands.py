@@ -6,15 +6,20 @@ shortens to fit a short run, a typed one does not."""
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import make
 from tests.test_bad_input_refused import VENV
 from tests.test_trainer_config_files import _via_distributed_train_sh
-from vitpod.trainer.settings.flags import parse_args
+from vitpod.registry.decision import write_decision
+from vitpod.trainer.config import ConfigError
+from vitpod.trainer.settings.flags import _say_once, parse_args
+from vitpod.trainer.settings.timmargs import args_yaml
 from vitpod.workflows.errors import ConfigError as PlanError
 from vitpod.workflows.planning.plan import Request, plan_job
 
@@ -133,3 +138,40 @@ def test_a_short_run_of_a_recipe_fits_its_warmup_and_a_typed_warmup_is_refused(
 def test_timm_flags_that_name_the_run_or_data_are_the_planners(flag, why, tmp_path) -> None:
     with pytest.raises(PlanError, match=f"ARGS: {flag} is set by vitpod .*{why}"):
         planned("volo_d1", [flag, "x"], tmp_path)
+
+
+def test_a_planned_runs_no_effect_flags_reach_the_ranks_config_json_and_args_yaml(
+    tmp_path: Path,
+) -> None:
+    """`make pretrain ARGS="--pin-mem --tta 2"`: plan.json's trainer section carries the flags
+    of no effect, so a rank started from it (--plan) records them in config.json's no_effect
+    and args.yaml as a run typed by hand does (they were in manifest.json only)."""
+    plan = plan_job(Request(cluster="dgxpod", model="volo_d1", nodes=1, args="--pin-mem --tta 2",
+                            run_root=str(tmp_path / "runs"), offline=True))  # fmt: skip
+    assert plan.decision is not None and plan.decision.trainer is not None
+    run = tmp_path / "run"
+    run.mkdir()
+    write_decision(run, plan.decision)
+    assert json.loads((run / "plan.json").read_text())["trainer"]["no_effect"] == {
+        "pin_mem": True, "tta": 2}  # fmt: skip
+    rank = parse_args(["--plan", str(run / "plan.json")], world_size=8)
+    by_hand = parse_args(["/d", "--pin-mem", "--tta", "2"])
+    assert set(rank.no_effect) == {"--pin-mem", "--tta"} and rank.no_effect == by_hand.no_effect
+    assert json.loads(rank.to_json())["no_effect"] == by_hand.no_effect  # config.json
+    written = yaml.safe_load(args_yaml(rank))
+    assert (written["pin_mem"], written["tta"]) == (True, 2)
+    # A plan edited to carry what is not a no-effect flag is refused naming the key.
+    text = (run / "plan.json").read_text().replace('"tta": 2', '"jsd_loss": true')
+    (run / "plan.json").write_text(text)
+    with pytest.raises(ConfigError, match=r"trainer\.no_effect: \['jsd_loss'\]: not timm"):
+        parse_args(["--plan", str(run / "plan.json")], world_size=8)
+
+
+def test_a_warmup_that_does_not_fit_says_where_it_came_from(caplog) -> None:
+    """No recipe (vitpod-train by hand): the default's 20 epochs, not 'the recipe's'."""
+    _say_once.cache_clear()
+    with caplog.at_level(logging.WARNING):
+        cfg = parse_args(["/d", "--epochs", "10"])
+    assert cfg.warmup_epochs == 1
+    assert "--warmup-epochs: vitpod's default 20 does not fit --epochs 10" in caplog.text
+    assert "recipe" not in caplog.text

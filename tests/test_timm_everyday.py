@@ -71,6 +71,11 @@ def test_a_run_with_timms_everyday_flags_trains_and_timm_reads_its_args_yaml(
     assert (args.aug_repeats, args.clip_mode, args.cooldown_epochs) == (2, "value", 1)
     assert (args.sched_on_updates, args.pin_mem, args.torchcompile) == (False, True, "inductor")
     assert (args.model, args.img_size, args.data_dir) == ("volo_tiny", 32, str(digits_dir))
+    # Settings left unset are written as the run resolved them: timm reads null as its own
+    # default (1000 classes, drop path 0, the model's crop), not what vitpod trained.
+    assert (args.num_classes, args.drop_path, args.crop_pct) == (
+        10, config["drop_path"], config["crop_pct"])  # fmt: skip
+    assert config["num_classes"] == 10 and config["drop_path"] and config["crop_pct"]
     assert (args.epochs, args.warmup_epochs, args.amp_dtype) == (1, 0, "bfloat16")
     # timm's main() derives the unset lr from these (lr_base None was a TypeError there, and
     # lr_base_scale '' means sqrt scaling for AdamW): the LR vitpod trained with.
@@ -80,7 +85,8 @@ def test_a_run_with_timms_everyday_flags_trains_and_timm_reads_its_args_yaml(
     # ... and vitpod reads the same file back to the same configuration.
     again = parse_args(["-c", str(run / "args.yaml")]).record()
     original = parse_args(argv).record()
-    assert {k for k in again if again[k] != original[k]} == {"config"}
+    assert {k for k in again if again[k] != original[k]} == {"config", "num_classes"}
+    assert again["num_classes"] == config["num_classes"]  # the count the run resolved
 
 
 def _vit_run(digits_dir: Path, run: Path, batch: list[str]) -> dict[str, torch.Tensor]:
@@ -256,3 +262,44 @@ def test_sync_bn_converts_batchnorm_and_is_refused_where_it_cannot_run() -> None
         sync_batchnorm(create_model("volo_tiny", 32, 10, 0.0), torch.device("cpu"), 2)
     found = problems(parse_args(["/d", "--sync-bn", "--fsdp"], world_size=2), for_training=False)
     assert any(f.startswith("--sync-bn: DDP (ring/ps) only") for f in found)
+
+
+@pytest.mark.parametrize("repeats", [1.5, 3])
+def test_aug_repeats_deals_the_samples_timms_sampler_deals_fractions_too(repeats) -> None:
+    """timm's RepeatAugSampler takes a float (--aug-repeats 1.5: ceil(1.5 N) entries, a sample
+    once or twice): each rank reads the samples timm's sampler gives it, under vitpod's seeded
+    permutation (timm's with shuffle=False is the identity)."""
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    from vitpod.trainer.data.sharding import epoch_order
+
+    n, world, batch = 100, 2, 5
+    order = repeated_order(n, seed=3, epoch=1, repeats=repeats, world_size=world,
+                           batch_size=batch)  # fmt: skip
+    position = np.argsort(epoch_order(n, 3, 1, shuffle=True))  # sample -> its place in the perm
+    for rank in range(world):
+        ours = np.concatenate(rank_batches(order, rank, world, batch, train=True))
+        timms = list(RepeatAugSampler(range(n), world, rank, shuffle=False, num_repeats=repeats))
+        assert position[ours].tolist() == timms, rank
+    assert problems(parse_args(["/d", "--aug-repeats", "1.5"]), False) == []
+    assert any(p.startswith("--aug-repeats -1: copies of each image")
+               for p in problems(parse_args(["/d", "--aug-repeats", "-1"]), False))  # fmt: skip
+
+
+def test_timms_documented_folder_layout_train_and_validation_is_read(
+    digits_dir: Path, tmp_path: Path
+) -> None:
+    """DATA/train + DATA/validation (timm's documented layout; its factory also finds val,
+    valid, eval, evaluation and training) is read as DATA/train + DATA/val."""
+    from vitpod.trainer.data.sources import count_classes, load_split
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "training").symlink_to(digits_dir / "train")
+    (root / "validation").symlink_to(digits_dir / "val")
+    cfg = data_config(root)
+    for split in ("train", "val"):
+        assert len(load_split(cfg, split)) == len(load_split(data_config(digits_dir), split))
+    assert count_classes(cfg) == 10
+    (root / "validation").rename(root / "eval")
+    assert len(load_split(cfg, "val")) == 364

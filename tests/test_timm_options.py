@@ -204,3 +204,28 @@ def test_the_docs_flag_table_is_the_tables() -> None:
     done = subprocess.run([sys.executable, "scripts/timm_flags_table.py", "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("hfds/imagenet-1k", "a Hugging Face datasets data set"),
+        ("hfids/imagenet-1k", "a Hugging Face data set streamed from the Hub"),
+        ("torch/imagenet", "torchvision's ImageNet"),
+        ("torch/mnist", "a torchvision data set read (or downloaded) by torchvision's own class"),
+        ("tfds/imagenet2012", "a TensorFlow Datasets data set"),
+        ("wds/imagenet", "WebDataset tars read as a stream"),
+    ],
+)
+def test_timms_other_dataset_families_are_refused_each_with_its_reason(name, why, tmp_path):
+    """timm's dataset names vitpod does not read: their own reason and what to use instead, on
+    the command line and in timm's args.yaml, never argparse's 'invalid choice'."""
+    file = tmp_path / "args.yaml"
+    file.write_text(yaml.safe_dump({**yaml.safe_load(TIMM_ARGS.read_text()), "dataset": name}))
+    for argv in (["/d", "--dataset", name], ["-c", str(file)]):
+        with pytest.raises(ConfigError) as refused:
+            parse_args(argv)
+        text = str(refused.value)
+        assert f"--dataset {name}: in timm, {why}" in text, text
+        assert "--dataset shards" in text and "invalid choice" not in text
+    assert parse_args(["/d", "--dataset", "Torch/CIFAR100"]).dataset == "cifar100"

@@ -183,11 +183,16 @@ def test_a_run_writes_args_yaml_and_both_its_files_give_its_configuration_back(
     assert run_ranks(1, argv, tmp_path / "logs") == [0], logs(tmp_path / "logs")
     written = yaml.safe_load((run / "args.yaml").read_text())
     assert (written["seed"], written["hflip"], written["lr"]) == (7, 0.25, None)  # as parsed
+    # ... but what the run resolved from the data, the model and the loader is written as
+    # such (timm's train.py reads null as 1000 classes and the model's normalisation).
+    resolved = {"num_classes": 10, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    assert {k: written[k] for k in resolved} == resolved
     original = parse_args(argv).record()
     again = parse_args(["-c", str(run / "args.yaml")]).record()
     assert {k: v for k, v in again.items() if original[k] != v} == {
-        "config": str(run / "args.yaml")
-    }
+        "config": str(run / "args.yaml"), **{k: tuple(v) if k != "num_classes" else v
+                                             for k, v in resolved.items()},
+    }  # fmt: skip
     recorded = json.loads((run / "config.json").read_text())
     fed_back = json.loads(json.dumps(parse_args(["--config", str(run / "config.json")]).record()))
     assert {k: v for k, v in fed_back.items() if recorded[k] != v} == {

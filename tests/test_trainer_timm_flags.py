@@ -127,7 +127,9 @@ def test_a_loaded_schedule_continues_where_the_saved_one_was() -> None:
 
 def test_schedules_that_cannot_step_per_update_are_refused_clearly() -> None:
     (found,) = problems(parse_args(["d", "--sched", "plateau"]), for_training=False)
-    assert found.startswith("--sched plateau: timm's plateau steps once per epoch on the eval")
+    assert found.startswith("--sched plateau: timm's plateau lowers the LR when the eval metric")
+    # true of both stepping modes: --no-sched-on-updates steps once per epoch, by step count
+    assert "per epoch with --no-sched-on-updates" in found and "no metric" in found
     assert "use one of cosine, tanh, step, multistep" in found
     with pytest.raises(ConfigError, match=r"--sched wsd: .*decay_epochs"):
         schedule("wsd", decay_epochs=50)

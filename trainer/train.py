@@ -40,6 +40,7 @@ from vitpod.trainer.model.ema import load_ema, make_ema, save_final_ema
 from vitpod.trainer.model.evaluate import evaluate
 from vitpod.trainer.model.models import build_model, model_manifest
 from vitpod.trainer.model.optim import current_lr, optimizer_for, schedule_for
+from vitpod.trainer.settings.timmargs import args_yaml
 from vitpod.trainer.speed.attention import choose_kernel
 from vitpod.trainer.speed.precision import make_precision, prepare_model
 from vitpod.trainer.speed.speedups import apply_speedups, startup_mfu
@@ -139,7 +140,7 @@ class Trainer:
         self.checkpointer.resume(cfg.resume, self._load, self.device)  # refused: nothing written
         if self.env.is_main:
             io.write_json_atomic(_mkdir(self.run_dir) / runfiles.CONFIG, cfg.record())
-            io.write_text_atomic(self.run_dir / runfiles.ARGS, cfg.args_yaml())
+            io.write_text_atomic(self.run_dir / runfiles.ARGS, args_yaml(cfg, data_config(cfg)))
         if self.eval_pending:  # the epoch before ended in the preempted start
             self._evaluate(self.epoch - 1)
         self.timing.start(self.step)

@@ -51,9 +51,9 @@ class DataConfig:
     bicubic per image, timm's default); DALI and gpu resize with `interpolation`."""
     color_jitter: float = 0.4
     """timm's color jitter strength (torch loader; off while auto_augment is set, as in timm)."""
-    aug_repeats: int = 0
+    aug_repeats: float = 0
     """Training: timm's repeated augmentation (RepeatAugSampler), each image this many times an
-    epoch on different ranks (sharding.repeated_order); 0 = off."""
+    epoch on different ranks (sharding.repeated_order; a fraction as timm's); 0 = off."""
     auto_augment: str | None = "rand-m9-mstd0.5-inc1"
     """timm RandAugment string (both loaders; DALI: rand-* policies); None or '' turns it off."""
     reprob: float = 0.25

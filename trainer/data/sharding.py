@@ -17,6 +17,8 @@ before the tail, so a run can resume mid-epoch, even with another world size (sa
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -28,17 +30,19 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.nd
 
 
 def repeated_order(
-    num_samples: int, seed: int, epoch: int, repeats: int, world_size: int, batch_size: int,
+    num_samples: int, seed: int, epoch: int, repeats: float, world_size: int, batch_size: int,
     accum: int = 1,
 ) -> np.ndarray:  # fmt: skip
     """timm's RepeatAugSampler (--aug-repeats; Hoffer et al. 2020, DeiT) as a global order cut by
-    rank_batches: the epoch's permutation with each sample `repeats` times in a row, dealt
+    rank_batches: the epoch's permutation with each sample `repeats` times in a row (a fraction
+    as timm resamples it: ceil(repeats x N) entries, entry i the permutation's i // repeats), dealt
     round-robin to the ranks (rank r reads repeated[r::W], so a sample's copies go to different
     ranks and get different augmentations), each rank keeping timm's share, num_samples // 256 *
     256 / W (all samples, / W, for a set under 256), rounded down to whole optimizer steps here
     so the order has no partial step. A function of (seed, epoch, W, B, A): resuming at a
     consumed-sample count reads the same samples as the run that was not stopped."""
-    repeated = np.repeat(epoch_order(num_samples, seed, epoch, shuffle=True), repeats)
+    entries = np.arange(math.ceil(repeats * num_samples)) // repeats  # whole: np.repeat's
+    repeated = epoch_order(num_samples, seed, epoch, shuffle=True)[entries.astype(np.int64)]
     per_rank = -(-len(repeated) // world_size)
     streams = np.resize(repeated, per_rank * world_size).reshape(-1, world_size).T  # wrap-pad
     kept = num_samples // 256 * 256 // world_size or -(-num_samples // world_size)

@@ -15,6 +15,9 @@ from vitpod.trainer.data.shard_reader import INDEX, ShardReader
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 SPLITS = ("train", "val")
+SPLIT_FOLDERS = {"train": ("train", "training"),
+                 "val": ("val", "valid", "validation", "eval", "evaluation")}  # fmt: skip
+"""The folder names of each split, in the order timm's dataset factory looks for them."""
 SYNTHETIC_CLASSES = 1000  # ImageNet-sized head: the synthetic source stands in for ImageNet
 CIFAR_LAYOUT = {
     "cifar10": ("cifar-10-batches-py", ["data_batch_1", "data_batch_2", "data_batch_3",
@@ -96,27 +99,34 @@ def count_classes(cfg: DataConfig) -> int:
         data_dir = Path(cfg.data_dir)
         folder = data_dir / folder_name if (data_dir / folder_name).is_dir() else data_dir
         return len(_unpickle(folder / meta_file)[names_key])
-    return len(_class_names(Path(cfg.data_dir) / "train"))
+    return len(_class_names(split_folder(Path(cfg.data_dir), "train")))
+
+
+def split_folder(root: Path, split: str) -> Path:
+    """root's folder of `split`: the first of its names (SPLIT_FOLDERS) that exists, as timm
+    finds DATA/validation for its val split; root/split when none does (named as missing)."""
+    return next((root / n for n in SPLIT_FOLDERS[split] if (root / n).is_dir()), root / split)
 
 
 def folder_split(root: Path, split: str) -> Split:
     """`root/split/<class>/*.jpg`, classes sorted by name; train and val must have the same."""
-    classes = _class_names(root / split)
-    other = "val" if split == "train" else "train"
-    if (root / other).is_dir():
-        other_classes = _class_names(root / other)
+    here = split_folder(root, split)
+    there = split_folder(root, "val" if split == "train" else "train")
+    classes, other = _class_names(here), there.name
+    if there.is_dir():
+        other_classes = _class_names(there)
         if other_classes != classes:
             only_here = sorted(set(classes) - set(other_classes))
             only_there = sorted(set(other_classes) - set(classes))
             raise DataSourceError(
-                f"class folders differ between {root / split} and {root / other}: "
+                f"class folders differ between {here} and {there}: "
                 f"only in {split}: {only_here}, only in {other}: {only_there}; "
                 "both splits need the same class folders"
             )
     files: list[str] = []
     labels: list[int] = []
     for label, name in enumerate(classes):
-        folder = root / split / name
+        folder = here / name
         images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not images:
             raise DataSourceError(
@@ -141,7 +151,8 @@ def shard_split(root: Path, split: str) -> Split:
 def _class_names(folder: Path) -> list[str]:
     if not folder.is_dir():
         raise DataSourceError(
-            f"{folder} is not a folder: expected ImageNet layout <root>/train|val/<class>/"
+            f"{folder} is not a folder: expected ImageNet layout <root>/train|val/<class>/ "
+            f"(as in timm, training for train; valid, validation, eval or evaluation for val)"
         )
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:

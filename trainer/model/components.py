@@ -22,7 +22,7 @@ def data_config(cfg: TrainConfig):
         ground_truth=cfg.ground_truth, corrupt=cfg.corrupt, seed=cfg.seed,
         drop_last=cfg.drop_last, ratio=(cfg.ratio[0], cfg.ratio[1]),
         interpolation=cfg.interpolation or "bicubic", train_interpolation=cfg.train_interpolation,
-        color_jitter=cfg.color_jitter, aug_repeats=int(cfg.aug_repeats),
+        color_jitter=cfg.color_jitter, aug_repeats=cfg.aug_repeats,
         **_normalisation(cfg),
     )  # fmt: skip
 

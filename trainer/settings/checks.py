@@ -136,8 +136,10 @@ def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
     if cfg.sched not in SCHEDULES:
         why = (
             (
-                ": timm's plateau steps once per epoch on the eval metric, and vitpod steps the "
-                "schedule per optimizer update (exact resume)"
+                ": timm's plateau lowers the LR when the eval metric stops improving; vitpod's "
+                "schedules are a function of the optimizer-step count (stepped per update, or "
+                "per epoch with --no-sched-on-updates), so a resumed run recomputes its LR, "
+                "and the trainer passes them no metric"
             )
             if cfg.sched == "plateau"
             else ""
@@ -186,9 +188,9 @@ def _timm_setting_problems(cfg: TrainConfig) -> list[str]:
                    "engine clip the global norm); use --clip-mode norm there")  # fmt: skip
     if cfg.bce_loss and cfg.token_label:
         out.append("--bce-loss with --token-label: token labeling has its own loss; drop one")
-    if cfg.aug_repeats < 0 or cfg.aug_repeats % 1:
-        out.append(f"--aug-repeats {cfg.aug_repeats}: a whole number of copies (timm's "
-                   "RepeatAugSampler repeats each index that often); e.g. 3")  # fmt: skip
+    if cfg.aug_repeats < 0:
+        out.append(f"--aug-repeats {cfg.aug_repeats:g}: copies of each image an epoch, 0 (off) or "
+                   "more; e.g. 3")  # fmt: skip
     if cfg.aug_repeats and cfg.elastic:
         out.append("--aug-repeats with --elastic: the repeated order deals each image's copies "
                    "to the ranks, so another world size reads another order; drop one")  # fmt: skip

@@ -273,15 +273,17 @@ def layered_argv(
     base: Sequence[str] = (),
     fixed: Sequence[str] = (),
     owned: Iterable[str] = (),
+    base_name: str = "recipe",
 ) -> list[str]:
     """The one precedence, command line > config file > base (a recipe's flags) > defaults, as
     one argv in which a flag's last value wins: the config file's values (argv's -c FILE, read
     here) replace base's flags for the keys it sets, and argv's own flags follow. `fixed` (flags
     the caller sets for every run: the planner's run directory) follow the file, whose `owned`
-    keys are dropped. Without a config file: base, fixed, argv as given."""
+    keys are dropped. Without a config file: base, fixed, argv as given. `base_name` says what
+    base is in the log (a recipe, a plan)."""
     path = config_path(argv)
     if path is None:
-        return _fit_recipe_warmup([*base, *fixed, *argv], base, [*fixed, *argv])
+        return _fit_recipe_warmup([*base, *fixed, *argv], base, [*fixed, *argv], base_name)
     parser = build_parser()
     own = _chunks(parser, argv)
     above = {dest for dest, _ in [*own, *_chunks(parser, fixed)]} | set(owned)
@@ -291,10 +293,12 @@ def layered_argv(
     below = [t for dest, tokens in _chunks(parser, base) if dest not in layer for t in tokens]
     rest = [t for dest, tokens in own if dest != "config" for t in tokens]
     above_base = [*_as_flags(layer, path), *fixed, *rest]
-    return _fit_recipe_warmup([*below, *above_base], base, above_base)
+    return _fit_recipe_warmup([*below, *above_base], base, above_base, base_name)
 
 
-def _fit_recipe_warmup(argv: list[str], base: Sequence[str], given: list[str]) -> list[str]:
+def _fit_recipe_warmup(
+    argv: list[str], base: Sequence[str], given: list[str], base_name: str = "recipe"
+) -> list[str]:
     """A warmup the user did not give (the recipe's, base's, or the default) that does not fit
     the run's --epochs (a short run of a 300-epoch recipe) shortens to the recipe's share of
     the run, said once in the log; a warmup the user gave (flag or config file) is left for
@@ -311,8 +315,10 @@ def _fit_recipe_warmup(argv: list[str], base: Sequence[str], given: list[str]) -
         return argv
     share = recipe.warmup_epochs / max(recipe.epochs, 1)
     fitted = min(ns.epochs - 1, max(0, round(ns.epochs * share)))
-    _say_once(f"--warmup-epochs: the recipe's {ns.warmup_epochs} does not fit --epochs "
-              f"{ns.epochs}; warming up {fitted} (the recipe's share, {recipe.warmup_epochs}/"
+    whose = (f"the {base_name}'s" if any(d == "warmup_epochs" for d, _ in _chunks(parser, base))
+             else "vitpod's default")  # fmt: skip
+    _say_once(f"--warmup-epochs: {whose} {ns.warmup_epochs} does not fit --epochs "
+              f"{ns.epochs}; warming up {fitted} ({whose} share, {recipe.warmup_epochs}/"
               f"{recipe.epochs} epochs); give --warmup-epochs to choose")  # fmt: skip
     return [*argv, "--warmup-epochs", str(fitted)]
 
@@ -350,8 +356,14 @@ def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainC
     if plan_path is not None:
         decision = read_plan(plan_path)
         assert decision.trainer is not None  # read_plan refuses a plan without one
-        base = _as_flags(decision.trainer.values(), plan_path, "--plan")
-    ns = build_parser().parse_args(layered_argv(argv, base=base))
+        quiet = {k for k, o in timmoptions.UNMAPPED.items() if o.use == timmoptions.NO_EFFECT}
+        if wrong := sorted(set(decision.trainer.no_effect) - quiet):
+            raise ConfigError(f"--plan {plan_path}: trainer.no_effect: {wrong}: not timm "
+                              "options of no effect here (edited by hand?); plan the run "
+                              "again")  # fmt: skip
+        asked = {timmargs.dest(k): v for k, v in decision.trainer.no_effect.items()}
+        base = _as_flags({**decision.trainer.values(), **asked}, plan_path, "--plan")
+    ns = build_parser().parse_args(layered_argv(argv, base=base, base_name="plan"))
     ns.config = config_path(argv)
     data = vars(ns).pop("data", None)  # the positional DATA_DIR; timm: --data-dir wins
     ns.data_dir = data if ns.data_dir is None else ns.data_dir

@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from vitpod.trainer.config import ConfigError
+import yaml
+
+from vitpod.trainer.config import ConfigError, TrainConfig
 from vitpod.trainer.settings.timmoptions import (
     NO_EFFECT,
     TIMM,
@@ -124,6 +126,21 @@ def timm_names(requested: dict[str, Any]) -> dict[str, Any]:
         if key != name and back != value:
             extra[name] = value
     return {**out, **extra}
+
+
+def args_yaml(cfg: TrainConfig, loader: Any = None) -> str:
+    """A run's args.yaml: every flag as parsed (cfg.requested: timm's names, YAML lists for
+    tuples), so `-c args.yaml` gives the same configuration back. A flag left unset that the run
+    resolved (the class count, the model's drop path and crop, the `loader`'s DataConfig mean
+    and std) is written as resolved: timm's train.py reads null as its own default (1000
+    classes, no drop path, the model's crop and normalisation)."""
+    resolved = {k: getattr(cfg, k) for k in ("num_classes", "drop_path", "crop_pct")}
+    resolved |= {k: getattr(loader, k) for k in ("mean", "std")} if loader is not None else {}
+    filled = {k: v for k, v in resolved.items()
+              if v is not None and cfg.requested.get(k, 0) is None}  # fmt: skip
+    values = {**cfg.requested, **filled}
+    return yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v for k, v in values.items()},
+                          sort_keys=False)  # fmt: skip
 
 
 def _to_timm(name: str, value: Any) -> Any:

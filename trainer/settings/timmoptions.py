@@ -74,6 +74,8 @@ def _shown(value: Any) -> str:
 # ---------------------------------------------------------------- reasons shared by options
 _DATASETS_HAVE = ("vitpod reads ImageFolder trees (DATA/train, DATA/val), CIFAR, digits, "
                   "synthetic and packed shards")  # fmt: skip
+_SPLIT_NAMES = ("names timm's folder datasets resolve to the same folder (train, training; val, "
+                "valid, validation, eval, evaluation) ask for nothing")  # fmt: skip
 _NO_NET = "compute nodes have no network"
 _SCHED = ("vitpod builds timm's schedule from --sched, warmup, --min-lr, --decay-* and "
           "--cooldown-epochs only")  # fmt: skip
@@ -121,11 +123,13 @@ OPTIONS: tuple[TimmOption, ...] = (
        convert=data_rule),
     _o("data_dir", None, "data_dir", value=none_is_skip),
     _o("dataset", "", "dataset", "names vitpod has: '' and folder (ImageFolder), torch/cifar10, "
-       "torch/cifar100; also vitpod's digits, synthetic, shards", value=dataset_name),
+       "torch/cifar100; also vitpod's digits, synthetic, shards. timm's torch/imagenet, other "
+       "torch/ names, hfds/, hfids/, tfds/ and wds/ are refused, each with its reason",
+       value=dataset_name),
     _o("train_split", "train", R, "selects a split of a torch/hfds/tfds/wds dataset; "
-       f"{_DATASETS_HAVE}: put the training images in DATA/train"),
+       f"{_DATASETS_HAVE}: put the training images in DATA/train ({_SPLIT_NAMES})"),
     _o("val_split", "validation", R, f"selects the validation split; {_DATASETS_HAVE}: put them "
-       "in DATA/val, or pass --no-eval to skip validation"),
+       f"in DATA/val or DATA/validation, or pass --no-eval to skip validation ({_SPLIT_NAMES})"),
     _o("train_num_samples", None, R, _STREAM, kind=int),
     _o("val_num_samples", None, R, _STREAM, kind=int),
     _o("dataset_download", False, R, f"downloads torch/tfds datasets; {_NO_NET}: download on a "
@@ -241,7 +245,8 @@ OPTIONS: tuple[TimmOption, ...] = (
        "decay as timm's default: drop it"),
     _o("cooldown_epochs", 0, "cooldown_epochs", "epochs at --min-lr after --epochs (trained "
        "too, as in timm)"),
-    _o("patience_epochs", 10, N, "used by the plateau schedule only, which vitpod refuses"),
+    _o("patience_epochs", 10, N, "used by the plateau schedule only, which vitpod refuses "
+       "(it steps on the eval metric)"),
     _o("decay_rate", 0.1, "decay_rate", flags=("--decay-rate", "--dr")),
     # Augmentation and regularization
     _o("no_aug", False, R, "turns every train augmentation off; vitpod's are off one by one: "
@@ -262,8 +267,9 @@ OPTIONS: tuple[TimmOption, ...] = (
     _o("gaussian_blur_prob", None, R, "random blur (3-augment recipes); not in vitpod's loaders: "
        "use --aa", kind=float),
     _o("aa", None, "aa", "'' or none: off", value=aa_value),
-    _o("aug_repeats", 0, "aug_repeats", "timm's RepeatAugSampler through vitpod's resumable "
-       "sharding (exact on resume)", kind=float),
+    _o("aug_repeats", 0, "aug_repeats", "timm's RepeatAugSampler, fractions too (1.5: "
+       "ceil(1.5 N) copies an epoch), through vitpod's resumable sharding (exact on resume)",
+       kind=float),
     _o("aug_splits", 0, R, _SPLITS),
     _o("jsd_loss", False, R, f"the Jensen-Shannon loss over {_SPLITS}"),
     _o("bce_loss", False, "bce_loss"),

@@ -18,10 +18,44 @@ DATASETS = {"": "folder", "folder": "folder", "imagefolder": "folder", "torch/fo
             "torch/cifar10": "cifar10", "torch/cifar100": "cifar100"}  # fmt: skip
 
 
+_FOLDERS = ("give a folder of class folders (DATA/train/<class>/*.jpg, DATA/val/<class>/*.jpg; "
+            "--dataset folder) or pack one (make shards; --dataset shards)")  # fmt: skip
+_TORCH_OTHER = ("a torchvision data set read (or downloaded) by torchvision's own class; vitpod's "
+                "torch/ names are torch/cifar10, torch/cifar100 and torch/folder: write its "
+                f"images as JPEGs and {_FOLDERS}")  # fmt: skip
+DATASET_FAMILIES = {
+    "torch/imagenet": "torchvision's ImageNet (the ILSVRC2012 archives and devkit, unpacked by "
+    "torchvision.datasets.ImageNet); vitpod reads the same images unpacked: extract them into "
+    f"class folders and {_FOLDERS}",
+    "torch/": _TORCH_OTHER,
+    "hfds/": "a Hugging Face datasets data set (Arrow tables through the datasets library, "
+    "fetched from the Hub when not cached; compute nodes have no network); vitpod reads no "
+    f"Arrow tables: save its images on a login node and {_FOLDERS}",
+    "hfids/": "a Hugging Face data set streamed from the Hub (an iterable dataset; compute nodes "
+    "have no network, and vitpod's epochs are permutations of a counted set, for exact "
+    f"resume): save its images on a login node and {_FOLDERS}",
+    "tfds/": "a TensorFlow Datasets data set (an iterable dataset through tensorflow-datasets, "
+    f"which vitpod's image does not have): export its images and {_FOLDERS}",
+    "wds/": "WebDataset tars read as a stream (an iterable dataset, with no sample index); "
+    "vitpod's --dataset shards reads tars of the same layout (<key>.jpg, <key>.cls) through the "
+    "index make shards writes (exact epochs, mid-epoch resume): unpack them into class folders "
+    "and run make shards (or use --dataset folder)",
+}
+"""timm's dataset names (timm.data.create_dataset's prefixes) of sources vitpod does not read:
+why, and what to give instead."""
+
+
 def dataset_name(value: Any) -> Any:
-    """timm's `<type>/<name>` for the sources vitpod has; else as given (argparse lists the
-    valid choices)."""
-    return DATASETS.get(str(value).lower(), value)
+    """timm's `<type>/<name>` for the sources vitpod has; another of timm's families is refused
+    with its reason; any other name as given (argparse lists the valid choices)."""
+    name = str(value).lower()
+    if name in DATASETS:
+        return DATASETS[name]
+    family = next((k for k in DATASET_FAMILIES if name == k or name.startswith(k)
+                   and k.endswith("/")), None)  # fmt: skip
+    if family is not None:
+        raise ConfigError(f"--dataset {value}: in timm, {DATASET_FAMILIES[family]}")
+    return value
 
 
 def amp_dtype_name(value: Any) -> Any:
