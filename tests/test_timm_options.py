@@ -229,3 +229,8 @@ def test_timms_other_dataset_families_are_refused_each_with_its_reason(name, why
         assert f"--dataset {name}: in timm, {why}" in text, text
         assert "--dataset shards" in text and "invalid choice" not in text
     assert parse_args(["/d", "--dataset", "Torch/CIFAR100"]).dataset == "cifar100"
+    # A name of no family (or an unknown prefix) is a folder in timm: vitpod says so.
+    for other in ("imagenet", "foo/bar"):
+        with pytest.raises(ConfigError, match=f"--dataset {other}: in timm, a name of none of "
+                           "its families .* give --dataset folder for that"):  # fmt: skip
+            parse_args(["/d", "--dataset", other])

@@ -124,7 +124,8 @@ OPTIONS: tuple[TimmOption, ...] = (
     _o("data_dir", None, "data_dir", value=none_is_skip),
     _o("dataset", "", "dataset", "names vitpod has: '' and folder (ImageFolder), torch/cifar10, "
        "torch/cifar100; also vitpod's digits, synthetic, shards. timm's torch/imagenet, other "
-       "torch/ names, hfds/, hfids/, tfds/ and wds/ are refused, each with its reason",
+       "torch/ names, hfds/, hfids/, tfds/ and wds/ are refused, each with its reason (any other "
+       "name, a folder in timm: --dataset folder)",
        value=dataset_name),
     _o("train_split", "train", R, "selects a split of a torch/hfds/tfds/wds dataset; "
        f"{_DATASETS_HAVE}: put the training images in DATA/train ({_SPLIT_NAMES})"),

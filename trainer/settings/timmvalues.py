@@ -46,8 +46,8 @@ why, and what to give instead."""
 
 
 def dataset_name(value: Any) -> Any:
-    """timm's `<type>/<name>` for the sources vitpod has; another of timm's families is refused
-    with its reason; any other name as given (argparse lists the valid choices)."""
+    """timm's `<type>/<name>` for the sources vitpod has and vitpod's own names; another of
+    timm's families is refused with its reason, any other name as the folder timm reads."""
     name = str(value).lower()
     if name in DATASETS:
         return DATASETS[name]
@@ -55,7 +55,20 @@ def dataset_name(value: Any) -> Any:
                    and k.endswith("/")), None)  # fmt: skip
     if family is not None:
         raise ConfigError(f"--dataset {value}: in timm, {DATASET_FAMILIES[family]}")
+    if value not in _own_names():
+        raise ConfigError(f"--dataset {value}: in timm, a name of none of its families (torch/, "
+                          "hfds/, hfids/, tfds/, wds/) reads DATA as a folder (or tar) of class "
+                          "folders, the name unused; vitpod names its sources: give --dataset "
+                          f"folder for that, or one of {', '.join(_own_names())}")  # fmt: skip
     return value
+
+
+def _own_names() -> tuple[str, ...]:
+    """--dataset's choices (TrainConfig's)."""
+    from vitpod.trainer.config import TrainConfig
+
+    choices: tuple[str, ...] = TrainConfig.__dataclass_fields__["dataset"].metadata["choices"]
+    return choices
 
 
 def amp_dtype_name(value: Any) -> Any:
