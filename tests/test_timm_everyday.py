@@ -265,10 +265,12 @@ def test_sync_bn_converts_batchnorm_and_is_refused_where_it_cannot_run() -> None
 
 
 @pytest.mark.parametrize("repeats", [1.5, 3])
-def test_aug_repeats_deals_the_samples_timms_sampler_deals_fractions_too(repeats) -> None:
+def test_aug_repeats_deals_the_samples_timms_sampler_deals_fractions_too(
+    repeats, digits_dir: Path
+) -> None:
     """timm's RepeatAugSampler takes a float (--aug-repeats 1.5: ceil(1.5 N) entries, a sample
     once or twice): each rank reads the samples timm's sampler gives it, under vitpod's seeded
-    permutation (timm's with shuffle=False is the identity)."""
+    permutation (timm's with shuffle=False is the identity), and resumes mid-epoch exactly."""
     from timm.data.distributed_sampler import RepeatAugSampler
 
     from vitpod.trainer.data.sharding import epoch_order
@@ -282,6 +284,13 @@ def test_aug_repeats_deals_the_samples_timms_sampler_deals_fractions_too(repeats
         timms = list(RepeatAugSampler(range(n), world, rank, shuffle=False, num_repeats=repeats))
         assert position[ours].tolist() == timms, rank
     assert problems(parse_args(["/d", "--aug-repeats", "1.5"]), False) == []
+    cfg = data_config(digits_dir, batch_size=8, aug_repeats=repeats, return_index=True)
+    straight = [i.tolist() for _, _, i in create_loader(cfg, "train", 1, 2)]
+    first = create_loader(cfg, "train", 1, 2)
+    taken = [i.tolist() for _, (_, _, i) in zip(range(5), first, strict=False)]
+    resumed = create_loader(cfg, "train", 1, 2)
+    resumed.load_state_dict(first.state_dict())
+    assert taken + [i.tolist() for _, _, i in resumed] == straight
     assert any(p.startswith("--aug-repeats -1: copies of each image")
                for p in problems(parse_args(["/d", "--aug-repeats", "-1"]), False))  # fmt: skip
 
