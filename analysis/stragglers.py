@@ -12,7 +12,7 @@ from typing import Any
 from vitpod.registry import runfiles
 
 HEARTBEATS = "heartbeats"  # the ranks' heartbeat files (trainer/telemetry/heartbeat.py)
-DEFAULT_RATIO, DEFAULT_STEPS = 1.3, 20  # the profile's hang: defaults (profile_hang.py)
+DEFAULT_RATIO, DEFAULT_STEPS, DEFAULT_MIN_S = 1.3, 20, 0.05  # hang: defaults (profile_hang.py)
 MIN_STEPS = 5
 
 
@@ -31,13 +31,14 @@ class Straggler:
                 f"the last {self.steps} steps)")  # fmt: skip
 
 
-def thresholds(run_dir: Path) -> tuple[float, int]:
-    """(ratio, steps) from plan.json's `hang` (the profile's), else the defaults."""
+def thresholds(run_dir: Path) -> tuple[float, int, float]:
+    """(ratio, steps, min_s) from plan.json's `hang` (the profile's), else the defaults."""
     try:
         hang = json.loads((Path(run_dir) / runfiles.PLAN).read_text()).get("hang") or {}
-        return float(hang["straggler_ratio"]), int(hang["straggler_steps"])
+        min_s = float(hang.get("straggler_min_s", DEFAULT_MIN_S))  # absent before it existed
+        return float(hang["straggler_ratio"]), int(hang["straggler_steps"]), min_s
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return DEFAULT_RATIO, DEFAULT_STEPS
+        return DEFAULT_RATIO, DEFAULT_STEPS, DEFAULT_MIN_S
 
 
 def own_step_s(record: dict[str, Any]) -> float | None:
@@ -54,8 +55,9 @@ def own_step_s(record: dict[str, Any]) -> float | None:
 def stragglers(run_dir: Path, ratio: float | None = None, steps: int | None = None
                ) -> list[Straggler]:  # fmt: skip
     """Ranks whose median own step time over their last `steps` steps is above `ratio` x the
-    median over the ranks (the lower median: with 2 ranks, the faster one)."""
-    want_ratio, want_steps = thresholds(run_dir)
+    median over the ranks (the lower median: with 2 ranks, the faster one) and at least the
+    profile's `straggler_min_s` above it (a few ms on a tiny step are no straggler)."""
+    want_ratio, want_steps, min_s = thresholds(run_dir)
     ratio, steps = ratio or want_ratio, steps or want_steps
     per_rank: dict[int, tuple[float, int]] = {}
     for path in runfiles.metrics_files(run_dir):
@@ -76,7 +78,8 @@ def stragglers(run_dir: Path, ratio: float | None = None, steps: int | None = No
         return []
     nodes = rank_nodes(run_dir)
     return [Straggler(rank, nodes.get(rank, "?"), own / median, own, median, n)
-            for rank, (own, n) in sorted(per_rank.items()) if own > ratio * median]  # fmt: skip
+            for rank, (own, n) in sorted(per_rank.items())
+            if own > ratio * median and own - median >= min_s]  # fmt: skip
 
 
 def rank_nodes(run_dir: Path) -> dict[int, str]:

@@ -166,6 +166,8 @@ class HangTimeouts(_Record):
     """In-job restarts of the ranks after a hang, then the job requeues."""
     straggler_ratio: float
     straggler_steps: int
+    straggler_min_s: float = 0.05
+    """A straggler's own step time is also this many seconds above the median."""
 
 
 class PlacedCandidate(_Record):

@@ -5,6 +5,10 @@ in-job restart. Live: tests/test_hang_slurm.py."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +21,7 @@ from vitpod.trainer.telemetry.heartbeat import Heartbeat
 from vitpod.workflows.planning.hangplan import decide, longest_sections
 from vitpod.workflows.site.profile_hang import Hang
 from vitpod.workflows.submit.jobstate import JobInfo
-from vitpod.workflows.watching import follow, hangs
+from vitpod.workflows.watching import follow, hangs, status
 
 LIMITS = {"floor_s": 10.0, "measured_s": {"checkpoint": 4.0},
           "ceilings_s": {"startup": 600, "step": 50, "checkpoint": 100, "eval": 100}}  # fmt: skip
@@ -195,3 +199,130 @@ def test_the_follow_view_names_a_straggler_of_a_running_stage(tmp_path: Path) ->
     row.tail.update()
     target._set_state(row, [JobInfo("7", "RUNNING")], "")
     assert row.reason == "straggler rank 1 on node2 x3.00", row.reason
+
+
+@pytest.fixture(scope="module")
+def watchdog(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The watchdog's bash functions as the trainer's job.sbatch renders them."""
+    runs = tmp_path_factory.mktemp("render")
+    out = vitpod("render", "--cluster", "localslurm", "--model", "volo_tiny", "--offline",
+                 runs=runs)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    script = Path(out.stdout.strip().splitlines()[-1]).read_text()
+    return "\n".join(re.findall(r"^vitpod_\w+\(\) \{.*?^\}$", script, re.S | re.M))
+
+
+def _bash(functions: str, body: str, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run(["bash", "-c", f"{functions}\n{body}"], capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+# rank node pid step section since_ms deadline beat, as trainer/telemetry/heartbeat.py writes
+R0, R1 = "0 node1 11 {step} {section} 1000 5 9", "1 node2 12 {step} {section} 1003 5 9"
+
+
+@pytest.mark.parametrize(
+    ("sections", "stalled", "blamed"),
+    [
+        # every rank in a cold compile longer than the start-up's timeout: nobody's
+        ((("startup", 0), ("startup", 0)), "", "- rank(s) 0 1 on node1 node2 together"),
+        ((("step", 6), ("step", 6)), "", "- rank(s) 0 1 on node1 node2 together"),
+        ((("step", 6), ("step", 6)), " 1", "node2"),  # rank 1 stopped: its node
+        ((("checkpoint", 16), ("step", 16)), "", "node1"),  # rank 1 moved on; rank 0's save
+    ],
+)
+def test_a_hang_counts_against_a_node_only_when_its_rank_is_behind(
+    watchdog: str, sections: tuple, stalled: str, blamed: str
+) -> None:
+    lines = [r.format(section=s, step=n) for r, (s, n) in zip((R0, R1), sections, strict=True)]
+    named = lines[1] if stalled else lines[0]  # the watchdog's pick: stopped, else longest in
+    out = _bash(watchdog, "vitpod_blame " + " ".join(map(shlex.quote, (named, stalled, *lines))))
+    assert out.strip() == blamed
+
+
+def _after_hang(watchdog: str, run: Path, blamed: list[str], nodes: int) -> tuple[str, Path]:
+    run.mkdir(parents=True, exist_ok=True)
+    records = [{"kind": "hang", "rank": "0", "node": "node1", "blamed": b} for b in blamed]
+    (run / "hangs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    env = {"SLURM_JOB_PARTITION": "pretrain", "SLURM_JOB_NUM_NODES": str(nodes)}
+    body = (f"vitpod_hangs={shlex.quote(str(run / 'hangs.jsonl'))} "
+            f"vitpod_exclude={shlex.quote(str(run / 'exclude-nodes'))} vitpod_attempt=2\n"
+            "vitpod_after_hang; echo rc=$? $rc")  # fmt: skip
+    return _bash(watchdog, body, env), run / "exclude-nodes"
+
+
+@pytest.mark.slurm
+def test_a_node_is_excluded_only_while_the_partition_keeps_enough(
+    local_slurm, watchdog: str, tmp_path: Path
+) -> None:
+    """The requeue of a 2-node job on the 2-node partition would wait for node1 forever
+    (Reason=BadConstraints): it keeps node1; a 1-node job excludes it; a job's hang (no node
+    blamed) never counts."""
+    out, exclude = _after_hang(watchdog, tmp_path / "two", ["node1", "node1"], nodes=2)
+    assert (
+        "node1 hung 2 times, but without it partition pretrain has 1 node(s) up for the "
+        "job's 2: not excluding it" in out
+    ), out
+    assert not exclude.exists() and "rc=1 75" in out, out  # max_restarts used: requeued
+    out, exclude = _after_hang(watchdog, tmp_path / "one", ["node1", "node1"], nodes=1)
+    assert exclude.read_text() == "node1\n" and "the requeued job excludes it" in out, out
+    out, exclude = _after_hang(watchdog, tmp_path / "job", ["", ""], nodes=1)
+    assert not exclude.exists() and "rc=1 75" in out, out
+
+
+def test_a_few_ms_on_a_tiny_step_are_no_straggler(tmp_path: Path) -> None:
+    """Measured here on 20-40 ms steps: rank 0 (extra host work) 0.036 s vs 0.022 s, 1.64 x,
+    below hang.straggler_min_s (0.05 s above the median); the pulsed rank (0.549 s vs 0.164 s)
+    is still named."""
+    run = tmp_path / "run"
+    (run / "plan.json").parent.mkdir(parents=True)
+    (run / "plan.json").write_text(json.dumps({"hang": {"straggler_ratio": 1.3,
+                                                        "straggler_steps": 20}}))  # fmt: skip
+    _records(run, 0, _steps(0.036, 0.0))
+    _records(run, 1, _steps(0.022, 0.014))
+    assert stragglers(run) == []
+    _records(run, 1, _steps(0.549, 0.0))
+    _records(run, 0, _steps(0.164, 0.385))
+    assert [(s.rank, round(s.ratio, 2)) for s in stragglers(run)] == [(1, 3.35)]
+    plan = json.loads((run / "plan.json").read_text())
+    plan["hang"]["straggler_min_s"] = 0.5  # the profile's setting, through plan.json
+    (run / "plan.json").write_text(json.dumps(plan))
+    assert stragglers(run) == []
+
+
+def test_a_new_shape_under_compile_gets_the_startup_timeout(tmp_path: Path) -> None:
+    """--compile on: an epoch's last, partial batch recompiles; its step runs under the
+    start-up's timeout (600 s here), not 2 x the step median + floor, and stays out of the
+    median."""
+    beat = Heartbeat(tmp_path / "hb", 0, LIMITS)
+    try:
+        beat.stepped(1)
+        beat.last_boundary -= 0.1
+        beat.stepped(2)
+        step_s = beat.measured["step"]
+        beat.compiling(2)
+        assert beat.section == "compile" and beat.deadline - beat.since == 600
+        assert _fields(tmp_path / "hb" / "rank0")[4] == "compile"  # recorded as such
+        beat.last_boundary -= 300  # the recompiling step took minutes
+        beat.stepped(3)
+        assert (beat.section, beat.measured["step"]) == ("step", step_s)
+    finally:
+        beat.close()
+
+
+def test_status_says_a_jobs_hang_blames_no_node_and_why_a_job_pends(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"job": "5", "restart": 0, "attempt": 0, "rank": "0", "node": "node1", "step": 0,
+              "section": "startup", "quiet_s": 130, "timeout_s": 121, "blamed": ""}  # fmt: skip
+    (run / "hangs.jsonl").write_text(json.dumps(record) + "\n")
+    assert hangs.lines(run) == [
+        "hang: rank 0 on node1 in startup at step 0: no progress for 130 s (timeout 121 s); no "
+        "rank behind the others: the job's hang, no node blamed; job 5 restart 0 attempt 0; "
+        "stacks "
+    ]
+    pending = status.stage_status("pretrain", run, ["5"], [JobInfo("5", "PENDING",
+                                                                   "BadConstraints")])  # fmt: skip
+    assert "  pending: Slurm's reason: BadConstraints" in status.format_status([pending])

@@ -71,6 +71,7 @@ class Trainer:
         self.attention = choose_kernel(self.model, cfg.attn, self.device, self.precision.dtype)
         compile_model = apply_speedups(self.model, cfg, self.device, self.run_dir)
         self.model = prepare_model(self.model, self.precision, compile_model)
+        self.compiled_shapes: set[Any] | None = set() if compile_model else None
         self.criterion = make_criterion(cfg)
         self.engine: Engine = parallelize(
             self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
@@ -188,6 +189,9 @@ class Trainer:
         timer, micro = self._timer(), 0
         for images, targets in self.train_loader:
             timer.lap("data")
+            if self.compiled_shapes is not None and images.shape not in self.compiled_shapes:
+                self.compiled_shapes.add(images.shape)  # recompiles: the compile's timeout
+                self.heartbeat.compiling(self.step)
             reseed_for_step(cfg.seed, self.data_rank, self.step, micro)
             last = micro + 1 == cfg.accum_steps
             images = self.precision.prepare_input(images)

@@ -4,7 +4,7 @@ A thread rewrites HEARTBEATS/rank<R> every BEAT_S seconds with one line:
 
     rank host pid step section since_ms deadline beat
 
-`section` is what the rank is doing (startup, step, checkpoint, eval; done at the end),
+`section` is what the rank is doing (startup, step, compile, checkpoint, eval; done at the end),
 `since_ms` when it began (Unix milliseconds: the rank longest in its section is the one named),
 `deadline` the Unix second by which it must be over (0: none) and `beat` when the thread last
 wrote: a rank blocked in a collective keeps beating, a stopped or dead process does
@@ -86,6 +86,7 @@ class Heartbeat:
         return cls(Path(directory), rank, limits)
 
     def timeout(self, section: str) -> float:
+        section = "startup" if section == "compile" else section  # a compile, as at start-up
         ceiling = self.ceilings.get(section, 3600.0)
         return timeout(self.floor_s, ceiling, self.measured.get(section))
 
@@ -104,6 +105,13 @@ class Heartbeat:
             self.measured["step"] = statistics.median(self.recent)
         self.last_boundary = now
         self.enter("step", step)
+
+    def compiling(self, step: int) -> None:
+        """With --compile on, a step whose input shape is new (an epoch's last, partial batch)
+        recompiles, minutes cold: it runs under the start-up's timeout, not the step's, and its
+        time stays out of the step estimate. In start-up already: nothing changes."""
+        if self.section == "step":
+            self.enter("compile", step)
 
     @contextmanager
     def during(self, name: str, step: int) -> Iterator[None]:

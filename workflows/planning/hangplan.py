@@ -53,7 +53,7 @@ def decide(hang: Hang, cfg: TrainConfig, run_dir: Path) -> HangTimeouts | None:
         ceilings_s={s: hang.ceiling(s) for s in SECTIONS},
         timeouts_s={s: timeout(hang.floor_s, hang.ceiling(s), measured[s]) for s in SECTIONS},
         max_restarts=hang.max_restarts, straggler_ratio=hang.straggler_ratio,
-        straggler_steps=hang.straggler_steps,
+        straggler_steps=hang.straggler_steps, straggler_min_s=hang.straggler_min_s,
     )  # fmt: skip
 
 

@@ -37,6 +37,11 @@ class Hang(Strict):
         description="a rank whose own step time (step minus communication wait) stays this many "
         "times the ranks' median over the last `straggler_steps` steps is a straggler",
     )  # fmt: skip
+    straggler_min_s: float = Field(
+        default=0.05, ge=0,
+        description="and stays at least this many seconds above the median: on steps of tens of "
+        "ms a rank with extra host work (rank 0) reads 1.5-1.8 x by a few ms, no straggler",
+    )  # fmt: skip
     straggler_steps: int = Field(default=20, ge=3, le=10000)
 
     def ceiling(self, section: str) -> float:

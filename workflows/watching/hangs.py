@@ -26,9 +26,12 @@ class Hang:
     timeout_s: int
     stalled: str
     stacks: str
+    blamed: str | None = None  # the node it counts against; "": the job's; None: not recorded
 
     def line(self) -> str:
         stopped = f"; no heartbeat from rank(s) {self.stalled}" if self.stalled else ""
+        if self.blamed == "":
+            stopped += "; no rank behind the others: the job's hang, no node blamed"
         return (f"hang: rank {self.rank} on {self.node} in {self.section} at step {self.step}: "
                 f"no progress for {self.quiet_s} s (timeout {self.timeout_s} s){stopped}; job "
                 f"{self.job} restart {self.restart} attempt {self.attempt}; stacks "
@@ -47,7 +50,8 @@ def hangs(run_dir: Path) -> list[Hang]:
             out.append(Hang(str(rec["job"]), int(rec["restart"]), int(rec["attempt"]),
                             str(rec["rank"]), str(rec["node"]), int(rec["step"]),
                             str(rec["section"]), int(rec["quiet_s"]), int(rec["timeout_s"]),
-                            str(rec.get("stalled", "")), str(rec.get("stacks", ""))))  # fmt: skip
+                            str(rec.get("stalled", "")), str(rec.get("stacks", "")),
+                            rec.get("blamed")))  # fmt: skip
         except (ValueError, KeyError, TypeError):
             continue
     return out

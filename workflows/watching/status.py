@@ -45,6 +45,7 @@ class StageStatus:
     ckpt_age_s: float | None = None  # since the newest committed checkpoint
     engine: str | None = None  # from plan.json: "ring", or "mesh(dp=2,tp=2,pp=1)"
     cluster: str = ""  # the Slurm cluster its profile names (multicluster.py); '' the default
+    pending: str = ""  # Slurm's reason a PENDING job waits (BadConstraints: it never starts)
 
     def line(self) -> str:
         jobs = ",".join(self.job_ids) or "-"
@@ -135,7 +136,8 @@ def stage_status(
     return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
                        found, ledger, sizes, tail.total, tail.loss, eta,
                        newest_checkpoint_age(run_dir, now), engine_of(run_dir),
-                       multicluster.cluster_of(run_dir))  # fmt: skip
+                       multicluster.cluster_of(run_dir),
+                       info[-1].reason if info and state == "PENDING" else "")  # fmt: skip
 
 
 def add_ledgers(statuses: list[StageStatus], accounting: bool = True) -> list[StageStatus]:
@@ -196,6 +198,8 @@ def format_status(statuses: list[StageStatus]) -> str:
             out.extend("    " + line for line in s.traceback.text.splitlines())
         if s.diagnosis is not None:
             out.extend("  " + line for line in s.diagnosis.text())
+        if s.pending:
+            out.append(f"  pending: Slurm's reason: {s.pending}")
         out.extend("  " + line for line in hangs.lines(Path(s.run_dir)))
         out.extend("  " + line for line in checkpoint_notes(Path(s.run_dir)))
         if s.ledger is not None:
