@@ -101,6 +101,7 @@ def test_hung_ranks_restart_in_place_and_a_slow_rank_is_a_straggler(
     first, second = _hangs(hung)
     spans = _step_spans(hung, 0)
     assert (first["rank"], first["node"], first["stalled"]) == ("1", "node2", "1"), first
+    assert first["blamed"] == "node2", first  # its beat stopped: its node's hang
     assert first["step"] >= stop_at and first["section"] in ("step", "checkpoint", "eval"), first
     if first["section"] == "step":
         assert first["timeout_s"] <= 2 * max(spans) + FLOOR_S + 1, (first, max(spans))
@@ -108,6 +109,7 @@ def test_hung_ranks_restart_in_place_and_a_slow_rank_is_a_straggler(
     # The hang in the save: the save's timeout, not the step's.
     assert (second["rank"], second["node"], second["section"]) == ("0", "node1", "checkpoint")
     assert second["step"] == BLOCKED_SAVE and second["stalled"] == "", second
+    assert second["blamed"] == "node1", second  # alone behind: rank 1 went on to the next step
     assert (first["attempt"], second["attempt"]) == (0, 1)
     # Every rank's stack, for both hangs, before the step was ended: py-spy's from outside (the
     # stopped rank's too) and each live rank's own in its log.

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import vitpod
 from vitpod.analysis.goodput import Attempt, assemble
@@ -297,17 +298,28 @@ def test_a_new_shape_under_compile_gets_the_startup_timeout(tmp_path: Path) -> N
     start-up's timeout (600 s here), not 2 x the step median + floor, and stays out of the
     median."""
     beat = Heartbeat(tmp_path / "hb", 0, LIMITS)
+    beat.compiled = True  # the trainer's decision
+    epoch = [(torch.zeros(n, 3, 8, 8), None) for n in (4, 4, 4, 1)]  # a partial batch last
+    batches = beat.batches(epoch, lambda: beat.step)
     try:
+        next(batches)  # the first batch: compiled in the start-up, nothing changes
+        assert beat.section == "startup"
         beat.stepped(1)
-        beat.last_boundary -= 0.1
-        beat.stepped(2)
+        for step in (2, 3):
+            next(batches)
+            beat.last_boundary -= 0.1
+            beat.stepped(step)
         step_s = beat.measured["step"]
-        beat.compiling(2)
+        assert beat.section == "step" and beat.deadline - beat.since < 2 * step_s + 10 + 1
+        next(batches)  # the partial batch
         assert beat.section == "compile" and beat.deadline - beat.since == 600
         assert _fields(tmp_path / "hb" / "rank0")[4] == "compile"  # recorded as such
         beat.last_boundary -= 300  # the recompiling step took minutes
-        beat.stepped(3)
+        beat.stepped(4)
         assert (beat.section, beat.measured["step"]) == ("step", step_s)
+        beat.compiled = False  # --compile off: a new shape is an ordinary step
+        next(beat.batches([(torch.zeros(2, 3, 8, 8), None)], lambda: beat.step))
+        assert beat.section == "step"
     finally:
         beat.close()
 

@@ -69,9 +69,8 @@ class Trainer:
             self.device, cfg.amp, cfg.apex_amp, cfg.amp_dtype, cfg.channels_last
         )
         self.attention = choose_kernel(self.model, cfg.attn, self.device, self.precision.dtype)
-        compile_model = apply_speedups(self.model, cfg, self.device, self.run_dir)
-        self.model = prepare_model(self.model, self.precision, compile_model)
-        self.compiled_shapes: set[Any] | None = set() if compile_model else None
+        self.heartbeat.compiled = apply_speedups(self.model, cfg, self.device, self.run_dir)
+        self.model = prepare_model(self.model, self.precision, self.heartbeat.compiled)
         self.criterion = make_criterion(cfg)
         self.engine: Engine = parallelize(
             self.model, self._optimizer, self.precision, cfg, loss_fn=self.criterion
@@ -187,11 +186,8 @@ class Trainer:
         cfg, engine = self.cfg, self.engine
         self.model.train()
         timer, micro = self._timer(), 0
-        for images, targets in self.train_loader:
+        for images, targets in self.heartbeat.batches(self.train_loader, lambda: self.step):
             timer.lap("data")
-            if self.compiled_shapes is not None and images.shape not in self.compiled_shapes:
-                self.compiled_shapes.add(images.shape)  # recompiles: the compile's timeout
-                self.heartbeat.compiling(self.step)
             reseed_for_step(cfg.seed, self.data_rank, self.step, micro)
             last = micro + 1 == cfg.accum_steps
             images = self.precision.prepare_input(images)

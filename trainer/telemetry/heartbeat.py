@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,8 @@ class Heartbeat:
         self.since = process_start_time()
         self.deadline = self.since + self.timeout("startup")
         self.last_boundary: float | None = None
+        self.compiled = False  # the trainer's torch.compile decision (--compile)
+        self.shapes: set[Any] = set()  # the input shapes the compiled model has run
         self._stop = threading.Event()
         self._dumped = 0.0
         self._thread: threading.Thread | None = None
@@ -112,6 +114,15 @@ class Heartbeat:
         time stays out of the step estimate. In start-up already: nothing changes."""
         if self.section == "step":
             self.enter("compile", step)
+
+    def batches(self, loader: Iterable[Any], step: Callable[[], int]) -> Iterator[Any]:
+        """The loader's (images, targets), telling `compiling` of each new images shape while
+        the model is compiled."""
+        for batch in loader:
+            if self.compiled and batch[0].shape not in self.shapes:
+                self.shapes.add(batch[0].shape)
+                self.compiling(step())
+            yield batch
 
     @contextmanager
     def during(self, name: str, step: int) -> Iterator[None]:
