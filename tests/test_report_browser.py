@@ -115,7 +115,14 @@ def test_report_fits_a_1300px_window_offline(study_with_long_failure, tmp_path):
     # No horizontal scrollbar: the document is no wider than the window, and every table
     # (its last header cell included) ends inside it.
     assert m["doc"] <= WIDTH, m
-    assert set(m["tables"]) == {"throughput", "breakdown", "prediction", "goodput", "references"}
+    assert set(m["tables"]) == {
+        "throughput",
+        "breakdown",
+        "prediction",
+        "goodput",
+        "stragglers",
+        "references",
+    }
     for name, (left, right) in m["tables"].items():
         assert 0 <= left and right <= WIDTH, (name, m["tables"])
         assert m["lastHeader"][name][1] <= right, (name, m["lastHeader"])
