@@ -124,7 +124,7 @@ help:
 	  "STUDY=  report: a study directory" \
 	  "MODE=$(MODE)  scaling: strong or weak" \
 	  "GPUS='$(GPUS)'  scaling: the points' GPU counts" \
-	  "BATCH=  scaling: the per-rank batch" \
+	  "BATCH=  scaling: strong: the global batch; weak: the per-rank batch" \
 	  "ACCUM=$(ACCUM)  scaling: gradient accumulation steps" \
 	  "IMAGE=  container: the image to build" \
 	  "PUSH=  container: 1 = push it to the profile's registry" \
@@ -137,7 +137,7 @@ help:
 	  "OUT=  shards: the shards' folder" \
 	  "NAME=  profile: the new profile's name" \
 	  "PARTITIONS=  profile: its pretrain[,finetune] partitions" \
-	  "OFFLINE=  render, place, preflight, pipeline: 1 = ask Slurm nothing (pipeline renders every stage, submits nothing)" \
+	  "OFFLINE=  render, place, preflight, pipeline, scaling: 1 = ask Slurm nothing (pipeline and scaling render every job, submit nothing)" \
 	  "CANCEL=  resume: 1 = cancel the run's pending or running job first" \
 	  "STATE=  list, clean-runs: states, e.g. RUNNING,PENDING or FAILED,CANCELLED" \
 	  "DRY_RUN=  pretrain, finetune, pipeline, token-labels, scaling, calibrate: 1 = print the scripts, write and submit nothing" \

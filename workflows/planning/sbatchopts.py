@@ -56,7 +56,7 @@ OWNED: dict[str, str] = {
     "exclusive": "the profile's exclusive:",
     "dependency": "a pipeline chains its stages itself (afterok); one stage: vitpod submit "
     "--dependency",
-    "array": "make scaling and make token-labels (vitpod's job arrays)",
+    "array": "make token-labels (vitpod's job arrays; a scaling study is a job per point)",
     "export": "the profile's env: and secrets: (the ranks need the variables vitpod exports)",
     "parsable": _SBATCH, "test-only": _SBATCH, "wait": _SBATCH, "wrap": _SBATCH,
 }  # fmt: skip

@@ -1,1 +1,1 @@
-"""Scaling studies: the sweep's job array, its study record and the report job."""
+"""Scaling studies: the sweep's point jobs, its study record and the report job."""
