@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import profile_copy
+from tests.helpers import make, profile_copy
 from vitpod.registry.decision import read_decision
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.studies.pointsize import FLOOR_S, MARGIN, slurm_time
@@ -47,6 +47,27 @@ def test_bad_sweep_inputs_name_the_field(tmp_path):
         with pytest.raises(ConfigError, match=message):
             run(tmp_path, *args)
         assert not (tmp_path / "study").exists()
+
+
+def test_args_a_point_sets_itself_are_refused_naming_the_make_variable(tmp_path):
+    """ARGS="--max-steps 3000" was replaced by the study's 30 steps without a word."""
+    for args, message in [
+        ("--max-steps 3000", "--max-steps is set by the study for every point; use STEPS="),
+        ("--drop-path 0.1 -b 64", "-b is set by the study .* use BATCH="),
+        ("--grad-accum-steps=2", "--grad-accum-steps is set .* use ACCUM="),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            run(tmp_path, f"--args={args}")
+        assert not (tmp_path / "study").exists()
+
+
+def test_make_scaling_steps_reach_every_point(tmp_path):
+    out = make("scaling", "CLUSTER=localslurm", "MODEL=volo_tiny", "GPUS=1 2", "STEPS=12",
+               "OFFLINE=1", runs=tmp_path / "runs")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    plans = sorted((tmp_path / "runs").rglob("plan.json"))
+    assert len(plans) == 2
+    assert all(read_decision(p.parent).trainer.optim["max_steps"] == 12 for p in plans)
 
 
 def test_existing_study_dir_is_refused(tmp_path):

@@ -119,6 +119,26 @@ def per_rank_batches(mode: str, gpus: list[int], batch: int, accum: int) -> dict
     return {n: batch // (n * accum) for n in gpus}
 
 
+# The trainer flags every point sets (sweep_args), and what sets them instead: in ARGS they
+# would be replaced without a word.
+STUDY_FLAGS = {
+    "-b": "BATCH=", "--batch-size": "BATCH=", "--accum-steps": "ACCUM=",
+    "--grad-accum-steps": "ACCUM=", "--max-steps": "STEPS= (--steps)",
+    "--warmup-steps-excluded": "--warmup", "--log-interval": "nothing (a point logs every step)",
+}  # fmt: skip
+
+
+def refuse_study_flags(args: str) -> None:
+    """ConfigError naming the first ARGS flag a point sets itself, and what to use instead."""
+    for token in shlex.split(args):
+        name = token.split("=", 1)[0]
+        if name in STUDY_FLAGS:
+            raise ConfigError(
+                f"ARGS: {name} is set by the study for every point; use {STUDY_FLAGS[name]} "
+                "instead and drop it from ARGS"
+            )
+
+
 def sweep_args(batch: int, accum: int, steps: int, warmup: int) -> list[str]:
     """Trainer flags every point adds: its batch, a short timed run, a metrics line a step."""
     return [
@@ -182,6 +202,7 @@ def prepare(ns: argparse.Namespace) -> Sweep:
             f"CLUSTER={profile.name}: a scaling sweep is Slurm jobs; use a Slurm profile "
             f"(CLUSTER=localslurm for the local test cluster)"
         )
+    refuse_study_flags(ns.args)
     recipe = load_recipe(profile.model_for(ns.model))
     stage = recipe.stage(STAGE)
     gpus = parse_gpus(ns.gpus)
