@@ -165,10 +165,12 @@ def test_a_run_whose_local_process_lives_or_that_holds_set_aside_checkpoints_is_
     use_stubs(monkeypatch, stub_slurm(tmp_path, {}), root)
     local = make_run(root, "801", step=10, total=100)
     aside = make_run(root, "802", step=10, total=100)
-    (aside / runfiles.CHECKPOINTS / runclean.DISCARDED / "step_000000010").mkdir(parents=True)
-    (aside / runfiles.CHECKPOINTS / runclean.DISCARDED / "step_000000010" / "rank0.pt").write_bytes(
-        b"x"
+    (aside / runfiles.CHECKPOINTS / runfiles.CHECKPOINT_DISCARDED / "step_000000010").mkdir(
+        parents=True
     )
+    (
+        aside / runfiles.CHECKPOINTS / runfiles.CHECKPOINT_DISCARDED / "step_000000010" / "rank0.pt"
+    ).write_bytes(b"x")
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
                              "--plan", str(local / runfiles.PLAN)])  # fmt: skip
     try:

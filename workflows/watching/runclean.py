@@ -34,8 +34,6 @@ AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 UNREADABLE = "UNREADABLE"
 ENDED = jobstate.TERMINAL | {jobstate.GONE, "NOT_SUBMITTED", "RENDERED", "EMPTY"}
 """States whose jobs Slurm no longer holds (or never held): the ones clean may delete."""
-DISCARDED = "discarded"
-"""checkpoints/discarded/: damaged checkpoints a resume set aside; deleted only when asked."""
 RUN_NAME = re.compile(r"\d{8}T\d{6}Z-.+-[0-9a-f]{6}")
 """How vitpod names what it creates under the run root (rundir.new_run_path)."""
 
@@ -105,7 +103,11 @@ def _has_final(entry: jobctl.Entry) -> Path | None:
 
 def _discarded(entry: jobctl.Entry) -> Path | None:
     for part in entry.parts:
-        folder = part.run_dir / runfiles.CHECKPOINTS / DISCARDED if part.run_dir else None
+        folder = (
+            part.run_dir / runfiles.CHECKPOINTS / runfiles.CHECKPOINT_DISCARDED
+            if part.run_dir
+            else None
+        )
         if folder is not None and folder.is_dir() and any(folder.iterdir()):
             return folder
     return None
