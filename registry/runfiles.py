@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
-"""What was planned and submitted: profile, recipe, resolved arguments, topology, job ids."""
+"""A run's record: what was planned and submitted (profile, recipe, resolved arguments,
+topology, job ids). Only the run's: before FINAL_RECORD and LABELS existed, a final model and a
+label set kept their records under this name too (registry/records.py reads those)."""
+FINAL_RECORD = "model.json"
+"""In final/: the final model's record (registry.records.FinalModel), written last."""
+LABELS = "labels.json"
+"""In a token-label set: its record (registry.records.LabelSet), written when the last shard
+lands."""
 PLAN = "plan.json"
 """The planner's typed decision record (vitpod.registry.decision.Decision)."""
 SUMMARY = "summary.json"

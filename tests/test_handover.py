@@ -36,7 +36,7 @@ def _pretrain(tmp_path: Path, size: int = 300_000) -> Path:
     (run / runfiles.FINAL / runfiles.FINAL_MODEL).write_bytes(data)
     manifest = {"model": "volo_tiny", "file": runfiles.FINAL_MODEL, "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
-    (run / runfiles.FINAL / runfiles.MANIFEST).write_text(json.dumps(manifest))
+    (run / runfiles.FINAL / runfiles.FINAL_RECORD).write_text(json.dumps(manifest))
     return run
 
 
@@ -48,12 +48,12 @@ def test_the_final_model_alone_crosses_verified_by_the_pretrains_sha256(tmp_path
     run, dest = _pretrain(tmp_path), _destination(tmp_path)
     assert handover.needs_transfer(run, dest.parent / "finetune")
     record = handover.transfer(run, dest)
-    want = json.loads((run / runfiles.FINAL / runfiles.MANIFEST).read_text())["sha256"]
+    want = json.loads((run / runfiles.FINAL / runfiles.FINAL_RECORD).read_text())["sha256"]
     assert record["sha256"] == record["pretrain_manifest_sha256"] == want
     assert handover.sha256_file(dest / runfiles.FINAL / runfiles.FINAL_MODEL) == want
     assert record["attempts"] == 1 and record["bytes"] == 300_000 - 300_000 % 256
     files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert files == ["final/manifest.json", "final/model.pt"]  # no checkpoints, logs
+    assert files == ["final/model.json", "final/model.pt"]  # no checkpoints, logs
 
 
 def test_a_damaged_model_is_caught_and_nothing_is_left_for_the_fine_tune(tmp_path):
@@ -94,7 +94,7 @@ def test_a_copy_that_keeps_failing_is_reported_with_the_fix(tmp_path):
 
 def test_a_pretrain_without_a_final_model_has_nothing_to_carry(tmp_path):
     run = _pretrain(tmp_path)
-    (run / runfiles.FINAL / runfiles.MANIFEST).unlink()
+    (run / runfiles.FINAL / runfiles.FINAL_RECORD).unlink()
     with pytest.raises(handover.TransferError, match="no final model"):
         handover.transfer(run, _destination(tmp_path))
 
@@ -199,7 +199,7 @@ def test_the_hand_over_waits_for_the_pretrains_real_end_then_submits_on_cluster_
     fin = rendered.stages["finetune"].run_dir
     assert sbatch[:2] == ["sbatch", "--clusters=vitpod2"] and sbatch[-1] == str(fin / "job.sbatch")
     assert all("--clusters" not in a[1] for a in asked if a[0] == "squeue")  # cluster 1: default
-    digest = json.loads((pre / runfiles.FINAL / runfiles.MANIFEST).read_text())["sha256"]
+    digest = json.loads((pre / runfiles.FINAL / runfiles.FINAL_RECORD).read_text())["sha256"]
     moved = runfiles.read_manifest(fin)["transfer"]
     assert moved["sha256"] == digest and (moved["from_cluster"], moved["to_cluster"]) == (
         "vitpod",

@@ -155,7 +155,7 @@ def test_a_workers_reload_refuses_labels_relabeled_by_another_teacher_since_the_
     assert worker.teacher_sha256 == digest_a and len(worker.data["index"]) == 1433
     manifest = labelset.read_manifest(labels)
     manifest["teacher"]["weights_sha256"] = digest_b  # relabeled: manifest and shards of b
-    (labels / labelset.MANIFEST).write_text(json.dumps(manifest))
+    (labels / labelset.RECORD).write_text(json.dumps(manifest))
     for number in range(2):
         path = labelset.shard_path(labels, number, 2)
         part = torch.load(path, weights_only=True)

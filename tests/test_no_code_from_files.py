@@ -242,7 +242,7 @@ def test_a_planted_token_label_file_runs_nothing_in_the_trainer(tmp_path: Path, 
         file = labelset.shard_path(store, 0, 1)
         file.parent.mkdir(parents=True)
         torch.save({"maps": Plant(target)}, file)
-        (store / labelset.MANIFEST).write_text(json.dumps({"num_shards": 1, "teacher": {}}))
+        (store / labelset.RECORD).write_text(json.dumps({"num_shards": 1, "teacher": {}}))
         with pytest.raises(UnsafePickle, match=rf"{file}: holds more than tensors"):
             assert TokenLabelStore(store, 10, 2).data is None
     assert not target.exists()

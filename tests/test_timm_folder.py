@@ -87,7 +87,7 @@ def test_the_final_manifest_records_every_files_sha256(trained: Path) -> None:
     from vitpod.trainer.checkpointing.torchsave import sha256_of
 
     final = trained / runfiles.FINAL
-    manifest = json.loads((final / runfiles.MANIFEST).read_text())
+    manifest = json.loads((final / runfiles.FINAL_RECORD).read_text())
     assert manifest["sha256"] == sha256_of(final / runfiles.FINAL_MODEL)
     recorded = manifest["timm"]["files"]
     assert set(recorded) == {runfiles.TIMM_WEIGHTS, runfiles.TIMM_CONFIG}
@@ -112,12 +112,31 @@ def test_volo_tiny_has_no_timm_files_and_the_manifest_says_why(tmp_path: Path) -
     save_final(tmp_path, create_model("volo_tiny", 32, 10, 0.0).state_dict(),
                model_manifest("volo_tiny", 32, 10))  # fmt: skip
     final = tmp_path / runfiles.FINAL
-    assert sorted(p.name for p in final.iterdir()) == [runfiles.MANIFEST, runfiles.FINAL_MODEL]
-    manifest = json.loads((final / runfiles.MANIFEST).read_text())
+    assert sorted(p.name for p in final.iterdir()) == [runfiles.FINAL_RECORD, runfiles.FINAL_MODEL]
+    manifest = json.loads((final / runfiles.FINAL_RECORD).read_text())
     assert manifest["timm"] == {"architecture": None, "why_not": registry.NOT_IN_TIMM}
     # The reason holds: timm's VOLO entry points take no shape of their own.
     with pytest.raises(TypeError, match="multiple values for keyword argument 'layers'"):
         timm.create_model("volo_d1_224", layers=(1, 1), embed_dims=(32, 64), num_heads=(1, 2))
+
+
+def test_a_final_folder_of_the_previous_release_still_loads_and_is_still_checked(tmp_path):
+    """final/ written before model.json existed keeps its record as manifest.json: a fine-tune
+    still reads it and still refuses weights that no longer match its sha256."""
+    from vitpod.trainer.model.models import read_weights
+
+    state = create_model("volo_tiny", 32, 10, 0.0).state_dict()
+    save_final(tmp_path, state, model_manifest("volo_tiny", 32, 10))
+    final = tmp_path / runfiles.FINAL
+    (final / runfiles.FINAL_RECORD).rename(final / runfiles.MANIFEST)
+    loaded, record = read_weights(str(tmp_path))
+    assert record["model"] == "volo_tiny" and record["file"] == runfiles.FINAL_MODEL
+    assert set(loaded) == set(state)
+    data = bytearray((final / runfiles.FINAL_MODEL).read_bytes())
+    data[-20] ^= 0xFF
+    (final / runfiles.FINAL_MODEL).write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="does not match the sha256 its manifest.json"):
+        read_weights(str(tmp_path))
 
 
 def test_weights_timm_would_not_load_write_no_timm_folder(tmp_path: Path) -> None:
@@ -128,7 +147,7 @@ def test_weights_timm_would_not_load_write_no_timm_folder(tmp_path: Path) -> Non
     final = tmp_path / runfiles.FINAL
     assert not (final / runfiles.TIMM_CONFIG).exists()
     assert not (final / runfiles.TIMM_WEIGHTS).exists()
-    why = json.loads((final / runfiles.MANIFEST).read_text())["timm"]["why_not"]
+    why = json.loads((final / runfiles.FINAL_RECORD).read_text())["timm"]["why_not"]
     assert "keys or shapes are not the trained vit_micro's" in why
 
 

@@ -71,6 +71,29 @@ def test_manifest_records_teacher_grid_and_data_set(labels: Path, digits_dir: Pa
     assert not list(labels.rglob(".*")), "no temporary files left behind"
 
 
+def test_a_label_set_keeps_its_record_as_labels_json_and_an_older_set_still_reads(
+    labels: Path, digits_dir: Path, tmp_path: Path
+):
+    """labels.json, not the run's manifest.json; a set made by the previous release (its record
+    as manifest.json) still serves a stage, and the trainer still opens it."""
+    assert (labels / "labels.json").is_file() and not (labels / "manifest.json").exists()
+    old = tmp_path / "old"
+    shutil.copytree(labels, old)
+    (old / "labels.json").rename(old / "manifest.json")
+    assert labelset.read_manifest(old) == labelset.read_manifest(labels)
+    names = labelset.folder_names(digits_dir)
+    assert labelset.problems(labelset.read_manifest(old), where=str(old), names=names,
+                             data_dir=str(digits_dir), img_size=32) == []  # fmt: skip
+    cfg = DataConfig(data_dir=str(digits_dir), img_size=32, batch_size=8, workers=0,
+                     loader="torch", auto_augment=None, reprob=0.0, token_label=True,
+                     token_label_data=str(old), token_label_size=2, hflip=0.0)  # fmt: skip
+    store = create_loader(cfg, "train", 0, 1)._token_labels
+    assert "train/7/0003.jpg" in store.data["index"]
+    (old / "manifest.json").write_text(json.dumps({"format": labelset.FORMAT, "grid": "two"}))
+    with pytest.raises(ValueError, match=rf"{old / 'manifest.json'}: grid: "):
+        labelset.read_manifest(old)
+
+
 def test_a_finished_shard_is_skipped_and_a_changed_one_redone(
     labels, digits_dir, teacher_run, capsys
 ):
@@ -123,7 +146,7 @@ def test_wrong_grid_and_other_data_set_are_refused(labels: Path, digits_dir: Pat
     (other,) = labelset.problems(manifest, where="L", names=renamed, data_dir="d", img_size=32)
     assert "names checksum differs" in other
     assert (
-        "no manifest.json"
+        "no labels.json"
         in labelset.problems(None, where="L", names=names, data_dir="d", img_size=32)[0]
     )
     # The trainer makes the same check when it opens the directory.
@@ -159,11 +182,11 @@ def test_preflight_refuses_wrong_labels_with_the_command_that_makes_them(labels,
     assert "does not exist" in missing and "make token-labels" in missing
     partial = tmp_path / "partial"
     shutil.copytree(labels, partial)
-    (partial / labelset.MANIFEST).unlink()
+    (partial / labelset.RECORD).unlink()
     (unfinished,) = token_label_problems(
         plan(f"--token-label --token-label-size 2 --token-label-data {partial}")
     )
-    assert "has no manifest.json" in unfinished
+    assert "has no labels.json" in unfinished
     with pytest.raises(ConfigError, match="grid 2"):
         from vitpod.workflows.planning import preflight
 

@@ -82,7 +82,7 @@ def test_label_array_resume_use_and_refusal(setup):
     kept = labelset.shard_path(setup["labels"], 0, 4).stat().st_mtime_ns
     lost.unlink()
     lost.with_suffix(".json").unlink()
-    (setup["labels"] / labelset.MANIFEST).unlink()
+    (setup["labels"] / labelset.RECORD).unlink()
     _, rerun = label(setup)
     logs = "".join(p.read_text() for p in (Path(rerun) / "logs").glob("train-*.log"))
     assert logs.count("already done") == 3 and "shard 2/4: 358 images" in logs, logs

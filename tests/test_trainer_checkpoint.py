@@ -240,7 +240,7 @@ def test_finetune_resamples_pos_embed_resets_head_and_refuses_other_models(tmp_p
     with pytest.raises(ModelLoadError, match="checkpoint is a volo_tiny, not --model vit_tiny"):
         load_finetune(create_model("vit_tiny_patch16_224", 32, 10, 0.0), str(tmp_path / "run"),
                       "vit_tiny_patch16_224")  # fmt: skip
-    (tmp_path / "run" / "final" / "manifest.json").unlink()  # no manifest: the keys decide
+    (tmp_path / "run" / "final" / "model.json").unlink()  # no manifest: the keys decide
     with pytest.raises(ModelLoadError, match="weights are not a vit_tiny_patch16_224"):
         load_finetune(create_model("vit_tiny_patch16_224", 32, 10, 0.0), str(tmp_path / "run"),
                       "vit_tiny_patch16_224")  # fmt: skip

@@ -66,7 +66,7 @@ def test_digits_without_num_classes_trains_a_10_class_model(digits_dir: Path, tm
     argv = [str(digits_dir), "--dataset", "digits", *QUICK, "--output", str(run)]
     codes = run_ranks(1, argv, tmp_path / "logs")
     assert codes == [0], logs(tmp_path / "logs")
-    assert json.loads((run / "final" / "manifest.json").read_text())["num_classes"] == 10
+    assert json.loads((run / "final" / "model.json").read_text())["num_classes"] == 10
     assert json.loads((run / "config.json").read_text())["num_classes"] == 10  # kept resolved
 
 

@@ -42,4 +42,4 @@ def test_token_label_run_trains_and_writes_the_metrics_contract(digits_dir: Path
     config = json.loads((run / "config.json").read_text())
     assert config["token_label"] and config["token_label_size"] == 2 and config["amp"]
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert json.loads((run / "final" / "manifest.json").read_text())["model"] == "volo_tiny"
+    assert json.loads((run / "final" / "model.json").read_text())["model"] == "volo_tiny"

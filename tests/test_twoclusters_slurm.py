@@ -59,7 +59,7 @@ def test_make_pipeline_pretrains_on_cluster_1_and_fine_tunes_on_cluster_2(
     assert two_clusters.sacct(two_clusters.first, [fin_job], "JobName") == []
     # The transferred checkpoint's digest is the pretrain's, in both manifests; the fine-tune
     # read it there.
-    digest = json.loads((pre / runfiles.FINAL / runfiles.MANIFEST).read_text())["sha256"]
+    digest = json.loads((pre / runfiles.FINAL / runfiles.FINAL_RECORD).read_text())["sha256"]
     moved = runfiles.read_manifest(fin)["transfer"]
     assert moved["sha256"] == digest and moved["to_cluster"] == two_clusters.second
     assert moved["from_cluster"] == two_clusters.first

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vitpod.registry import io, runfiles, safepickle
+from vitpod.registry import io, records, runfiles, safepickle
 from vitpod.trainer.checkpointing import checkpoint_commit as commit
 from vitpod.trainer.checkpointing import elastic as elastic_rules
 from vitpod.trainer.checkpointing import reads, timm_folder
@@ -269,11 +269,12 @@ def save_final(
     data: dict[str, Any] | None = None,
 ) -> Path:  # fmt: skip
     """RUN_DIR/final/model.pt, the timm folder's files (timm_folder.py; `data`: the eval
-    preprocessing) and manifest.json (written last, so its presence means complete)."""
+    preprocessing) and model.json (registry.records.FinalModel; written last, so its presence
+    means complete)."""
     model_file = runfiles.final_model(run_dir)
     state = {k: v.detach().cpu() for k, v in model_state.items()}
     info = atomic_torch_save(state, model_file)
     timm = timm_folder.write(model_file.parent, state, manifest["model"], manifest["img_size"],
                              manifest["num_classes"], data or {})  # fmt: skip
-    io.write_json_atomic(model_file.parent / runfiles.MANIFEST, {**manifest, **info, "timm": timm})
+    records.write(model_file.parent, runfiles.FINAL_RECORD, {**manifest, **info, "timm": timm})
     return model_file

@@ -173,7 +173,7 @@ def _load_shards(path: Path, teacher_sha256: str | None = None) -> dict[str, Any
     manifest = labelset.read_manifest(path)
     if manifest is None:
         raise TokenLabelError(
-            f"--token-label-data {path} has no {labelset.MANIFEST}: its labeling job has not "
+            f"--token-label-data {path} has no {labelset.RECORD}: its labeling job has not "
             "finished; rerun `make token-labels` (finished shards are kept)"
         )
     teacher = (manifest.get("teacher") or {}).get("weights_sha256")

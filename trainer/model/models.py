@@ -15,7 +15,7 @@ from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc
 from timm.models.volo import VOLO
 from torch import nn
 
-from vitpod.registry import models, runfiles
+from vitpod.registry import models, records, runfiles
 from vitpod.trainer.checkpointing import checkpoint_commit as commit
 from vitpod.trainer.checkpointing.checkpoint import STEP_PREFIX
 from vitpod.trainer.checkpointing.torchsave import sha256_of
@@ -147,14 +147,14 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict]:
         # The mesh engine stores qkv head-major; load_finetune converts it with the model's heads.
         return dcp.read_model_state(sharded), {"qkv_layout": "head_major"}
     file = resolve_finetune_file(path)
-    manifest_file = file.parent / runfiles.MANIFEST
-    manifest = runfiles.read_record(manifest_file) if manifest_file.is_file() else {}
+    manifest_file = records.record_path(file.parent, runfiles.FINAL_RECORD)
+    manifest = records.read(file.parent, runfiles.FINAL_RECORD) or {}
     expected = _recorded_sha256(manifest, file.name)
     if expected:
         found = sha256_of(file)
         if found != expected:
             raise ModelLoadError(
-                f"--finetune {path}: {file} does not match the sha256 its {runfiles.MANIFEST} "
+                f"--finetune {path}: {file} does not match the sha256 its {manifest_file.name} "
                 f"records ({found[:12]} != {expected[:12]}): the file changed on disk "
                 "after it was written; take the run's newest checkpoint or retrain"
             )

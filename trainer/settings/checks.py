@@ -6,7 +6,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from vitpod.registry import models, runfiles
+from vitpod.registry import models, records, runfiles
 from vitpod.registry.checkpoint_every import AUTO, AUTO_BY_HAND
 from vitpod.registry.engines import DDP_ENGINES, MESH_ENGINES
 from vitpod.registry.paralleldims import ParallelDims
@@ -251,10 +251,13 @@ def _mesh_problems(cfg: TrainConfig) -> list[str]:
 
 
 def _finetune_problems(cfg: TrainConfig) -> list[str]:
-    """A saved model's manifest names its architecture: refuse another before any rank starts."""
+    """A saved model's record names its architecture: refuse another before any rank starts
+    (a run's final/model.json, the one beside a weights file or in a final folder; a run
+    directory's own manifest.json)."""
     path = Path(cfg.finetune or "")
-    for manifest in (path / runfiles.FINAL / runfiles.MANIFEST, path.parent / runfiles.MANIFEST,
-                     path / runfiles.MANIFEST):  # fmt: skip
+    for manifest in (records.record_path(path / runfiles.FINAL, runfiles.FINAL_RECORD),
+                     records.record_path(path.parent, runfiles.FINAL_RECORD),
+                     records.record_path(path, runfiles.FINAL_RECORD)):  # fmt: skip
         if manifest.is_file():
             saved = runfiles.read_record(manifest).get("model")
             if saved and saved != cfg.model:

@@ -10,7 +10,7 @@ reads, under a temporary name then renamed, with a sidecar JSON written last. A 
 resubmitted job finds the sidecar and skips the shard. The directory belongs to one teacher
 (labelset.claim: another teacher's rank exits 2 before touching a shard) and a rank holds its
 shard's lock while it labels it (a second job of the same teacher waits, then skips).
-Whichever rank finds every shard done writes manifest.json (same content from any rank; atomic
+Whichever rank finds every shard done writes labels.json (same content from any rank; atomic
 rename), which is what the login node checks before a training job may use the labels.
 
 `--layout published` writes TokenLabeling's layout instead of shards: one file per image,
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import io, runfiles
+from vitpod.registry import records as folder_records
 from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
 from vitpod.trainer.tokenlabels import labellayout, labelset
 
@@ -100,12 +101,12 @@ def teacher_record(ns: argparse.Namespace) -> dict[str, Any]:
 def _teacher_name(ns: argparse.Namespace, file: Path) -> str:
     if ns.teacher_checkpoint:
         return ns.teacher  # a timm model name
-    manifest = file.parent / runfiles.MANIFEST
+    manifest = folder_records.record_path(file.parent, runfiles.FINAL_RECORD)
     name = runfiles.read_record(manifest).get("model") if manifest.is_file() else None
     name = name or ns.teacher_model
     if not name:
         raise LabelError(
-            f"--teacher {ns.teacher}: {file} has no manifest.json naming its model; "
+            f"--teacher {ns.teacher}: {file} has no {runfiles.FINAL_RECORD} naming its model; "
             "pass --teacher-model NAME"
         )
     return str(name)
@@ -287,7 +288,7 @@ def _done(
 
 
 def write_manifest_if_complete(output: str, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """When every shard's sidecar is there with this run's settings, write manifest.json."""
+    """When every shard's sidecar is there with this run's settings, write labels.json."""
     keys = ("num_shards", "img_size", "topk", "grid", "names_sha256", "samples", "teacher",
             "layout")  # fmt: skip
     records = []
@@ -317,9 +318,7 @@ def write_manifest_if_complete(output: str, meta: dict[str, Any]) -> dict[str, A
             for r in records
         ],
     }
-    io.write_text_atomic(
-        Path(output) / labelset.MANIFEST, json.dumps(manifest, indent=2, sort_keys=True)
-    )
+    folder_records.write(output, labelset.RECORD, dict(sorted(manifest.items())))
     return manifest
 
 
@@ -354,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE
     if write_manifest_if_complete(ns.label_dir, record) is not None:
-        print(f"label: all {shards} shards done; manifest {Path(ns.label_dir) / 'manifest.json'}")
+        print(f"label: all {shards} shards done; record {Path(ns.label_dir) / labelset.RECORD}")
     return OK
 
 

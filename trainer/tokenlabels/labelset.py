@@ -1,8 +1,9 @@
 """Token-label data sets on disk: shard names, the manifest and its checks (no torch, no numpy).
 
-A token-label directory holds `manifest.json` and `shards/shard-<i>-of-<n>.pt`. Each shard is
+A token-label directory holds `labels.json` (registry.records.LabelSet; `manifest.json` in a
+set made before that name, still read) and `shards/shard-<i>-of-<n>.pt`. Each shard is
 the torch file `vitpod.trainer.data.token_label` reads (top-k teacher scores per token of a
-contiguous slice of the sorted training-sample names). The manifest is written when the last
+contiguous slice of the sorted training-sample names). The record is written when the last
 shard lands; it records what the labels are valid for: the teacher (and the sha256 of its
 weights: labels of another teacher never serve), the labeling resolution, the
 grid (one label per 16x16 pixels: 14 at 224, 32 at 512), k, and the data set (path, sample count
@@ -37,10 +38,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import io, runfiles
+from vitpod.registry import io, records, runfiles
 
 FORMAT = "vitpod-token-labels/3"  # 3: every shard records its teacher's sha256
-MANIFEST = runfiles.MANIFEST
+RECORD = runfiles.LABELS
 SHARDS = "shards"
 OWNER = "teacher.json"
 """The teacher a label directory belongs to (written once, by the first labeling rank)."""
@@ -108,11 +109,9 @@ def shard_bounds(samples: int, index: int, count: int) -> tuple[int, int]:
 
 
 def read_manifest(out: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The manifest of a token-label directory, or None when there is none (yet)."""
-    path = Path(out) / MANIFEST
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
+    """The record (labels.json) of a token-label directory, or None when there is none (yet);
+    a set made by the previous release has it as manifest.json."""
+    return records.read(out, RECORD)
 
 
 def problems(
@@ -130,7 +129,7 @@ def problems(
     so only the grid is checked). `teacher_sha256`: the teacher asked for (None: any teacher).
     """
     if manifest is None:
-        return [f"{where} has no {MANIFEST}: the labeling job has not finished (or never ran)"]
+        return [f"{where} has no {RECORD}: the labeling job has not finished (or never ran)"]
     if manifest.get("format") != FORMAT:
         return [f"{where}: format {manifest.get('format')!r} is not {FORMAT!r}; regenerate it"]
     out = []

@@ -1,7 +1,7 @@
 """What a pipeline carries from its pretrain cluster to its fine-tune cluster: the final model
 (copied, verified by sha256) and the image (the same digest on both), with the checks before.
 
-Only the fine-tune's input crosses: the pretrain's final/model.pt and final/manifest.json (its
+Only the fine-tune's input crosses: the pretrain's final/model.pt and final/model.json (its
 architecture, read by the trainer's --finetune check). Checkpoints, logs and metrics stay on the
 pretrain cluster's storage.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import models, runfiles
+from vitpod.registry import models, records, runfiles
 from vitpod.workflows.containers import container
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site.profile import Profile
@@ -46,11 +46,13 @@ def needs_transfer(pretrain_run: Path, finetune_run: Path) -> bool:
 
 
 def final_record(pretrain_run: Path) -> dict[str, Any]:
-    """The pretrain's final/manifest.json (written last by the trainer: its presence means the
-    final model is complete); TransferError when there is none to carry."""
-    path = pretrain_run / runfiles.FINAL / runfiles.MANIFEST
+    """The pretrain's final/model.json (manifest.json from the previous release; written last
+    by the trainer: its presence means the final model is complete); TransferError when there
+    is none to carry."""
+    path = records.record_path(pretrain_run / runfiles.FINAL, runfiles.FINAL_RECORD)
     try:
         record = runfiles.read_record(path)
+        records.check(record, runfiles.FINAL_RECORD, path)
     except (OSError, ValueError) as exc:
         raise TransferError(
             f"{path}: no final model to carry to the fine-tune's cluster ({exc}); the pretrain "
@@ -113,7 +115,7 @@ def _copy_verified(source: Path, target: Path, sha256: str, copy: Copy) -> tuple
 
 def transfer(pretrain_run: Path, destination: Path, copy: Copy = shutil.copyfile) -> dict[str, Any]:
     """Copy the pretrain's final model into `destination`/final, verified by the sha256 in its
-    final/manifest.json; returns the record both runs' manifests keep. TransferError (and
+    final/model.json; returns the record both runs' manifests keep. TransferError (and
     nothing at `destination`/final/model.pt) when it cannot be done."""
     record = final_record(pretrain_run)
     source = pretrain_run / runfiles.FINAL / runfiles.FINAL_MODEL
@@ -124,10 +126,12 @@ def transfer(pretrain_run: Path, destination: Path, copy: Copy = shutil.copyfile
     target_dir.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
     attempts, digest = _copy_verified(source, target_dir / runfiles.FINAL_MODEL,
                                       str(record["sha256"]), copy)  # fmt: skip
-    # The manifest last, as the trainer writes it: its presence means the model beside is whole.
-    partial = target_dir / (runfiles.MANIFEST + ".partial")
-    shutil.copyfile(pretrain_run / runfiles.FINAL / runfiles.MANIFEST, partial)
-    os.replace(partial, target_dir / runfiles.MANIFEST)
+    # The record last, as the trainer writes it: its presence means the model beside is whole.
+    # Under the name this vitpod writes, whichever name the pretrain's folder has it under.
+    partial = target_dir / (runfiles.FINAL_RECORD + ".partial")
+    shutil.copyfile(records.record_path(pretrain_run / runfiles.FINAL, runfiles.FINAL_RECORD),
+                    partial)  # fmt: skip
+    os.replace(partial, target_dir / runfiles.FINAL_RECORD)
     return {
         "from": str(source),
         "to": str(target_dir / runfiles.FINAL_MODEL),

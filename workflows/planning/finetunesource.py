@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vitpod.registry import runfiles
+from vitpod.registry import records, runfiles
 
 
 def finetune_source_problem(path: str) -> str | None:
@@ -38,13 +38,14 @@ def _unusable_weights(source: str, weights: Path) -> str | None:
     if size == 0:
         return (f"{what} is empty (0 bytes: a copy cut short?); copy the model again or give "
                 "another run, timm folder or checkpoint file")  # fmt: skip
-    # A final model's manifest (the trainer writes it last) records the file's size.
+    # A final model's record (the trainer writes it last) records the file's size.
+    path = records.record_path(weights.parent, runfiles.FINAL_RECORD)
     try:
-        record = runfiles.read_record(weights.parent / runfiles.MANIFEST)
+        record = runfiles.read_record(path)
     except (OSError, ValueError):
         return None
     if record.get("file") == weights.name and record.get("bytes") not in (None, size):
-        return (f"{what} is {size} bytes, its {runfiles.MANIFEST} says {record['bytes']} (a copy "
+        return (f"{what} is {size} bytes, its {path.name} says {record['bytes']} (a copy "
                 "cut short?); copy the model again or give another run, timm folder or "
                 "checkpoint file")  # fmt: skip
     return None
