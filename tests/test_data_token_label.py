@@ -11,8 +11,8 @@ from timm.models.volo import VOLO
 
 from vitpod.trainer.data import DataConfig, create_loader
 from vitpod.trainer.data.token_label import TokenLabelError, crop_scores
+from vitpod.trainer.model.token_loss import TokenLabelCriterion
 from vitpod.trainer.tokenlabels.token_forward import forward_train
-from vitpod.trainer.tokenlabels.token_loss import TokenLabelCriterion
 from vitpod.trainer.tokenlabels.token_teacher import generate_token_labels
 
 

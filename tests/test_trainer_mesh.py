@@ -14,7 +14,8 @@ import torch
 from tests.helpers import train
 from vitpod.registry import runfiles
 from vitpod.registry.models import stage_bounds
-from vitpod.trainer.engines.tensor_parallel import _head_major, _timm_major, use_head_major_qkv
+from vitpod.trainer.engines.tensor_parallel import use_head_major_qkv
+from vitpod.trainer.model.qkv_layout import head_major, timm_major
 
 # The issue asks for 50 steps; VITPOD_MESH_STEPS=20 shortens a run on a busy machine.
 STEPS = int(os.environ.get("VITPOD_MESH_STEPS", "50"))
@@ -65,8 +66,8 @@ def test_head_major_qkv_computes_what_timm_does() -> None:
         got = model(images)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     w = torch.arange(3 * 4 * 2 * 5.0).reshape(24, 5)  # 3 x (4 heads x 2 dims) rows
-    assert not torch.equal(_head_major(w, 4), w)
-    assert torch.equal(_timm_major(_head_major(w, 4), 4), w)
+    assert not torch.equal(head_major(w, 4), w)
+    assert torch.equal(timm_major(head_major(w, 4), 4), w)
 
 
 def test_stages_split_blocks_evenly_and_refuse_too_many() -> None:

@@ -15,13 +15,8 @@ from tests.helpers import QUICK
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.config import SCHEDULES, ConfigError, TrainConfig
 from vitpod.trainer.exitcodes import OK, USAGE
-from vitpod.trainer.model.optim import (
-    create_optimizer,
-    create_schedule,
-    opt_problem,
-    valid_optimizers,
-)
-from vitpod.trainer.settings.checks import problems
+from vitpod.trainer.model.optim import create_optimizer, create_schedule
+from vitpod.trainer.settings.checks import opt_problem, problems, valid_optimizers
 from vitpod.trainer.settings.flags import parse_args
 
 CPU = torch.device("cpu")

@@ -28,6 +28,7 @@ from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.engines.engine import Engine
 from vitpod.trainer.engines.mesh import job_images_per_s, local_param_bytes, max_over_ranks
 from vitpod.trainer.engines.parallel import parallelize
+from vitpod.trainer.evaluate import evaluate
 from vitpod.trainer.exitcodes import OK, REQUEUE
 from vitpod.trainer.model.components import (
     data_config,
@@ -37,7 +38,6 @@ from vitpod.trainer.model.components import (
     resolve_num_classes,
 )
 from vitpod.trainer.model.ema import load_ema, make_ema, save_final_ema
-from vitpod.trainer.model.evaluate import evaluate
 from vitpod.trainer.model.models import build_model, model_manifest
 from vitpod.trainer.model.optim import current_lr, optimizer_for, schedule_for
 from vitpod.trainer.settings.timmargs import args_yaml

@@ -25,12 +25,11 @@ from vitpod.trainer.engines.engine import token_label_forward
 from vitpod.trainer.engines.mesh import Mesh, build_mesh
 from vitpod.trainer.engines.pipeline_parallel import build_schedule, forward_only, split_vit
 from vitpod.trainer.engines.tensor_parallel import (
-    attention_heads,
     parallelize_vit_tp,
     parallelize_volo_tp,
-    to_timm_layout,
     use_head_major_qkv,
 )
+from vitpod.trainer.model.qkv_layout import attention_heads, to_timm_layout
 from vitpod.trainer.speed.precision import Precision
 
 log = logging.getLogger(__name__)

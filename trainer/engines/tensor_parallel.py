@@ -8,14 +8,13 @@ Column-wise the first linear of each pair (qkv, fc1; VOLO's v and attn), row-wis
 A column split of timm's fused qkv weight, laid out [q; k; v], would give rank 0 all of q and
 half of k. The weight is therefore stored head-major, [h0: q k v; h1: q k v; ...], whatever
 the tp degree, so a contiguous row shard holds whole heads. The layout does not depend on tp,
-so sharded checkpoints load into any mesh; `to_timm_layout` restores timm's order for export.
+so sharded checkpoints load into any mesh; model/qkv_layout.py restores timm's order for export.
 """
 
 from __future__ import annotations
 
 import math
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,56 +32,21 @@ from torch.distributed.tensor.parallel import (
 )
 
 from vitpod.trainer.config import ConfigError
-
-QKV_SUFFIXES = (".qkv.weight", ".qkv.bias")
-
-
-def _head_major(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """[q; k; v] rows (3, H, hd, ...) -> head-major rows (H, 3, hd, ...)."""
-    return t.reshape(3, heads, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
-
-
-def _timm_major(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """Head-major rows (H, 3, hd, ...) -> timm's [q; k; v] rows."""
-    return t.reshape(heads, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
-
-
-def _attentions(model: nn.Module) -> Iterator[tuple[str, Any]]:
-    for name, module in model.named_modules():
-        if isinstance(module, VitAttention | VoloAttention):
-            yield name, module
+from vitpod.trainer.model.qkv_layout import attentions, head_major
 
 
 @torch.no_grad()
 def use_head_major_qkv(model: nn.Module) -> None:
     """Re-order every fused qkv weight head-major and switch the attention to read it so."""
-    for _, attn in _attentions(model):
+    for _, attn in attentions(model):
         if isinstance(attn, VitAttention) and (
             attn.gate is not None or not isinstance(attn.norm, nn.Identity)
         ):
             raise ValueError("--tp/--pp/--fsdp: gated or scale-normed ViT attention is not split")
         for p in attn.qkv.parameters():
-            p.copy_(_head_major(p, attn.num_heads))
+            p.copy_(head_major(p, attn.num_heads))
         forward = _vit_attention if isinstance(attn, VitAttention) else _volo_attention
         attn.forward = types.MethodType(forward, attn)  # type: ignore[method-assign]
-
-
-def to_timm_layout(
-    state: dict[str, torch.Tensor], heads: dict[str, int]
-) -> dict[str, torch.Tensor]:
-    """A full state dict in head-major qkv order -> timm's order (heads: attention name -> H)."""
-    out = dict(state)
-    for name, h in heads.items():
-        for suffix in QKV_SUFFIXES:
-            key = name + suffix
-            if key in out:
-                out[key] = _timm_major(out[key], h)
-    return out
-
-
-def attention_heads(model: nn.Module) -> dict[str, int]:
-    """Attention module name -> its (global) number of heads, for `to_timm_layout`."""
-    return {name: attn.num_heads for name, attn in _attentions(model)}
 
 
 def _local_heads(qkv: torch.Tensor, head_dim: int) -> int:

@@ -51,7 +51,7 @@ def resolve_num_classes(cfg: TrainConfig) -> None:
 
 def make_criterion(cfg: TrainConfig) -> nn.Module:
     if cfg.token_label:
-        from vitpod.trainer.tokenlabels.token_loss import TokenLabelCriterion
+        from vitpod.trainer.model.token_loss import TokenLabelCriterion
 
         return TokenLabelCriterion(ground_truth=cfg.ground_truth)
     if cfg.bce_loss:  # timm's train.py: smoothing is Mixup's when it is on, else the loss's

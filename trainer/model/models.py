@@ -20,6 +20,7 @@ from vitpod.trainer.checkpointing import checkpoint_commit as commit
 from vitpod.trainer.checkpointing.checkpoint import STEP_PREFIX
 from vitpod.trainer.checkpointing.torchsave import sha256_of
 from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.model.qkv_layout import attention_heads, to_timm_layout
 from vitpod.trainer.settings.checks import known_model
 
 log = logging.getLogger(__name__)
@@ -242,8 +243,6 @@ def load_finetune(model: nn.Module, path: str, model_name: str) -> list[str]:
         )
     own = model.state_dict()
     if manifest.get("qkv_layout") == "head_major":
-        from vitpod.trainer.engines.tensor_parallel import attention_heads, to_timm_layout
-
         state = to_timm_layout(state, attention_heads(model))
     _check_architecture(own, state, path, model_name)
     state = _resample_pos_embed(model, own, state)
@@ -314,8 +313,6 @@ def load_initial_checkpoint(model: nn.Module, path: str, model_name: str) -> Non
         raise ModelLoadError(f"--initial-checkpoint {path}: a {saved_name}, not --model "
                              f"{model_name}; pass --model {saved_name}")  # fmt: skip
     if manifest.get("qkv_layout") == "head_major":
-        from vitpod.trainer.engines.tensor_parallel import attention_heads, to_timm_layout
-
         state = to_timm_layout(state, attention_heads(model))
     own = model.state_dict()
     bad = sorted(set(own) ^ set(state)) or [k for k in own if own[k].shape != state[k].shape]

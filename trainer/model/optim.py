@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from timm.optim import (
     create_optimizer_v2,
-    list_optimizers,
     param_groups_layer_decay,
     param_groups_weight_decay,
 )
@@ -39,25 +38,6 @@ def param_groups(
     return param_groups_layer_decay(
         model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay
     )
-
-
-def valid_optimizers() -> list[str]:
-    """Every name --opt takes: timm's (a `lookahead_` prefix wraps any of them in Lookahead)."""
-    return [str(name) for name in list_optimizers()]
-
-
-SECOND_ORDER = ("adahessian",)
-"""timm's optimizers whose step needs backward(create_graph=True): no engine here runs one."""
-
-
-def opt_problem(opt: str, valid: list[str]) -> str | None:
-    name = opt.lower().removeprefix("lookahead_")
-    if name in SECOND_ORDER:
-        return (f"--opt {opt}: a second-order optimizer (its step needs backward(create_graph="
-                "True)), which vitpod's engines do not run; pick another --opt")  # fmt: skip
-    if name in valid:
-        return None
-    return f"--opt {opt}: not an optimizer of timm; use one of {', '.join(valid)}"
 
 
 def takes_foreach(opt: str) -> bool:

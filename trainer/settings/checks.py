@@ -118,16 +118,37 @@ def _loader_problems(cfg: TrainConfig) -> list[str]:
     return out
 
 
+def valid_optimizers() -> list[str]:
+    """Every name --opt takes: timm's (a `lookahead_` prefix wraps any of them in Lookahead)."""
+    from timm.optim import list_optimizers
+
+    return [str(name) for name in list_optimizers()]
+
+
+SECOND_ORDER = ("adahessian",)
+"""timm's optimizers whose step needs backward(create_graph=True): no engine here runs one."""
+
+
+def opt_problem(opt: str, valid: list[str]) -> str | None:
+    name = opt.lower().removeprefix("lookahead_")
+    if name in SECOND_ORDER:
+        return (f"--opt {opt}: a second-order optimizer (its step needs backward(create_graph="
+                "True)), which vitpod's engines do not run; pick another --opt")  # fmt: skip
+    if name in valid:
+        return None
+    return f"--opt {opt}: not an optimizer of timm; use one of {', '.join(valid)}"
+
+
 def _opt_problem(opt: str) -> str | None:
     """--opt against timm's optimizers. The default, timm's adamw, needs no look: importing
     timm and torch costs some 10 s of CPU, which every planner command would pay."""
     if opt == TrainConfig.opt:
         return None
     try:
-        from vitpod.trainer.model.optim import opt_problem, valid_optimizers
+        valid = valid_optimizers()
     except ImportError:  # a login node without torch/timm: the job's own check names it
         return None
-    return opt_problem(opt, valid_optimizers())
+    return opt_problem(opt, valid)
 
 
 def _timm_flag_problems(cfg: TrainConfig) -> list[str]:
