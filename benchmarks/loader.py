@@ -236,8 +236,8 @@ def write_token_labels(root: Path, classes: int, k: int = 5) -> dict[str, Path]:
     """Both label layouts over root/train: vitpod's file, written by its own writer from an
     (untrained) volo_tiny teacher at 224 px (grid 14), and TokenLabeling's per-image
     [2, k, 18, 18] float16 files (NFNet-F6's grid at 576 px) of random logits."""
+    from vitpod.registry import labellayout
     from vitpod.trainer.model.models import create_model
-    from vitpod.trainer.tokenlabels import labellayout
     from vitpod.trainer.tokenlabels.token_teacher import generate_token_labels
 
     vitpod = root.parent / (root.name + "-tl.pt")

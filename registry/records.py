@@ -41,7 +41,7 @@ class FinalModel(_FolderRecord):
 
 class LabelSet(_FolderRecord):
     """labels.json of a token-label set: what its shards are valid for, written when the last
-    shard lands (trainer/tokenlabels/labelset.py checks it against a stage and a data set)."""
+    shard lands (registry/labelset.py checks it against a stage and a data set)."""
 
     format: str | None = None
     num_shards: int | None = None

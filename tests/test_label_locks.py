@@ -20,11 +20,12 @@ import pytest
 import torch
 
 from tests.helpers import wait_until
+from vitpod.registry import labelset
 from vitpod.trainer.checkpointing.checkpoint import save_final
 from vitpod.trainer.data import DataConfig
 from vitpod.trainer.data.token_label import TokenLabelError, TokenLabelStore
 from vitpod.trainer.model.models import create_model, model_manifest
-from vitpod.trainer.tokenlabels import label, labelset
+from vitpod.trainer.tokenlabels import label
 from vitpod.workflows.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,10 +20,10 @@ import torch
 
 from tests.fixtures_data import data_config
 from tests.helpers import REPO, free_port
+from vitpod.registry import labellayout
 from vitpod.trainer.checkpointing import safeload
 from vitpod.trainer.data.sources import DataSourceError, load_split
 from vitpod.trainer.model.models import read_weights
-from vitpod.trainer.tokenlabels import labellayout
 
 
 class Plant:
@@ -219,11 +219,11 @@ def test_a_planted_rank0_checkpoint_runs_nothing(tmp_path: Path) -> None:
 def test_a_planted_token_label_file_runs_nothing_in_the_trainer(tmp_path: Path, layout: str):
     """The trainer's reads of token labels: vitpod's store (one file or shards) and
     TokenLabeling's published per-image files."""
+    from vitpod.registry import labelset
     from vitpod.registry.safepickle import UnsafePickle
     from vitpod.trainer.data import published_labels
     from vitpod.trainer.data.label_maps import TokenLabelError
     from vitpod.trainer.data.token_label import TokenLabelStore
-    from vitpod.trainer.tokenlabels import labelset
 
     target = tmp_path / "ran"
     if layout == "published":

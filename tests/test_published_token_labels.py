@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torchvision.ops import roi_align
 
+from vitpod.registry import labellayout, labelset
 from vitpod.trainer.__main__ import main
 from vitpod.trainer.data import DataConfig
 from vitpod.trainer.data.published_labels import PublishedLabelStore
@@ -20,7 +21,7 @@ from vitpod.trainer.data.sources import folder_split
 from vitpod.trainer.data.token_label import TokenLabelError, TokenLabelStore
 from vitpod.trainer.data.torch_loader import SplitDataset
 from vitpod.trainer.data.transforms import BoxedTrainTransform
-from vitpod.trainer.tokenlabels import label, labellayout, labelset
+from vitpod.trainer.tokenlabels import label
 from vitpod.trainer.tokenlabels.token_forward import dense_logits
 
 CLASSES = 10

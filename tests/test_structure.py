@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,12 @@ FORBIDDEN = {
     "vitpod.registry": ("vitpod.workflows", "vitpod.trainer", "vitpod.analysis"),
     "vitpod.templates": ("vitpod",),
 }
+
+SIDES = ("vitpod.trainer", "vitpod.workflows")
+"""Each side's subpackages (and top-level modules) layer one way: no import cycle among them."""
+LOGIN_SIDE = ("vitpod.workflows", "vitpod.analysis", "vitpod.registry", "vitpod.templates")
+HEAVY = ("torch", "timm", "deepspeed", "nvidia.dali")
+"""Node-side libraries: a login node may lack them, and torch alone takes seconds to import."""
 
 MAX_LINES = 400
 # The planner resolves the engine and layout into plan.json; every other module reads the plan.
@@ -76,6 +84,7 @@ class Edge:
     target: str
     where: str  # "file.py:LINE", what a message points at
     how: str  # "import" or "dynamic" (importlib.import_module / "module:attr" table)
+    loads: bool = True  # runs when `source` is imported (not in a function, not TYPE_CHECKING)
 
 
 def discover() -> dict[str, Module]:
@@ -143,22 +152,50 @@ def _targets(module: Module, node: ast.AST) -> list[tuple[str, str]]:
     return []
 
 
-def import_edges() -> list[Edge]:
-    edges = []
+def _is_type_checking(test: ast.expr) -> bool:
+    name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", "")
+    return name == "TYPE_CHECKING"
+
+
+def walk_loads(tree: ast.AST) -> Iterator[tuple[ast.AST, bool]]:
+    """Every node, and whether it runs when the module is imported: not in a function's body
+    (a call runs it; its decorators and defaults do run) and not under `if TYPE_CHECKING:`."""
+    stack: list[tuple[ast.AST, bool]] = [(tree, True)]
+    while stack:
+        node, loads = stack.pop()
+        yield node, loads
+        later: list[ast.AST] = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            later = list(node.body)
+        elif isinstance(node, ast.Lambda):
+            later = [node.body]
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            later = list(node.body)
+        deferred = {id(n) for n in later}
+        stack += [(c, loads and id(c) not in deferred) for c in ast.iter_child_nodes(node)]
+
+
+def import_edges() -> tuple[list[Edge], list[Edge]]:
+    """(imports between vitpod modules, imports of a HEAVY library): every import, top-level,
+    in functions and under TYPE_CHECKING, each marked with whether it runs on import."""
+    edges, heavy = [], []
     for module in MODULES.values():
         tree = ast.parse(module.path.read_text(), filename=str(module.path))
-        for node in ast.walk(tree):  # every import: top-level, in functions, under TYPE_CHECKING
+        for node, loads in walk_loads(tree):
             for target, how in _targets(module, node):
+                where = f"{module.rel}:{node.lineno}"  # type: ignore[attr-defined]
+                if any(_within(target, lib) for lib in HEAVY):
+                    heavy.append(Edge(module.name, target, where, how, loads))
                 if not _within(target, "vitpod"):
                     continue
                 owner = _owner(target)
                 if owner is None or owner == module.name:
                     continue
-                edges.append(Edge(module.name, owner, f"{module.rel}:{node.lineno}", how))
-    return edges
+                edges.append(Edge(module.name, owner, where, how, loads))
+    return edges, heavy
 
 
-EDGES = import_edges()
+EDGES, HEAVY_EDGES = import_edges()
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -196,19 +233,24 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _shortest_path(graph: dict[str, set[str]], start: str, goal: str, allowed: set[str]):
+def _shortest_path(
+    graph: dict[str, set[str]], start: str, goals: set[str], allowed: set[str]
+) -> list[str]:
+    """start ... the nearest of `goals` (through `allowed` only); [] when none is reached."""
     previous: dict[str, str | None] = {start: None}
     frontier = [start]
-    while frontier:
+    reached = start if start in goals else None
+    while frontier and reached is None:
         nxt = []
         for v in frontier:
             for w in sorted(graph[v] & allowed):
                 if w not in previous:
                     previous[w] = v
                     nxt.append(w)
+                    reached = w if reached is None and w in goals else reached
         frontier = nxt
     path: list[str] = []
-    node: str | None = goal
+    node = reached
     while node is not None:
         path.append(node)
         node = previous[node]
@@ -222,7 +264,7 @@ def cycles_in(graph: dict[str, set[str]], component: list[str]) -> list[list[str
     out = []
     for u in component:
         for v in sorted(graph[u] & members):
-            cycle = [u, *_shortest_path(graph, v, u, members)[:-1]]
+            cycle = [u, *_shortest_path(graph, v, {u}, members)[:-1]]
             first = cycle.index(min(cycle))
             key = tuple(cycle[first:] + cycle[:first])
             if key not in seen:
@@ -289,6 +331,109 @@ def test_no_import_cycles():
             report.append("  " + " -> ".join([*cycle, cycle[0]]))
             report.extend("      " + step for step in steps)
     assert not report, "import cycles among vitpod modules:\n" + "\n".join(report)
+
+
+def subpackage(name: str, side: str) -> str:
+    """The subpackage or top-level module of `side` that module `name` is in."""
+    first = name.removeprefix(side + ".").split(".")[0] if name != side else ""
+    return f"{side}.{first}" if first else side
+
+
+def subpackage_graph(side: str) -> tuple[dict[str, set[str]], dict[tuple[str, str], list[Edge]]]:
+    """The side's subpackages, each with those it imports (every import counts), and the module
+    imports behind each arrow."""
+    graph: dict[str, set[str]] = {subpackage(n, side): set() for n in MODULES if _within(n, side)}
+    behind: dict[tuple[str, str], list[Edge]] = defaultdict(list)
+    for e in EDGES:
+        if _within(e.source, side) and _within(e.target, side):
+            a, b = subpackage(e.source, side), subpackage(e.target, side)
+            if a != b:
+                graph[a].add(b)
+                behind[a, b].append(e)
+    return graph, behind
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_no_import_cycle_among_subpackages(side):
+    """The subpackages layer one way, counting lazy, TYPE_CHECKING and import_module imports: a
+    cycle lists every arrow inside its group and the module imports behind each."""
+    graph, behind = subpackage_graph(side)
+    report = []
+    for group in strongly_connected(graph):
+        report.append(f"cycle group of {len(group)}: {', '.join(group)}")
+        for a in group:
+            for b in sorted(graph[a] & set(group)):
+                edges = sorted({f"{e.source} -> {e.target} [{_label(e)}]" for e in behind[a, b]})
+                shown = ", ".join(edges[:4])
+                more = f" and {len(edges) - 4} more" if len(edges) > 4 else ""
+                report.append(f"  {a} -> {b}: {shown}{more}")
+    assert not report, f"import cycles among {side}'s subpackages:\n" + "\n".join(report)
+
+
+def load_graph() -> dict[str, set[str]]:
+    """What importing each module runs: its imports outside functions and TYPE_CHECKING, and
+    its parent packages (importing a.b.c runs a/b/__init__.py first)."""
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for e in EDGES:
+        if e.loads:
+            graph[e.source].add(e.target)
+    for name in MODULES:
+        if (parent := name.rpartition(".")[0]) in MODULES:
+            graph[name].add(parent)
+    return graph
+
+
+def heavy_loads(area: str) -> list[str]:
+    """Each module of `area` whose import loads a HEAVY library, through any vitpod module
+    (the trainer's too): the chain of imports and the line that imports the library."""
+    graph = load_graph()
+    loaders: dict[str, list[Edge]] = defaultdict(list)
+    for e in HEAVY_EDGES:
+        if e.loads:
+            loaders[e.source].append(e)
+    found = []
+    for name in sorted(n for n in MODULES if _within(n, area)):
+        if path := _shortest_path(graph, name, set(loaders), set(MODULES)):
+            first = loaders[path[-1]][0]
+            found.append(f"{' -> '.join(path)} -> {first.target} [{_label(first)}]")
+    return found
+
+
+@pytest.mark.parametrize("area", LOGIN_SIDE)
+def test_login_side_modules_load_no_torch(area):
+    """Importing a login-side module loads no torch, timm, DeepSpeed or DALI (a function that
+    needs one imports it in its body, where it runs on a node)."""
+    found = heavy_loads(area)
+    assert not found, f"importing these {area} modules loads {'/'.join(HEAVY)}:\n" + "\n".join(
+        found
+    )
+
+
+def test_the_graph_tells_what_an_import_runs():
+    """Function bodies and TYPE_CHECKING blocks do not run on import; module-level try/if, class
+    bodies and defaults do; a parent package's __init__ runs before its module."""
+    source = (
+        "import a\n"
+        "try:\n    import b\nexcept ImportError:\n    b = None\n"
+        "if TYPE_CHECKING:\n    import c\nelse:\n    import d\n"
+        "def f(x=[__import__ for _ in ()]):\n    import g\n"
+        "class K:\n    import h\n    def m(self):\n        import i\n"
+    )
+    loads = {
+        alias.name: runs
+        for node, runs in walk_loads(ast.parse(source))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    assert loads == {"a": True, "b": True, "c": False, "d": True, "g": False, "h": True,
+                     "i": False}  # fmt: skip
+    assert subpackage("vitpod.trainer.data.loader", "vitpod.trainer") == "vitpod.trainer.data"
+    assert subpackage("vitpod.trainer.train", "vitpod.trainer") == "vitpod.trainer.train"
+    # The trainer's data package loads torch (its loader module): so does importing any module
+    # in it, as a login-side module would, whatever the module itself imports.
+    assert "vitpod.trainer.data" in load_graph()["vitpod.trainer.data.digits"]
+    chains = heavy_loads("vitpod.trainer.data.digits")
+    assert chains and chains[0].startswith("vitpod.trainer.data.digits -> vitpod.trainer.data ->")
 
 
 @pytest.mark.parametrize("area", sorted(FORBIDDEN))

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitpod.registry import labelset
 from vitpod.trainer.checkpointing.checkpoint import save_final
 from vitpod.trainer.data import DataConfig, create_loader
 from vitpod.trainer.data.sources import folder_split
 from vitpod.trainer.data.token_label import TokenLabelError
 from vitpod.trainer.model.models import create_model, model_manifest
-from vitpod.trainer.tokenlabels import label, labelset
+from vitpod.trainer.tokenlabels import label
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.planning.preflight import token_label_problems

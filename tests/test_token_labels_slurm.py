@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests.helpers import make, wait_until
+from vitpod.registry import labelset
 from vitpod.trainer.checkpointing.checkpoint import save_final
 from vitpod.trainer.model.models import create_model, model_manifest
-from vitpod.trainer.tokenlabels import labelset
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
+from vitpod.registry import labellayout, labelset
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.label_maps import TokenLabelError, scatter, targets
 from vitpod.trainer.data.sources import Split
-from vitpod.trainer.tokenlabels import labellayout, labelset
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,10 @@ from typing import Any
 
 import torch
 
-from vitpod.registry import safepickle
+from vitpod.registry import labellayout, labelset, safepickle
 from vitpod.trainer.data.config import DataConfig
 from vitpod.trainer.data.label_maps import TokenLabelError, crop_scores, scatter, targets
 from vitpod.trainer.data.sources import Split
-from vitpod.trainer.tokenlabels import labellayout, labelset
 
 __all__ = ["TokenLabelError", "TokenLabelStore", "crop_scores"]
 FORMAT = "vitpod-token-labels/1"

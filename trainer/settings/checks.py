@@ -6,12 +6,11 @@ import importlib.util
 import os
 from pathlib import Path
 
-from vitpod.registry import models, records, runfiles
+from vitpod.registry import labellayout, labelset, models, records, runfiles
 from vitpod.registry.checkpoint_every import AUTO, AUTO_BY_HAND
 from vitpod.registry.engines import DDP_ENGINES, MESH_ENGINES
 from vitpod.registry.paralleldims import ParallelDims
 from vitpod.trainer.config import SCHEDULES, TrainConfig
-from vitpod.trainer.tokenlabels import labellayout, labelset
 
 
 def known_model(name: str) -> bool:

@@ -33,10 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import io, runfiles
+from vitpod.registry import io, labellayout, labelset, runfiles
 from vitpod.registry import records as folder_records
 from vitpod.trainer.exitcodes import OK, REQUEUE, USAGE
-from vitpod.trainer.tokenlabels import labellayout, labelset
 
 
 class LabelError(ValueError):

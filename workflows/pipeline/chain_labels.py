@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitpod.trainer.tokenlabels import labelset
+from vitpod.registry import labelset
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline import labels
 from vitpod.workflows.planning import preflight

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import runfiles
-from vitpod.trainer.tokenlabels import labelset
+from vitpod.registry import labelset, runfiles
 from vitpod.workflows.pipeline import chain_cross, labels
 from vitpod.workflows.pipeline.chain_labels import cancel_labels
 from vitpod.workflows.planning import preflight

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import runfiles
-from vitpod.trainer.tokenlabels import labelset
+from vitpod.registry import labelset, runfiles
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import preflight, sbatchopts, teachercheck
 from vitpod.workflows.planning.flags import request_flags

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import gpus, runfiles
+from vitpod.registry import gpus, labellayout, runfiles
 from vitpod.registry.decision import (
     Data,
     Decision,
@@ -23,7 +23,6 @@ from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.config import TrainConfig
 from vitpod.trainer.settings.checks import problems
 from vitpod.trainer.settings.flags import parse_args
-from vitpod.trainer.tokenlabels import labellayout
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import ckptinterval, exchange, noderange, preflight, sbatchopts
 from vitpod.workflows.planning.hangplan import decide as decide_hang

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vitpod.analysis import layout, memory
-from vitpod.registry import models
+from vitpod.registry import labellayout, labelset, models
 from vitpod.registry.engines import MESH_ENGINES
-from vitpod.trainer.tokenlabels import labellayout, labelset
 from vitpod.workflows.containers import containerpreflight
 from vitpod.workflows.containers.container import check_container_paths, host_path
 from vitpod.workflows.errors import ConfigError

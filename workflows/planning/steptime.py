@@ -15,7 +15,7 @@ from typing import Any
 from vitpod.analysis.layout import step_flops
 from vitpod.analysis.scaling import scaled_step_s
 from vitpod.registry import gpus, models
-from vitpod.trainer.tokenlabels.labelset import IMAGE_SUFFIXES
+from vitpod.registry.labelset import IMAGE_SUFFIXES
 from vitpod.workflows.planning import runmeasure
 from vitpod.workflows.planning.plan import JobPlan
 

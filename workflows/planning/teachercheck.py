@@ -7,8 +7,7 @@ import difflib
 import json
 from pathlib import Path
 
-from vitpod.registry import models, runfiles
-from vitpod.trainer.tokenlabels import labelset
+from vitpod.registry import labelset, models, runfiles
 
 FIX_LAYOUT = (
     "label in TokenLabeling's layout (make token-labels ... ARGS=\"--layout published "

@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import runfiles
+from vitpod.registry import labelset, runfiles
 from vitpod.registry.decision import (
     Decision,
     RecordError,
     engine_fields,
     find_decision,
 )
-from vitpod.trainer.tokenlabels import labelset
 from vitpod.workflows.submit import jobstate, multicluster
 from vitpod.workflows.watching import goodput, hangs, triage
 from vitpod.workflows.watching.metricstail import MetricsTail, duration, newest_checkpoint_age

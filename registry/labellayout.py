@@ -4,7 +4,7 @@ One torch file per training image, `<root>/<class dir>/<image stem>.pt`, as ziha
 TokenLabeling's generate_label.py writes it; `tensor_file_shape` reads a file's shape from its
 pickle header without running any of it (vitpod.registry.safepickle: nothing but a tensor's
 rebuild, its storage types and OrderedDict resolve, each to a stand-in here). vitpod's own
-store is vitpod.trainer.tokenlabels.labelset.
+store is vitpod.registry.labelset.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import safepickle
-from vitpod.trainer.tokenlabels.labelset import (
+from vitpod.registry.labelset import (
     FORMAT,
     IMAGE_SUFFIXES,
     OWNER,
