@@ -8,12 +8,15 @@ plan.json is refused naming the section and key before any rank starts.
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
-from vitpod.registry.trainconfig import TrainConfig
+from vitpod.registry.io import unknown_key_message
+from vitpod.registry.trainconfig import ConfigError, TrainConfig
 
 NOT_PLANNED = ("config", "plan", "print_config")
 """Flags that say where a configuration comes from or what to do with it, not what it is."""
@@ -77,6 +80,11 @@ class TrainerSettings(BaseModel):
             raise ValueError(f"{groups().get(key, '?')}.{key}: {err['msg']}") from None
         return self
 
+    def config(self, world_size: int = 1) -> TrainConfig:
+        """The configuration these sections hold, typed by TrainConfig's annotations (tuples
+        again), as it is: nothing is parsed or resolved again."""
+        return _adapter().validate_python({**self.values(), "world_size": world_size})
+
     def sections(self) -> dict[str, dict[str, Any]]:
         """The flag groups (no_effect is none)."""
         return {name: getattr(self, name) for name in type(self).model_fields
@@ -106,3 +114,25 @@ class TrainerSettings(BaseModel):
         import json
 
         return [f"{name}: {json.dumps(values)}" for name, values in self.sections().items()]
+
+
+@cache
+def _field_adapter(name: str) -> TypeAdapter[Any]:
+    return TypeAdapter(typing.get_type_hints(TrainConfig)[name])
+
+
+def overridden(cfg: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfig:
+    """cfg with `overrides` (TrainConfig field names -> values, each checked against its
+    field's type): how vitpod itself sets a field (a sweep point's batch, a node range's pinned
+    batch). ConfigError names an unknown key with the valid ones, or a value of the wrong type."""
+    unknown = sorted(set(overrides) - set(groups()))
+    if unknown:
+        raise ConfigError(f"overrides: {unknown_key_message(unknown, sorted(groups()))}")
+    typed = {}
+    for key, value in overrides.items():
+        try:
+            typed[key] = _field_adapter(key).validate_python(value)
+        except ValidationError as exc:
+            msg = exc.errors(include_url=False)[0]["msg"]
+            raise ConfigError(f"overrides: {key}={value!r}: {msg}") from None
+    return dataclasses.replace(cfg, **typed)

@@ -24,6 +24,7 @@ from vitpod.workflows.planning.interruptions import History, HistoryError, parti
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.site.profile import PROFILE_DIR, bundled_profiles, load_profile
 from vitpod.workflows.submit import slurm
+from vitpod.workflows.submit.jobstate import JobState
 
 SACCT = (
     "101|COMPLETED|7200\n"
@@ -111,8 +112,9 @@ def test_auto_from_the_last_matching_runs_save_and_step_time_and_the_partitions_
 ):
     """C: the median blocking save of the newest run of the same model, img size and batch
     (its checkpoint span plus the next step's checkpoint_wait); the step time: its median
-    (warm-up left out); M: sacct's job-hours per interruption. The ranks get
-    --checkpoint-every round(sqrt(2CM) / step) after ARGS, and plan.json records it all."""
+    (warm-up left out); M: sacct's job-hours per interruption. plan.json's trainer section
+    holds --checkpoint-every round(sqrt(2CM) / step) (no token is added to the command), and
+    the record says how it was found."""
     root = tmp_path / "runs"
     steps = [_step(1, 9.0, warmup=True), _step(2, 0.4), _step(3, 0.5, wait=0.25), _step(4, 0.6),
              _step(5, 0.5), _step(6, 0.4, wait=0.5)]  # fmt: skip
@@ -134,8 +136,8 @@ def test_auto_from_the_last_matching_runs_save_and_step_time_and_the_partitions_
     interval = math.sqrt(2 * cost * 3.0 * 3600)
     assert record.interval_s == pytest.approx(interval)
     assert record.steps == round(interval / 0.5) == 465
-    assert plan.spec.command[-2:] == ("--checkpoint-every", "465")
     assert plan.trainer["checkpoint_every"] == 465
+    assert plan.spec.command[-2:] == ("--checkpoint-every", "auto")  # ARGS, as given
     write_decision(tmp_path, plan.decision)
     assert read_decision(tmp_path).checkpoint == record
 
@@ -182,10 +184,10 @@ def test_a_number_in_args_wins_over_the_profiles_auto_and_a_profile_number_is_pa
     auto = _profile(tmp_path, checkpoint={"every": "auto"})
     plan = _plan(tmp_path, args="--checkpoint-every 7", cluster=auto)
     assert plan.decision.checkpoint is None and plan.trainer["checkpoint_every"] == 7
-    assert "--checkpoint-every" not in plan.spec.command[:-2]  # no flag added after ARGS
+    assert plan.spec.command[-2:] == ("--checkpoint-every", "7")  # ARGS only, nothing added
     plan = _plan(tmp_path, args="", cluster=_profile(tmp_path, checkpoint={"every": 25}))
-    assert plan.decision.checkpoint is None
-    assert plan.spec.command[-2:] == ("--checkpoint-every", "25")
+    assert plan.decision.checkpoint is None and plan.trainer["checkpoint_every"] == 25
+    assert "--checkpoint-every" not in plan.spec.command  # the profile's value: a field
     plan = _plan(tmp_path, args="", cluster=_profile(tmp_path, checkpoint={}))
     assert plan.trainer["checkpoint_every"] == 500  # unset: the trainer's default
     assert "--checkpoint-every" not in plan.spec.command
@@ -246,9 +248,7 @@ def test_expected_lost_work_against_the_ledgers_in_status_and_report(tmp_path):
     ledger.parts["lost"] = 42.0
     shown = status.format_status(
         [
-            status.StageStatus(
-                "pretrain", str(run), "COMPLETED", ["1"], 2, 10, None, None, None, ledger=ledger
-            )
+            JobState("pretrain", run, ["1"], state="COMPLETED", restarts=2, step=10, ledger=ledger)
         ]  # fmt: skip
     )
     assert "checkpoint interval: expected lost <= 350.0 s (2 restart(s)" in shown, shown

@@ -4,7 +4,6 @@ batch planned at MAX and pinned with --elastic, a range the batch cannot split r
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 import pytest
@@ -36,15 +35,18 @@ def test_a_node_range_renders_and_pins_the_global_batch(tmp_path: Path) -> None:
     run = next((tmp_path / "runs").iterdir())
     script = (run / runfiles.SBATCH).read_text()
     assert "#SBATCH --nodes=1-2" in script
+    # The pinned batch is a setting of plan.json's trainer section, not tokens in the command
+    optim = json.loads((run / runfiles.PLAN).read_text())["trainer"]["optim"]
+    assert (optim["batch_size"], optim["global_batch"], optim["elastic"]) == (8, 32, True)
     command = json.loads((run / runfiles.MANIFEST).read_text())["resolved"]["command"]
-    for world, accum in ((4, 1), (2, 2)):  # what the ranks resolve on 2 and on 1 node
-        cfg = parse_args(command[3:], world_size=world)
+    assert "--elastic" not in command and "--global-batch" not in command
+    for world, accum in ((4, 1), (2, 2)):  # what the ranks take on 2 and on 1 node
+        cfg = parse_args(["--plan", str(run / runfiles.PLAN)], world_size=world)
         assert (cfg.batch_size, cfg.accum_steps, cfg.global_batch_size) == (8, accum, 32)
     # NODES given: a fixed size, no range
     fixed = plan_job(Request(cluster=profile, model="volo_tiny", nodes=1, args="-b 8"))
-    assert "#SBATCH --nodes=1\n" in fixed.script and "--elastic" not in shlex.join(
-        fixed.spec.command
-    )
+    assert "#SBATCH --nodes=1\n" in fixed.script and fixed.trainer is not None
+    assert (fixed.trainer["elastic"], fixed.trainer["global_batch"]) == (False, None)
 
 
 def test_a_range_the_global_batch_cannot_split_names_the_counts_that_do(tmp_path: Path) -> None:

@@ -22,10 +22,12 @@ from vitpod.analysis.layout import step_flops
 from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.pipeline.chain_stage import job_plan
 from vitpod.workflows.planning import placement, steptime
 from vitpod.workflows.planning.plan import Request
 from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.submit import slurm
+from vitpod.workflows.submit.jobstate import JobState
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0).astimezone()
 ARGS = "-b 8 --max-steps 100 --checkpoint-every 0 --workers 0"
@@ -101,7 +103,7 @@ def test_one_node_now_beats_two_nodes_later_and_plan_json_records_both(
     assert one.start == NOW.isoformat() and two.start == (NOW + dt.timedelta(hours=1)).isoformat()
     assert one.step_time_s == pytest.approx(STEP_S)  # measured on this very layout
     assert record.rule == "earliest finish" and record.chosen == 0 and plan.spec.nodes == 1
-    assert "--global-batch 32" in " ".join(plan.spec.command)  # the range's batch is kept
+    assert (plan.trainer["global_batch"], plan.trainer["elastic"]) == (32, True)  # range's batch
     assert one.device_kind == "CPU" and one.device_hours == pytest.approx(2 * one.run_s / 3600)
 
 
@@ -289,7 +291,7 @@ def test_chain_places_its_first_stage_and_refuses_a_deadline_without_place(
     monkeypatch.setattr("vitpod.workflows.pipeline.chain.preflight.check", lambda *a, **k: [])
     chain = Chain(str(ranged), "volo_tiny", args=ARGS, run_root=str(root), place=True)
     stages = chain.plan()
-    pretrain, finetune = (stages[s].job_plan for s in ("pretrain", "finetune"))
+    pretrain, finetune = (job_plan(stages[s]) for s in ("pretrain", "finetune"))
     assert pretrain.decision.placement.prediction.nodes == 1 and pretrain.spec.nodes == 1
     assert finetune.decision.placement is None  # it waits for the pretrain: not placed
     assert "placed: 1 node(s) on pretrain" in capsys.readouterr().out
@@ -335,8 +337,7 @@ def test_make_status_shows_the_placement_under_the_goodput_line(ranged, tmp_path
     materialize(plan)
     start = dt.datetime.fromisoformat(plan.decision.placement.prediction.start).timestamp()
     ledger = Ledger(attempts=1, start=start, end=start + 100.0)
-    row = status.StageStatus("pretrain", str(plan.run_dir), "COMPLETED", ["99"], 0, 20, None,
-                             None, None, ledger=ledger)  # fmt: skip
+    row = JobState("pretrain", plan.run_dir, ["99"], state="COMPLETED", step=20, ledger=ledger)
     lines = status.format_status([row]).splitlines()
     assert lines[1].strip().startswith("goodput:")
     assert lines[2].strip().startswith("placement (1 node(s) on pretrain): start predicted")

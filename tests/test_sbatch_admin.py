@@ -5,6 +5,7 @@ only on RoCE fabrics, each explained in a comment line."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import yaml
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
-from vitpod.workflows.site.rankthreads import cpu_count, loader_workers, rank_threads
+from vitpod.workflows.site.rankthreads import cpu_count, rank_threads
 from vitpod.workflows.submit import slurmchecks
 
 CASE = re.compile(r"^  (\d+)\) numa=\d+ cpus=(\S+) hca=\S+ threads=(\d+) ;;$", re.M)
@@ -73,9 +74,11 @@ def test_dgxpod_threads_per_rank_split_the_numa_node_in_bind_sh(tmp_path, capsys
 def test_loader_workers_from_args_change_the_threads(tmp_path, capsys):
     script = _render(tmp_path, capsys, "--args", "--workers 6")
     threads = {int(t) for _, _, t in CASE.findall((script.parent / "bind.sh").read_text())}
-    assert threads == {32 // 2 - 6}
-    assert loader_workers(("python", "-m", "vitpod.trainer", "-j", "2", "--workers=3")) == 3
-    assert loader_workers(("python", "-m", "vitpod.workflows.site.rankinfo")) == 0
+    assert threads == {32 // 2 - 6}  # the parsed --workers (plan.json's data.workers)
+    assert json.loads((script.parent / "plan.json").read_text())["trainer"]["data"]["workers"] == 6
+    script = _render(tmp_path, capsys, "--args", "-j 2 --workers=3")  # the last one wins
+    threads = {int(t) for _, _, t in CASE.findall((script.parent / "bind.sh").read_text())}
+    assert threads == {32 // 2 - 3}
 
 
 def test_rank_threads_is_at_least_one_and_splits_shared_bindings():

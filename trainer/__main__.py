@@ -1,4 +1,5 @@
-"""`vitpod-train DATA_DIR [flags]`: validate, train this rank, exit with a launcher status."""
+"""`vitpod-train DATA_DIR [flags]` or `vitpod-train --plan RUN/plan.json` (the planner's ranks):
+validate, train this rank, exit with a launcher status."""
 
 from __future__ import annotations
 
@@ -87,14 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     from vitpod.trainer import dist as tdist
     from vitpod.trainer.config import ConfigError
     from vitpod.trainer.settings.checks import problems
-    from vitpod.trainer.settings.decision import read_plan
-    from vitpod.trainer.settings.flags import parse_args
+    from vitpod.trainer.settings.flags import configure
 
     private_umask()  # torch, DCP and DeepSpeed create files with the umask: 0640, dirs 0750
 
     env = tdist.detect()
     try:
-        cfg = parse_args(argv, world_size=env.world_size)
+        cfg, decision = configure(argv, world_size=env.world_size)
     except ConfigError as exc:
         return usage_error([str(exc)])
     if cfg.print_config:
@@ -108,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error(found)
     setup_logging(env.rank)
     log = logging.getLogger("vitpod.trainer")
-    if cfg.plan is not None:  # parse_args read it; the record's engine line for the log
-        log.info("plan %s: %s", cfg.plan, read_plan(cfg.plan).log_line())
+    if decision is not None:  # the record's engine and precision lines for the log
+        log.info("plan %s: %s", cfg.plan, decision.log_line())
+        if decision.precision is not None:
+            log.info("plan %s", decision.precision.line())
     for line in TrainerSettings.of(cfg).lines():
         log.info("configuration %s", line)
     with wandb_kept_out_unless_asked(cfg.log_wandb), collector_paused_for_startup() as started:

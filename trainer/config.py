@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from vitpod.registry import models
 from vitpod.registry.trainconfig import OUTLOOK_KERNELS, SCHEDULES, ConfigError, TrainConfig
 from vitpod.trainer.checkpointing import elastic
@@ -11,8 +13,10 @@ __all__ = [
     "SCHEDULES",
     "ConfigError",
     "TrainConfig",
+    "fit_world",
     "model_defaults",
     "resolve",
+    "resolved",
 ]
 
 
@@ -24,16 +28,7 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
             setattr(cfg, name, defaults[name])
     if cfg.token_label and cfg.token_label_size is None:
         cfg.token_label_size = cfg.img_size // 16
-    if cfg.elastic:
-        _elastic_accumulation(cfg)
-    elif cfg.global_batch is not None:
-        ranks = cfg.dp_size * cfg.accum_steps
-        if cfg.global_batch % ranks:
-            raise ConfigError(
-                f"--global-batch {cfg.global_batch} does not divide over {cfg.dp_size} dp rank(s)"
-                f" x --accum-steps {cfg.accum_steps}; pick a multiple of {ranks}"
-            )
-        cfg.batch_size = cfg.global_batch // ranks
+    fit_world(cfg, cfg.world_size)
     if cfg.lr is None:
         cfg.lr = (cfg.lr_base or defaults["lr_base"]) * cfg.global_batch_size / cfg.lr_base_size
     if cfg.apex_amp:
@@ -46,6 +41,34 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     # Pipeline stages and Mixup (it pairs the batch with its flip) need full micro-batches.
     cfg.drop_last = cfg.drop_last or cfg.pp > 1 or cfg.mixup_active
     return cfg
+
+
+def resolved(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """A resolved copy of a parsed configuration on `world_size` (the planner resolves its one
+    parse at the range's top and at the job's node count; cfg is left as it is)."""
+    out = resolve(dataclasses.replace(cfg, world_size=world_size, requested=dict(cfg.requested)))
+    # timm's train.py computes an unset lr from lr_base (None: a TypeError) and scales it by
+    # sqrt(batch) for adam/lamb unless told linear, as vitpod does: args.yaml says both.
+    if out.requested.get("lr_base") is None:
+        out.requested["lr_base"] = out.lr_base
+    out.requested.setdefault("lr_base_scale", "linear")
+    return out
+
+
+def fit_world(cfg: TrainConfig, world_size: int) -> None:
+    """The rules that depend on the world size, for the one this job got (a rank of a node
+    range): --elastic's accumulation, --global-batch's per-rank batch; nothing else."""
+    cfg.world_size = world_size
+    if cfg.elastic:
+        _elastic_accumulation(cfg)
+    elif cfg.global_batch is not None:
+        ranks = cfg.dp_size * cfg.accum_steps
+        if cfg.global_batch % ranks:
+            raise ConfigError(
+                f"--global-batch {cfg.global_batch} does not divide over {cfg.dp_size} dp rank(s)"
+                f" x --accum-steps {cfg.accum_steps}; pick a multiple of {ranks}"
+            )
+        cfg.batch_size = cfg.global_batch // ranks
 
 
 def _elastic_accumulation(cfg: TrainConfig) -> None:

@@ -1,5 +1,6 @@
 """The trainer's command line: one flag per TrainConfig field, a config file (configfile.py), a
-run's plan (--plan) and the one order in which they and a recipe's flags win (layered_argv)."""
+run's plan (--plan: decision.py builds the rank's configuration from it) and the one order in
+which they and a recipe's flags win (layered_argv). The command line is parsed once, here."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
 
+from vitpod.registry.decision import Decision
 from vitpod.registry.trainconfig import ordered_fields
-from vitpod.trainer.config import ConfigError, TrainConfig, resolve
+from vitpod.trainer.config import ConfigError, TrainConfig, resolved
 from vitpod.trainer.settings import timmargs, timmoptions, timmvalues
 from vitpod.trainer.settings.configfile import read_config
-from vitpod.trainer.settings.decision import read_plan, refuse_overrides
+from vitpod.trainer.settings.decision import from_plan
 
 log = logging.getLogger(__name__)
 
@@ -109,31 +111,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m vitpod.trainer",
         description="Train a timm VOLO/ViT model on every rank.",
         allow_abbrev=False,  # a misspelt flag is an error, never silently another flag
+        # A flag not given sets nothing: what was given is what the namespace holds, and
+        # TrainConfig's own defaults fill the rest (the planner asks what was given).
+        argument_default=argparse.SUPPRESS,
     )
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in _cli_fields():
         meta = f.metadata
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         if f.name == "data_dir":  # the positional (SUPPRESS: absent sets nothing) or --data-dir
-            group.add_argument("data", nargs="?", default=argparse.SUPPRESS, metavar="DATA_DIR",
-                               help=meta["help"])  # fmt: skip
-            group.add_argument("--data-dir", dest="data_dir", default=None, metavar="DIR",
+            group.add_argument("data", nargs="?", metavar="DATA_DIR", help=meta["help"])
+            group.add_argument("--data-dir", dest="data_dir", metavar="DIR",
                                help="dataset root (timm's name)")  # fmt: skip
             continue
         flags = meta["flags"] or (flag_name(f),)
         kind = _field_type(f)
         if kind is bool:
             action = argparse.BooleanOptionalAction
-            group.add_argument(
-                *flags, dest=f.name, action=action, default=f.default, help=meta["help"]
-            )
+            group.add_argument(*flags, dest=f.name, action=action,
+                               help=f"{meta['help']} (default: {f.default})")  # fmt: skip
         elif kind is dict:
-            group.add_argument(*flags, dest=f.name, type=_kwargs_pair, nargs="*", default={},
+            group.add_argument(*flags, dest=f.name, type=_kwargs_pair, nargs="*",
                                metavar="KEY=VALUE", help=meta["help"])  # fmt: skip
         else:
             typed = _cli_value(_timm_option(f.name, flags), meta.get("type", kind))
             group.add_argument(
-                *flags, dest=f.name, type=typed, default=f.default, choices=meta.get("choices"),
+                *flags, dest=f.name, type=typed, choices=meta.get("choices"),
                 nargs=meta.get("nargs"), const=meta.get("const"), help=meta["help"],
             )  # fmt: skip
     _add_timm_options(parser)
@@ -159,18 +162,16 @@ def _add_timm_options(parser: argparse.ArgumentParser) -> None:
                 dest=option.field,
                 nargs=option.nargs,
                 const=const,
-                default=argparse.SUPPRESS,
                 type=_cli_value(option, option.kind),
                 help=argparse.SUPPRESS,
             )
             continue  # fmt: skip
         dest = timmargs.dest(option.key)
         if option.kind is bool:
-            group.add_argument(*flags, dest=dest, action="store_true", default=argparse.SUPPRESS,
-                               help=argparse.SUPPRESS)  # fmt: skip
+            group.add_argument(*flags, dest=dest, action="store_true", help=argparse.SUPPRESS)
         else:
             group.add_argument(*flags, dest=dest, type=option.kind, nargs=option.nargs,
-                               default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # fmt: skip
+                               help=argparse.SUPPRESS)  # fmt: skip
 
 
 def _long_flag(f: dataclasses.Field) -> str:
@@ -213,8 +214,8 @@ def _chunks(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[tuple[
     return out
 
 
-def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> list[str]:
-    """A config file's (or plan's) values as flags (the data dir first), checked by the
+def _as_flags(values: dict[str, Any], path: str) -> list[str]:
+    """A config file's values as flags (the data dir first), checked by the
     trainer's parser: a wrong type or choice is refused naming the file and the flag."""
     fields = {f.name: f for f in _cli_fields()}
     positional, flags = [], []
@@ -225,12 +226,12 @@ def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> li
         f, flag = fields[name], _long_flag(fields[name])
         if value is None:
             if f.default is not None:
-                raise ConfigError(f"{source} {path}: {name}: null; give a value or drop the key")
+                raise ConfigError(f"--config {path}: {name}: null; give a value or drop the key")
         elif name == "data_dir":
             positional = [str(value)]
         elif _field_type(f) is bool:
             if not isinstance(value, bool):
-                raise ConfigError(f"{source} {path}: {name}: {value!r}; write true or false")
+                raise ConfigError(f"--config {path}: {name}: {value!r}; write true or false")
             flags.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, dict):
             flags += [flag, *(f"{k}={v!r}" for k, v in value.items())] if value else []
@@ -241,7 +242,7 @@ def _as_flags(values: dict[str, Any], path: str, source: str = "--config") -> li
     try:
         build_parser().parse_args([*positional, *flags])
     except ConfigError as exc:
-        raise ConfigError(f"{source} {path}: {exc}") from None
+        raise ConfigError(f"--config {path}: {exc}") from None
     return [*positional, *flags]
 
 
@@ -259,11 +260,11 @@ def _text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def config_path(argv: Sequence[str], dest: str = "config") -> str | None:
-    """The last -c/--config FILE of argv (or the last value of another single-value flag)."""
+def config_path(argv: Sequence[str]) -> str | None:
+    """The last -c/--config FILE of argv."""
     path = None
     for name, tokens in _chunks(build_parser(), argv):
-        if name == dest:
+        if name == "config":
             path = tokens[0].partition("=")[2] if len(tokens) == 1 else tokens[-1]
     return path
 
@@ -273,17 +274,15 @@ def layered_argv(
     base: Sequence[str] = (),
     fixed: Sequence[str] = (),
     owned: Iterable[str] = (),
-    base_name: str = "recipe",
 ) -> list[str]:
     """The one precedence, command line > config file > base (a recipe's flags) > defaults, as
     one argv in which a flag's last value wins: the config file's values (argv's -c FILE, read
     here) replace base's flags for the keys it sets, and argv's own flags follow. `fixed` (flags
     the caller sets for every run: the planner's run directory) follow the file, whose `owned`
-    keys are dropped. Without a config file: base, fixed, argv as given. `base_name` says what
-    base is in the log (a recipe, a plan)."""
+    keys are dropped. Without a config file: base, fixed, argv as given."""
     path = config_path(argv)
     if path is None:
-        return _fit_recipe_warmup([*base, *fixed, *argv], base, [*fixed, *argv], base_name)
+        return _fit_recipe_warmup([*base, *fixed, *argv], base, [*fixed, *argv])
     parser = build_parser()
     own = _chunks(parser, argv)
     above = {dest for dest, _ in [*own, *_chunks(parser, fixed)]} | set(owned)
@@ -293,12 +292,10 @@ def layered_argv(
     below = [t for dest, tokens in _chunks(parser, base) if dest not in layer for t in tokens]
     rest = [t for dest, tokens in own if dest != "config" for t in tokens]
     above_base = [*_as_flags(layer, path), *fixed, *rest]
-    return _fit_recipe_warmup([*below, *above_base], base, above_base, base_name)
+    return _fit_recipe_warmup([*below, *above_base], base, above_base)
 
 
-def _fit_recipe_warmup(
-    argv: list[str], base: Sequence[str], given: list[str], base_name: str = "recipe"
-) -> list[str]:
+def _fit_recipe_warmup(argv: list[str], base: Sequence[str], given: list[str]) -> list[str]:
     """A warmup the user did not give (the recipe's, base's, or the default) that does not fit
     the run's --epochs (a short run of a 300-epoch recipe) shortens to the recipe's share of
     the run, said once in the log; a warmup the user gave (flag or config file) is left for
@@ -311,15 +308,19 @@ def _fit_recipe_warmup(
         recipe, _ = parser.parse_known_args(list(base))
     except ConfigError:
         return argv  # parse_args names the bad flag
-    if ns.warmup_epochs <= 0 or ns.warmup_epochs < ns.epochs:
+    default = TrainConfig()
+    warmup, epochs = (getattr(ns, k, getattr(default, k)) for k in ("warmup_epochs", "epochs"))
+    if warmup <= 0 or warmup < epochs:
         return argv
-    share = recipe.warmup_epochs / max(recipe.epochs, 1)
-    fitted = min(ns.epochs - 1, max(0, round(ns.epochs * share)))
-    whose = (f"the {base_name}'s" if any(d == "warmup_epochs" for d, _ in _chunks(parser, base))
+    base_warmup, base_epochs = (getattr(recipe, k, getattr(default, k))
+                                for k in ("warmup_epochs", "epochs"))  # fmt: skip
+    share = base_warmup / max(base_epochs, 1)
+    fitted = min(epochs - 1, max(0, round(epochs * share)))
+    whose = ("the recipe's" if any(d == "warmup_epochs" for d, _ in _chunks(parser, base))
              else "vitpod's default")  # fmt: skip
-    _say_once(f"--warmup-epochs: {whose} {ns.warmup_epochs} does not fit --epochs "
-              f"{ns.epochs}; warming up {fitted} ({whose} share, {recipe.warmup_epochs}/"
-              f"{recipe.epochs} epochs); give --warmup-epochs to choose")  # fmt: skip
+    _say_once(f"--warmup-epochs: {whose} {warmup} does not fit --epochs "
+              f"{epochs}; warming up {fitted} ({whose} share, {base_warmup}/"
+              f"{base_epochs} epochs); give --warmup-epochs to choose")  # fmt: skip
     return [*argv, "--warmup-epochs", str(fitted)]
 
 
@@ -328,72 +329,71 @@ def _say_once(message: str) -> None:
     log.warning("%s", message)
 
 
-def _timm_layout(ns: argparse.Namespace, planned: bool) -> None:
+def _timm_layout(values: dict[str, Any]) -> None:
     """timm's spellings of vitpod settings: --input-size C H W is --img-size H (square RGB only),
-    --experiment NAME puts the run in OUTPUT/NAME (a plan's output has it already)."""
-    if ns.input_size is not None:
-        channels, height, width = ns.input_size
+    --experiment NAME puts the run in OUTPUT/NAME."""
+    if values.get("input_size") is not None:
+        channels, height, width = values["input_size"]
         if channels != 3 or height != width:
             raise ConfigError(f"--input-size {channels} {height} {width}: vitpod trains square RGB "
                               f"images; give --input-size 3 N N or --img-size N")  # fmt: skip
-        ns.img_size = height
-    if ns.experiment and not planned:
-        ns.output = os.path.join(ns.output, ns.experiment)
+        values["img_size"] = height
+    if values.get("experiment"):
+        values["output"] = os.path.join(values.get("output", TrainConfig.output),
+                                        values["experiment"])  # fmt: skip
 
 
-def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainConfig:
-    """Parse flags and a config file over a run's plan (layered_argv's precedence), fill model
-    defaults; raises ConfigError on bad input. cfg.requested keeps the parsed flags for args.yaml.
-
-    With --plan RUN/plan.json (how the planner starts ranks) the plan's resolved configuration is
-    the base layer; argv overrides it, but not its engine or layout. The plan's rules that
-    depend on the world size (--elastic's accumulation, --global-batch's per-rank batch) are
-    applied again for the world size this job got (a node range, a resume elsewhere)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    plan_path = config_path(argv, "plan")
-    base: list[str] = []
-    decision = None
-    if plan_path is not None:
-        decision = read_plan(plan_path)
-        assert decision.trainer is not None  # read_plan refuses a plan without one
-        quiet = {k for k, o in timmoptions.UNMAPPED.items() if o.use == timmoptions.NO_EFFECT}
-        if wrong := sorted(set(decision.trainer.no_effect) - quiet):
-            raise ConfigError(f"--plan {plan_path}: trainer.no_effect: {wrong}: not timm "
-                              "options of no effect here (edited by hand?); plan the run "
-                              "again")  # fmt: skip
-        asked = {timmargs.dest(k): v for k, v in decision.trainer.no_effect.items()}
-        base = _as_flags({**decision.trainer.values(), **asked}, plan_path, "--plan")
-    ns = build_parser().parse_args(layered_argv(argv, base=base, base_name="plan"))
-    ns.config = config_path(argv)
-    data = vars(ns).pop("data", None)  # the positional DATA_DIR; timm: --data-dir wins
-    ns.data_dir = data if ns.data_dir is None else ns.data_dir
+def parse_given(argv: Sequence[str]) -> tuple[TrainConfig, frozenset[str]]:
+    """The command line parsed once (layered_argv's precedence, a config file read), not yet
+    resolved (world size 1): the configuration and the names of the fields its flags set (at
+    their default value too). ConfigError names a bad flag. cfg.requested: args.yaml's values."""
+    values = vars(build_parser().parse_args(layered_argv(argv)))
+    data = values.pop("data", None)  # the positional DATA_DIR; timm: --data-dir wins
+    if data is not None and values.get("data_dir") is None:
+        values["data_dir"] = data
+    values.pop("config", None)
+    if (path := config_path(argv)) is not None:
+        values["config"] = path
     for f in _cli_fields():  # argparse gives nargs values as a list: the field's tuple
-        if str(f.type).startswith("tuple") and isinstance(getattr(ns, f.name), list):
-            setattr(ns, f.name, tuple(getattr(ns, f.name)))
-        if str(f.type).startswith("dict") and isinstance(getattr(ns, f.name), list):
-            setattr(ns, f.name, dict(getattr(ns, f.name)))  # KEY=VALUE pairs, last wins
-    unmapped = {k.removeprefix("timm_"): v for k, v in vars(ns).items() if k.startswith("timm_")}
-    for key in unmapped:
-        delattr(ns, timmargs.dest(key))
+        if str(f.type).startswith("tuple") and isinstance(values.get(f.name), list):
+            values[f.name] = tuple(values[f.name])
+        if str(f.type).startswith("dict") and isinstance(values.get(f.name), list):
+            values[f.name] = dict(values[f.name])  # KEY=VALUE pairs, last wins
+    unmapped = {k.removeprefix("timm_"): values.pop(k) for k in list(values)
+                if k.startswith("timm_")}  # fmt: skip
     no_effect, refused = timmargs.unmapped_values(unmapped)
     if refused:
         raise ConfigError("; ".join(refused))
-    if decision is not None:
-        refuse_overrides(vars(ns), decision, plan_path or "")
-    requested = {k: v for k, v in vars(ns).items() if k not in ("config", "plan", "print_config")}
+    parsed = TrainConfig(**values)
+    requested = {f.name: getattr(parsed, f.name) for f in _cli_fields()
+                 if f.name not in ("config", "plan", "print_config")}  # fmt: skip
     requested.update({k: v for k, v in unmapped.items() if timmoptions.TIMM[k].flag in no_effect})
-    requested = timmargs.timm_names(requested)  # args.yaml: timm's train.py reads it back
-    _timm_layout(ns, planned=decision is not None)
-    cfg = resolve(TrainConfig(**vars(ns), world_size=world_size, requested=requested,
-                              no_effect=no_effect))  # fmt: skip
-    # timm's train.py computes an unset lr from lr_base (None: a TypeError) and scales it by
-    # sqrt(batch) for adam/lamb unless told linear, as vitpod does: args.yaml says both.
-    if cfg.requested.get("lr_base") is None:
-        cfg.requested["lr_base"] = cfg.lr_base
-    cfg.requested.setdefault("lr_base_scale", "linear")
-    if decision is not None and cfg.engine != decision.engine.name:
-        raise ConfigError(
-            f"--plan {plan_path}: its trainer settings run engine {cfg.engine!r} but its engine is "
-            f"{decision.engine.name!r} (edited by hand?); plan the run again"
-        )
-    return cfg
+    given = set(values) | ({"img_size"} if values.get("input_size") is not None else set())
+    _timm_layout(values)
+    cfg = TrainConfig(**values, requested=timmargs.timm_names(requested), no_effect=no_effect)
+    return cfg, frozenset(given)
+
+
+def configure(
+    argv: Sequence[str] | None = None, world_size: int = 1
+) -> tuple[TrainConfig, Decision | None]:
+    """A rank's configuration: its flags resolved for the world size (`vitpod-train DATA_DIR
+    [flags]`; decision None), or `--plan RUN/plan.json` alone (decision.py: the planner's)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg, given = parse_given(argv)
+    if cfg.plan is None:
+        return resolved(cfg, world_size), None
+    if given - {"plan", "print_config"}:  # named as typed (a fitted warmup is none of them)
+        extra = [t[0].partition("=")[0] for d, t in _chunks(build_parser(), argv)
+                 if d not in ("plan", "print_config")]  # fmt: skip
+        raise ConfigError(f"{', '.join(extra)} with --plan {cfg.plan}: a planned rank reads its "
+                          "configuration from plan.json alone; drop the flag, or plan the run "
+                          "again with it (make render/pretrain ARGS=...)")  # fmt: skip
+    planned, decision = from_plan(cfg.plan, world_size)
+    planned.print_config = cfg.print_config
+    return planned, decision
+
+
+def parse_args(argv: Sequence[str] | None = None, world_size: int = 1) -> TrainConfig:
+    """configure()'s configuration; raises ConfigError on bad input."""
+    return configure(argv, world_size)[0]

@@ -6,7 +6,7 @@ steps of the measured step time. docs/preemption-and-resume.md#checkpoint-interv
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from vitpod.registry.checkpoint_every import AUTO
@@ -14,10 +14,8 @@ from vitpod.registry.decision import CheckpointInterval
 from vitpod.trainer.config import TrainConfig
 from vitpod.workflows.planning import runmeasure
 from vitpod.workflows.planning.interruptions import History, HistoryError, partition_history
-from vitpod.workflows.planning.trainerargv import last_value
 from vitpod.workflows.site.profile import Profile
 
-FLAG = "--checkpoint-every"
 HistoryFn = Callable[[str], History]
 
 
@@ -34,20 +32,19 @@ def interval_steps(interval_s: float, step_s: float | None) -> int:
 
 
 def decide(
-    profile: Profile, partition: str, cfg: TrainConfig, argv: Sequence[str], run_dir: Path,
+    profile: Profile, partition: str, cfg: TrainConfig, given: Collection[str], run_dir: Path,
     ask_slurm: bool, history: HistoryFn | None = None,
-) -> tuple[CheckpointInterval | None, tuple[str, ...]]:  # fmt: skip
-    """The record and the flags the ranks get after ARGS: --checkpoint-every from the recipe or
-    ARGS wins, else the profile's checkpoint.every; `auto` is resolved here (never by the ranks)."""
-    given = last_value(list(argv), FLAG)
-    if given is None and profile.checkpoint.every is not None:
-        given = str(profile.checkpoint.every)
-        if given != AUTO:
-            return None, (FLAG, given)
-    if given != AUTO:
-        return None, ()
+) -> tuple[CheckpointInterval | None, int]:  # fmt: skip
+    """The record (None: a number was given) and the --checkpoint-every the ranks run: the
+    recipe's or ARGS's (`given` names it) wins, else the profile's checkpoint.every, else the
+    trainer's default; `auto` is resolved here (never by the ranks)."""
+    every = cfg.checkpoint_every
+    if "checkpoint_every" not in given and profile.checkpoint.every is not None:
+        every = profile.checkpoint.every
+    if every != AUTO:
+        return None, int(every)
     record = resolve(profile, partition, cfg, run_dir, ask_slurm, history)
-    return record, (FLAG, str(record.steps))
+    return record, record.steps
 
 
 def resolve(

@@ -3,7 +3,7 @@ a job of fewer ranks than its nodes hold."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vitpod.workflows.errors import ConfigError
 
@@ -11,10 +11,10 @@ if TYPE_CHECKING:
     from vitpod.trainer.config import TrainConfig
 
 
-def pinned_flags(batch_size: int, global_batch: int) -> tuple[str, ...]:
-    """Trainer flags that keep a global batch on any node count: the ranks take the
+def pinned(batch_size: int, global_batch: int) -> dict[str, Any]:
+    """Trainer settings that keep a global batch on any node count: the ranks take the
     accumulation G / (dp x -b) for the world size they get (trainer/checkpointing/elastic.py)."""
-    return ("-b", str(batch_size), "--global-batch", str(global_batch), "--elastic")
+    return {"batch_size": batch_size, "global_batch": global_batch, "elastic": True}
 
 
 def check_range(cfg: TrainConfig, low: int, high: int, ranks_per_node: int) -> None:

@@ -82,15 +82,12 @@ def candidate_plans(req: Request, base: JobPlan) -> list[JobPlan]:
     if counts == [base.spec.nodes] and not base.spec.nodes_max:
         return [base]
     cfg = base.trainer or {}
-    pinned: tuple[str, ...] = ()
+    pinned: dict[str, Any] = {}
     if base.spec.nodes_max:
-        pinned = noderange.pinned_flags(cfg["batch_size"], cfg["global_batch_size"])
+        pinned = noderange.pinned(cfg["batch_size"], cfg["global_batch_size"])
+    overrides = {**req.overrides, **pinned}
     return [
-        plan_job(
-            dataclasses.replace(
-                req, nodes=n, run_dir=base.run_dir, tool_args=(*req.tool_args, *pinned)
-            )
-        )  # fmt: skip
+        plan_job(dataclasses.replace(req, nodes=n, run_dir=base.run_dir, overrides=overrides))
         for n in counts
     ]
 

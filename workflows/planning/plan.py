@@ -8,29 +8,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import gpus, labellayout, runfiles
+from vitpod.registry import labellayout, runfiles
 from vitpod.registry.decision import (
     Data,
     Decision,
     Engine,
-    Precision,
     Resources,
     Scheduling,
     TrainerSettings,
 )
 from vitpod.registry.engines import DDP_ENGINES
+from vitpod.registry.trainsections import overridden
 from vitpod.trainer.config import ConfigError as TrainerConfigError
-from vitpod.trainer.config import TrainConfig
+from vitpod.trainer.config import TrainConfig, resolved
 from vitpod.trainer.settings.checks import problems
-from vitpod.trainer.settings.flags import parse_args
+from vitpod.trainer.settings.flags import parse_given
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning import ckptinterval, exchange, noderange, preflight, sbatchopts
 from vitpod.workflows.planning.hangplan import decide as decide_hang
+from vitpod.workflows.planning.precision import decide_precision
 from vitpod.workflows.planning.quantities import slurm_minutes
-from vitpod.workflows.planning.recipe import Recipe, load_recipe
+from vitpod.workflows.planning.recipe import Recipe, check_token_label_size, load_recipe
 from vitpod.workflows.planning.spec import Entry, JobSpec, Launch, build_spec, launch_for
 from vitpod.workflows.planning.templating import render
-from vitpod.workflows.site.profile import NodeType, Profile, load_profile, profile_path
+from vitpod.workflows.site.profile import Profile, load_profile, profile_path
 from vitpod.workflows.submit.rundir import (
     check_path_safe,
     git_info,
@@ -57,8 +58,9 @@ class Request:
     """ACCOUNT, QOS, RESERVATION, CONSTRAINT, EXCLUDE, SBATCH_EXTRA (a pipeline's FT_...)."""
     args: str = ""
     """ARGS: trainer flags as one shell-quoted string (user input)."""
-    tool_args: tuple[str, ...] = ()
-    """Trainer flags vitpod itself adds after ARGS (a sweep point's batch and step count)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Trainer settings vitpod itself sets over ARGS, by TrainConfig field name (a sweep point's
+    batch and step count, a resume's pinned batch); an unknown name is refused."""
     ranks: int | None = None
     """World size when a job uses part of a node (a sweep point); default: every rank."""
     finetune_from: str = ""
@@ -173,9 +175,9 @@ def _now() -> str:
 def plan_job(req: Request) -> JobPlan:
     """Validate everything that needs no cluster and render the job in memory.
 
-    Raises ConfigError naming the field and the fix; nothing is written. The trainer's final
-    argv is parsed with the trainer's own parser, the engine is decided once (and its flags
-    are part of the argv), and the memory planner checks the micro-batch against the stage's GPU.
+    Raises ConfigError naming the field and the fix; nothing is written. The recipe's flags and
+    ARGS are parsed once by the trainer's parser; the dtype, checkpoint interval, a node range's
+    batch and the engine are set on that configuration, which plan.json's trainer section holds.
     """
     profile = load_profile(req.cluster)
     model = profile.model_for(req.model)
@@ -189,10 +191,11 @@ def plan_job(req: Request) -> JobPlan:
     time_limit = stage_time(req.time, profile, req.stage, req.time_name)
     sbatch = sbatchopts.check(req.slurm, profile.scheduler, profile.name)
     world = req.ranks or nodes * node.ranks_per_node
+    ranged = req.entry == "trainer" and partition.nodes_max and req.nodes in (None, "")
     spec = build_spec(
         profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
-        tool_args=req.tool_args, finetune_from=req.finetune_from or None,
-        dependency=req.dependency or None, entry=req.entry,
+        finetune_from=req.finetune_from or None, dependency=req.dependency or None,
+        entry=req.entry, nodes_max=partition.nodes_max if ranged else None,
     )  # fmt: skip
     source_now = not (req.finetune_pending or req.offline or req.dependency)
     if spec.finetune_from and source_now:  # the preflight's own check, before anything is written
@@ -204,32 +207,23 @@ def plan_job(req: Request) -> JobPlan:
     cfg, decision, memory = None, None, {"checked": False, "reason": "the ranks run no trainer"}
     precision, checkpoint = None, None
     if req.entry == "trainer":
-        cfg = _parse_trainer(spec.args, world)
-        precision, dtype_flags = decide_precision(cfg, spec.args, node, partition.node_type)
-        checkpoint, every_flags = ckptinterval.decide(
-            profile, partition.name, cfg, spec.args, run_dir,
+        # ARGS and the recipe parsed once; the planner's decisions are fields set on it
+        parsed, given = _parse_trainer(spec.args, req.overrides)
+        cfg = _resolved(parsed, world)
+        precision, dtype = decide_precision(cfg, given, node, partition.node_type)
+        checkpoint, every = ckptinterval.decide(
+            profile, partition.name, cfg, given, run_dir,
             ask_slurm=profile.scheduler == "slurm" and not req.offline,
         )  # fmt: skip
-        if dtype_flags or every_flags:  # the chosen dtype and interval go after ARGS
-            req = dataclasses.replace(req, tool_args=(*req.tool_args, *dtype_flags, *every_flags))
-            spec = build_spec(
-                profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
-                tool_args=req.tool_args, finetune_from=req.finetune_from or None,
-                dependency=req.dependency or None, entry=req.entry,
-            )  # fmt: skip
-            cfg = _parse_trainer(spec.args, world)
-    if cfg is not None and partition.nodes_max and req.nodes in (None, ""):
-        # A node range and no NODES: Slurm gives MIN..MAX nodes. The global batch is planned
-        # at MAX; on fewer nodes the ranks take the accumulation that keeps it.
-        cfg = _parse_trainer(spec.args, partition.nodes_max * node.ranks_per_node)
-        noderange.check_range(cfg, nodes, partition.nodes_max, node.ranks_per_node)
-        pinned = noderange.pinned_flags(cfg.batch_size, cfg.global_batch_size)
-        spec = build_spec(
-            profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
-            tool_args=(*req.tool_args, *pinned), nodes_max=partition.nodes_max,
-            finetune_from=req.finetune_from or None, dependency=req.dependency or None,
-        )  # fmt: skip
-        cfg = _parse_trainer(spec.args, world)
+        parsed = dataclasses.replace(parsed, amp_dtype=dtype, checkpoint_every=every)
+        if ranged:
+            # A node range and no NODES: Slurm gives MIN..MAX nodes. The global batch is planned
+            # at MAX; on fewer nodes the ranks take the accumulation that keeps it.
+            top = _resolved(parsed, partition.nodes_max * node.ranks_per_node)
+            noderange.check_range(top, nodes, partition.nodes_max, node.ranks_per_node)
+            parsed = _overridden(parsed, noderange.pinned(top.batch_size, top.global_batch_size))
+        cfg = _resolved(parsed, world)
+        spec = dataclasses.replace(spec, workers=cfg.workers)
     tasks, gpus = noderange.part_of_nodes(req.ranks, nodes, node.ranks_per_node, node.gpus_per_node)
     spec = dataclasses.replace(spec, time=time_limit, tasks_per_node=tasks, gpus_per_node=gpus)
     spec = sbatchopts.apply(spec, sbatch)
@@ -294,69 +288,34 @@ def stage_time(value: str, profile: Profile, stage: str, name: str = "TIME") -> 
     return value.strip()
 
 
-def _flag_value(argv: tuple[str, ...], flag: str) -> str | None:
-    """The last value of `flag` in argv (`--flag V` or `--flag=V`), None when not given."""
-    value = None
-    for i, arg in enumerate(argv):
-        key, eq, inline = arg.partition("=")
-        if key == flag:
-            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return value
-
-
-def decide_precision(
-    cfg: TrainConfig, argv: tuple[str, ...], node: NodeType, node_type: str
-) -> tuple[Precision, tuple[str, ...]]:
-    """The autocast dtype from the node type's GPU (bf16 where native, fp16 with dynamic loss
-    scaling before compute capability 8.0), and the trainer flags that pass it on. An explicit
-    --amp-dtype (ARGS or recipe) is kept, and refused where the GPU has no bf16; ConfigError
-    names the GPU and the fix."""
-    if not cfg.use_amp:
-        return Precision(dtype="fp32", source="default", reason="no --amp: fp32"), ()
-    explicit = _flag_value(argv, "--amp-dtype")
-    gpu = node.gpu.model if node.gpu is not None and node.gpus_per_node else None
-
-    def kept(reason: str) -> tuple[Precision, tuple[str, ...]]:
-        """The parsed dtype as it is (given in the flags, or no GPU to choose by)."""
-        record = {
-            "dtype": cfg.amp_dtype, "gpu": gpu, "reason": reason,
-            "loss_scaling": "dynamic" if cfg.amp_dtype == "fp16" else "none",
-            "source": "flags" if explicit else "default",
-        }  # fmt: skip
-        return Precision.model_validate(record), ()
-
-    if gpu is None:
-        return kept(f"node type {node_type} has no GPU: {cfg.amp_dtype} (the trainer's default)")
-    capability = gpus.capability_of(gpu)
-    if capability is None:
-        if explicit:
-            return kept(f"--amp-dtype {explicit} given; {gpu} is not in vitpod.registry.gpus")
-        raise ConfigError(
-            f"node_types.{node_type}.gpu.model={gpu!r}: its bf16 support is unknown (not in "
-            'vitpod.registry.gpus.CAPABILITIES); pass ARGS="--amp-dtype bf16" (compute '
-            'capability 8.0 or newer) or ARGS="--amp-dtype fp16"'
-        )
-    cc = f"compute capability {capability[0]}.{capability[1]}"
-    if not gpus.bf16_native(capability):
-        if explicit == "bf16":
-            raise ConfigError(
-                f"--amp-dtype bf16: the {node_type} nodes' {gpu} ({cc}) has no bf16 tensor "
-                f"cores; use --amp-dtype fp16 (dynamic loss scaling) or drop --amp-dtype"
-            )
-        why = f"{gpu} ({cc}) has no bf16 tensor cores: fp16 with dynamic loss scaling"
-        record = Precision(dtype="fp16", loss_scaling="dynamic", gpu=gpu, reason=why)
-        return record, ("--amp-dtype", "fp16")
-    if explicit:
-        return kept(f"--amp-dtype {explicit} given; {gpu} ({cc}) has bf16 natively")
-    why = f"{gpu} ({cc}) has bf16 tensor cores: bf16, no loss scaling"
-    return Precision(dtype="bf16", gpu=gpu, reason=why), ("--amp-dtype", "bf16")
-
-
-def _parse_trainer(args: tuple[str, ...], world: int) -> TrainConfig:
-    """The trainer's own parser and consistency checks on the exact argv the ranks will run."""
-    argv = list(args)
+def _parse_trainer(
+    args: tuple[str, ...], overrides: dict[str, Any]
+) -> tuple[TrainConfig, frozenset[str]]:
+    """The recipe's flags and ARGS parsed once by the trainer's parser, vitpod's overrides set
+    over them: the configuration before resolve, and the fields given."""
     try:
-        cfg = parse_args(argv, world_size=world)
+        parsed, given = parse_given(args)
+    except TrainerConfigError as exc:
+        raise ConfigError(f"ARGS/recipe: {exc}") from None
+    try:  # the grid is img_size/16 (unset: the trainer takes it)
+        if parsed.token_label:
+            check_token_label_size(parsed.img_size, parsed.token_label_size, "--token-label-size")
+    except ValueError as exc:
+        raise ConfigError(f"ARGS/recipe: {exc}") from None
+    return _overridden(parsed, overrides), given | set(overrides)
+
+
+def _overridden(parsed: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    try:  # an unknown field or a value of the wrong type: ConfigError
+        return overridden(parsed, overrides)
+    except TrainerConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _resolved(parsed: TrainConfig, world: int) -> TrainConfig:
+    """The configuration resolved for `world` ranks, and the trainer's consistency checks."""
+    try:
+        cfg = resolved(parsed, world)
     except TrainerConfigError as exc:
         raise ConfigError(f"ARGS/recipe: {exc}") from None
     found = problems(cfg, for_training=False)

@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vitpod.registry import runfiles
+from vitpod.registry.trainconfig import TrainConfig
 from vitpod.trainer.exitcodes import REQUEUE, killed_by_statuses
 from vitpod.workflows.containers import container, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.masterport import master_port_expr, master_port_span_lines
 from vitpod.workflows.planning.recipe import Recipe
 from vitpod.workflows.planning.templating import render
-from vitpod.workflows.planning.trainerargv import extra_args, last_value, trainer_flags
+from vitpod.workflows.planning.trainerargv import extra_args, trainer_flags
 from vitpod.workflows.site import doctor_step
 from vitpod.workflows.site.profile import NodeType, Profile, resolve_path
-from vitpod.workflows.site.rankthreads import loader_workers, rank_threads
+from vitpod.workflows.site.rankthreads import rank_threads
 
 Entry = Literal["trainer", "rankinfo", "commbench", "labels"]
 COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
@@ -77,9 +78,12 @@ class JobSpec:
     module: str
     """The entry's module (python -m MODULE): vitpod.trainer, vitpod.trainer.tokenlabels.label."""
     args: tuple[str, ...]
-    """The entry's own argv, its parser's input (the trainer's: DATA_DIR --model M flags...)."""
+    """The entry's own argv, its parser's input (the trainer's: DATA_DIR --model M, the recipe's
+    flags, then ARGS; the planner parses it once, and its ranks start from plan.json)."""
     extra_args: tuple[str, ...]
     entry: Entry = "trainer"
+    workers: int = 0
+    """Loader worker processes per rank (the trainer's --workers): bind.sh leaves each a CPU."""
     requeue_exit: int = REQUEUE
     nodes_max: int | None = None
     """A node range nodes..nodes_max (profile `nodes: MIN-MAX`): Slurm picks, the job adapts."""
@@ -176,7 +180,6 @@ def build_spec(
     run_dir: Path,
     nodes: int,
     args: str = "",
-    tool_args: tuple[str, ...] = (),
     finetune_from: str | None = None,
     dependency: str | None = None,
     entry: Entry = "trainer",
@@ -188,7 +191,7 @@ def build_spec(
     a script for any cluster can be rendered anywhere.
     """
     stage_recipe = recipe.stage(stage)
-    extra = [*extra_args(args), *tool_args]
+    extra = extra_args(args)
     partition = profile.partition(stage)
     node = profile.node_type(stage)
     _check_dependency(dependency)
@@ -241,6 +244,8 @@ def build_spec(
         args=tuple(argv),
         extra_args=tuple(extra),
         entry=entry,
+        # the trainer's default; plan_job sets the parsed --workers (the labeler runs none)
+        workers=TrainConfig.workers if entry == "trainer" else 0,
     )
 
 
@@ -300,7 +305,7 @@ def _container_args(spec: JobSpec, env_names: list[str]) -> list[str]:
     # are mounted at the same paths when no profile mount covers them.
     root = "run root (--run-root, VITPOD_RUN_ROOT or storage.runs)"
     extra = [(root, str(Path(spec.run_dir).parent))]
-    finetune = last_value(list(spec.command), "--finetune")
+    finetune = spec.finetune_from if spec.entry == "trainer" else None
     extra += [("--finetune (FINETUNE_FROM)", finetune)] if finetune else []
     return container.srun_args(spec.profile.container, env_names, extra)
 
@@ -347,7 +352,7 @@ def launch_for(spec: JobSpec) -> Launch:
     })  # fmt: skip
     teardown_lines = teardown.strip("\n").splitlines()
     node = profile.node_type(spec.stage)
-    workers = loader_workers(spec.command)
+    workers = spec.workers
     threads = rank_threads(node, workers)
     bind = render(
         "bind.sh.j2",

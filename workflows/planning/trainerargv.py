@@ -1,5 +1,6 @@
-"""The ranks' trainer argv: the recipe's flags, a config file given in ARGS, shared-storage paths,
-the run directory, then ARGS (last wins), with the flags vitpod sets itself refused in ARGS."""
+"""The trainer argv the planner parses once: the recipe's flags, a config file given in ARGS,
+shared-storage paths, the run directory, then ARGS (last wins), with the flags vitpod sets itself
+refused in ARGS. The ranks never run it: they start from plan.json (--plan)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.settings.flags import layered_argv
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning.recipe import StageRecipe, check_token_label_size
+from vitpod.workflows.planning.recipe import StageRecipe
 from vitpod.workflows.site.profile import Profile, resolve_path
 
 # Flags vitpod sets itself; giving them in ARGS would silently fight the run layout.
@@ -44,11 +45,9 @@ def trainer_flags(
     fixed = ["--finetune", finetune] if finetune else []
     fixed += ["--output", str(run_dir), "--resume", "auto"]
     try:
-        flags = layered_argv(extra, base=recipe, fixed=fixed, owned=OWNED)
+        return layered_argv(extra, base=recipe, fixed=fixed, owned=OWNED)
     except TrainerConfigError as exc:
         raise ConfigError(f"ARGS: {exc}") from None
-    check_final_flags(flags)
-    return flags
 
 
 def extra_args(args: str) -> list[str]:
@@ -65,23 +64,3 @@ def extra_args(args: str) -> list[str]:
         if flag in RESERVED:
             raise ConfigError(f"ARGS: {flag} is set by vitpod ({RESERVED[flag]}); remove it")
     return extra
-
-
-def last_value(flags: list[str], *names: str) -> str | None:
-    value = None
-    for i, arg in enumerate(flags):
-        key, _, inline = arg.partition("=")
-        if key in names:
-            value = inline if inline else (flags[i + 1] if i + 1 < len(flags) else None)
-    return value
-
-
-def check_final_flags(flags: list[str]) -> None:
-    """Re-check what ARGS may have changed: token-label grid = img_size/16."""
-    if "--token-label" not in flags:
-        return
-    img, size = last_value(flags, "--img-size"), last_value(flags, "--token-label-size")
-    try:
-        check_token_label_size(int(img or 0), int(size) if size else None, "--token-label-size")
-    except ValueError as exc:
-        raise ConfigError(f"ARGS/recipe: {exc}") from None

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from vitpod.workflows.site.profile import NodeType
 
-DEFAULT_LOADER_WORKERS = 4  # trainer/config.py TrainConfig.workers (-j/--workers)
-
 
 def cpu_count(cpus: str) -> int:
     """CPUs in a list such as '48-63,176-191' (32)."""
@@ -15,23 +13,6 @@ def cpu_count(cpus: str) -> int:
         low, _, high = part.partition("-")
         total += int(high or low) - int(low) + 1
     return total
-
-
-def loader_workers(command: tuple[str, ...]) -> int:
-    """Data-loader worker processes per rank: the command's last -j/--workers, else the
-    trainer's default (0 when the command is not the trainer or the labeler)."""
-    value: str | None = None
-    for i, arg in enumerate(command):
-        if arg in ("-j", "--workers") and i + 1 < len(command):
-            value = command[i + 1]
-        elif arg.startswith("--workers="):
-            value = arg.partition("=")[2]
-        elif arg.startswith("-j") and arg[2:].isdigit():
-            value = arg[2:]
-    if value is not None and value.isdigit():
-        return int(value)
-    trains = any(m in command for m in ("vitpod.trainer", "vitpod.trainer.tokenlabels.label"))
-    return DEFAULT_LOADER_WORKERS if trains else 0
 
 
 def rank_threads(node: NodeType, workers: int) -> dict[int, int]:

@@ -119,7 +119,7 @@ def per_rank_batches(mode: str, gpus: list[int], batch: int, accum: int) -> dict
     return {n: batch // (n * accum) for n in gpus}
 
 
-# The trainer flags every point sets (sweep_args), and what sets them instead: in ARGS they
+# The trainer flags every point sets (sweep_overrides), and what sets them instead: in ARGS they
 # would be replaced without a word.
 STUDY_FLAGS = {
     "-b": "BATCH=", "--batch-size": "BATCH=", "--accum-steps": "ACCUM=",
@@ -139,12 +139,12 @@ def refuse_study_flags(args: str) -> None:
             )
 
 
-def sweep_args(batch: int, accum: int, steps: int, warmup: int) -> list[str]:
-    """Trainer flags every point adds: its batch, a short timed run, a metrics line a step."""
-    return [
-        "-b", str(batch), "--accum-steps", str(accum), "--max-steps", str(steps),
-        "--warmup-steps-excluded", str(warmup), "--log-interval", "1",
-    ]  # fmt: skip
+def sweep_overrides(batch: int, accum: int, steps: int, warmup: int) -> dict[str, int]:
+    """Trainer settings every point sets: its batch, a short timed run, a metrics line a step."""
+    return {
+        "batch_size": batch, "accum_steps": accum, "max_steps": steps,
+        "warmup_steps_excluded": warmup, "log_interval": 1,
+    }  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,7 +224,7 @@ def prepare(ns: argparse.Namespace) -> Sweep:
         nodes, ranks = layout[n]
         req = Request(
             cluster=ns.cluster, model=recipe.model, stage=STAGE, nodes=nodes, args=ns.args,
-            tool_args=tuple(sweep_args(batches[n], accum, steps, warmup)), ranks=n,
+            overrides=sweep_overrides(batches[n], accum, steps, warmup), ranks=n,
             run_dir=study_dir / f"gpus{n}", time=ns.time, slurm=sbatchopts.from_namespace(ns),
             offline=ns.offline,
         )  # fmt: skip

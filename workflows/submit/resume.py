@@ -55,7 +55,7 @@ def resume_request(
     overrides = manifest["overrides"]
     assert decision.trainer is not None and decision.global_batch is not None  # _decision's
     recorded = SbatchOptions(**overrides.get("sbatch", {}))
-    pinned = noderange.pinned_flags(decision.trainer.optim["batch_size"], decision.global_batch)
+    pinned = noderange.pinned(decision.trainer.optim["batch_size"], decision.global_batch)
     slurm = given.over(recorded) if given else recorded
     listed = set(str(slurm.exclude).split(","))
     if "/" not in str(slurm.exclude):  # with '/': EXCLUDE names a file of nodes (sbatch)
@@ -64,7 +64,7 @@ def resume_request(
     return Request(
         cluster=_profile(manifest), model=manifest["model"], stage=manifest["stage"],
         nodes=nodes or manifest["resolved"]["nodes"], args=overrides.get("args") or "",
-        tool_args=pinned, finetune_from=overrides.get("finetune_from") or "", run_dir=run,
+        overrides=pinned, finetune_from=overrides.get("finetune_from") or "", run_dir=run,
         slurm=slurm, time=time or overrides.get("time") or "",
     )  # fmt: skip
 

@@ -57,7 +57,6 @@ def request_record(req: Request) -> dict[str, Any]:
         **{k: v if isinstance(v, str) else list(_words(v)) for k, v in req.slurm.given().items()},
         "names": dict(req.slurm.names),
     })  # fmt: skip
-    record["tool_args"] = list(req.tool_args)
     return record
 
 
@@ -75,7 +74,6 @@ def request_from_record(record: Mapping[str, Any], **changes: Any) -> Request:
     slurm_opts = dict(values.pop("slurm", {}) or {})
     names = slurm_opts.pop("names", {})
     values["slurm"] = SbatchOptions(**slurm_opts, names=names)
-    values["tool_args"] = tuple(values.get("tool_args") or ())
     values["run_dir"] = Path(values["run_dir"]) if values.get("run_dir") else None
     known = {f.name for f in dataclasses.fields(Request)}
     return Request(**{k: v for k, v in {**values, **changes}.items() if k in known})
