@@ -410,13 +410,13 @@ def test_login_side_modules_load_no_torch(area):
 
 
 def test_the_graph_tells_what_an_import_runs():
-    """Function bodies and TYPE_CHECKING blocks do not run on import; module-level try/if, class
-    bodies and defaults do; a parent package's __init__ runs before its module."""
+    """Function bodies and TYPE_CHECKING blocks do not run on import; module-level try/if and
+    class bodies do; a parent package's __init__ runs before its module."""
     source = (
         "import a\n"
         "try:\n    import b\nexcept ImportError:\n    b = None\n"
         "if TYPE_CHECKING:\n    import c\nelse:\n    import d\n"
-        "def f(x=[__import__ for _ in ()]):\n    import g\n"
+        "def f():\n    import g\n"
         "class K:\n    import h\n    def m(self):\n        import i\n"
     )
     loads = {
