@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.watching import follow
 from vitpod.workflows.watching.metricstail import MetricsTail
 
@@ -29,7 +30,8 @@ def test_live_mfu_is_flops_per_step_over_mean_step_time_over_peak(tmp_path):
     tail = MetricsTail(tmp_path)
     tail.update()
     assert tail.mfu == pytest.approx(4e14 / 1.0 / 1e15)
-    row = follow.Row("train", tmp_path, [], tail=tail)
+    row = JobState("train", tmp_path)
+    follow.take_tail(row, tail)
     assert follow.cells(row)["MFU"] == "40.0%"
 
 
@@ -39,7 +41,8 @@ def test_the_summary_mfu_wins_and_an_unknown_peak_shows_a_dash(tmp_path):
     tail = MetricsTail(tmp_path)
     tail.update()
     assert tail.mfu is None
-    assert follow.cells(follow.Row("train", tmp_path, [], tail=tail))["MFU"] == "-"
+    follow.take_tail(row := JobState("train", tmp_path), tail)
+    assert follow.cells(row)["MFU"] == "-"
     _write(tmp_path, [{"kind": "summary", "steps": 1, "images_per_s": 9.0, "mfu": 0.31}])
     tail.update()
     assert tail.mfu == pytest.approx(0.31)

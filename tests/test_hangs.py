@@ -21,7 +21,7 @@ from vitpod.analysis.stragglers import stragglers
 from vitpod.trainer.telemetry.heartbeat import Heartbeat
 from vitpod.workflows.planning.hangplan import decide, longest_sections
 from vitpod.workflows.site.profile_hang import Hang
-from vitpod.workflows.submit.jobstate import JobInfo
+from vitpod.workflows.submit.jobstate import JobInfo, JobState
 from vitpod.workflows.watching import follow, hangs, status
 
 LIMITS = {"floor_s": 10.0, "measured_s": {"checkpoint": 4.0},
@@ -196,9 +196,10 @@ def test_the_follow_view_names_a_straggler_of_a_running_stage(tmp_path: Path) ->
         (run / "heartbeats" / f"rank{rank}").write_text(f"{rank} node{rank + 1} 1 8 step 0 0 0\n")
     target = follow.Target(run)
     row = target.rows[0]
-    assert row.tail is not None
-    row.tail.update()
-    target._set_state(row, [JobInfo("7", "RUNNING")], "")
+    tail = target.tail_of(row)
+    assert tail is not None
+    tail.update()
+    target._set_state(row, [JobInfo("7", "RUNNING")])
     assert row.reason == "straggler rank 1 on node2 x3.00", row.reason
 
 
@@ -335,6 +336,6 @@ def test_status_says_a_jobs_hang_blames_no_node_and_why_a_job_pends(tmp_path: Pa
         "rank behind the others: the job's hang, no node blamed; job 5 restart 0 attempt 0; "
         "stacks "
     ]
-    pending = status.stage_status("pretrain", run, ["5"], [JobInfo("5", "PENDING",
-                                                                   "BadConstraints")])  # fmt: skip
+    pending = status.stage_status(JobState("pretrain", run, ["5"]),
+                                  [JobInfo("5", "PENDING", "BadConstraints")])  # fmt: skip
     assert "  pending: Slurm's reason: BadConstraints" in status.format_status([pending])

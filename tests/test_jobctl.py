@@ -81,7 +81,7 @@ def make_pipeline(root: Path, job_ids: dict[str, str], labels: str = "") -> Path
     chain = Chain(cluster="localslurm", model="volo_tiny", offline=True, run_root=str(root))
     chain.render()
     for stage, job_id in job_ids.items():
-        chain.stages[stage].job_ids, chain.stages[stage].state = [job_id], "SUBMITTED"
+        chain.stages[stage].job_ids, chain.stages[stage].recorded = [job_id], "SUBMITTED"
     chain.offline = False
     chain._save()
     assert chain.directory is not None
@@ -271,7 +271,7 @@ def test_chain_from_dir_in_a_fresh_interpreter_status_and_cancel(tmp_path):
     code = (
         "from vitpod.workflows.pipeline.chain import Chain\n"
         "c = Chain.from_dir(PATH)\n"
-        "print(*[(s.stage, s.state, s.job_ids) for s in c.status()], sep='\\n')\n"
+        "print(*[(s.name, s.state, s.job_ids) for s in c.status()], sep='\\n')\n"
         "print(sorted(c.report()['stages']))\n"
     )
     shown = _fresh(code.replace("PATH", repr(str(offline.directory))), stubs)

@@ -44,7 +44,7 @@ def test_pipeline_listed_reattached_cancelled_and_resumed(local_slurm, digits_di
     code = (
         "from vitpod.workflows.pipeline.chain import Chain\n"
         f"c = Chain.from_dir({str(chain.directory)!r})\n"
-        "print(*[f'{s.stage} {s.state} {s.job_ids}' for s in c.status()], sep='\\n')\n"
+        "print(*[f'{s.name} {s.state} {s.job_ids}' for s in c.status()], sep='\\n')\n"
         "print('cancelled', sorted(c.cancel()))\n"
     )
     fresh = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

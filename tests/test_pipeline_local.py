@@ -80,8 +80,8 @@ def test_local_pipeline_runs_both_stages(followed):
 
     record = json.loads((run.directory / runfiles.PIPELINE).read_text())
     assert {s["state"] for s in record["stages"].values()} == {"COMPLETED"}
-    shown = {s.stage: s for s in status.run_status(run.directory)}
-    assert shown["finetune"].last_step == 6 and shown["finetune"].images_per_s > 0
+    shown = {s.name: s for s in status.run_status(run.directory)}
+    assert shown["finetune"].step == 6 and shown["finetune"].images_per_s > 0
     assert shown["pretrain"].traceback is None
 
 
@@ -95,7 +95,7 @@ def test_failed_stage_reports_root_cause_and_cancels_finetune(tmp_path, digits_d
     run = Chain(cluster, "volo_tiny", args=bad, run_root=str(tmp_path / "runs")).submit()
     with pytest.raises(Exception, match="pretrain") as err:
         run.wait(timeout=120, poll_s=1)
-    shown = {s.stage: s.state for s in run.status()}
+    shown = {s.name: s.state for s in run.status()}
     assert shown["finetune"] == "CANCELLED"
     assert "pretrain ended FAILED" in str(err.value)
     assert "10 classes" in str(err.value)

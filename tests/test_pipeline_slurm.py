@@ -75,7 +75,7 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
     # Each (re)start kept its own logs: restart count and rank in the names.
     logs = sorted(p.name for p in (pre.run_dir / "logs").glob("train-*.log"))
     assert logs == [f"train-{job}-restart{r}-rank{k}.log" for r in range(3) for k in range(2)]
-    shown = {s.stage: s for s in run.status()}
+    shown = {s.name: s for s in run.status()}
     assert shown["pretrain"].restarts == 2 and shown["pretrain"].state == "COMPLETED"
     assert "preempted" in (pre.run_dir / "logs" / logs[0]).read_text()
 
@@ -126,7 +126,7 @@ def test_cancelled_pipeline_fails_wait_without_accounting(local_slurm, digits_di
         # slurmctld cancels the dependent finetune (kill_invalid_depend) at its next dependency
         # check, which may come a few seconds after wait() has seen the pretrain end.
         expected = {"pretrain": "CANCELLED", "finetune": "CANCELLED"}
-        states = lambda: {s.stage: s.state for s in run.status()}  # noqa: E731
+        states = lambda: {s.name: s.state for s in run.status()}  # noqa: E731
         wait_until(f"both stages {expected}", lambda: states() == expected, 30, interval=1)
     finally:
         restart_slurm()

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from vitpod.registry import runfiles
 from vitpod.workflows.submit import jobstate, slurm
+from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.watching import rootcause, status, status_cli
 
 REAL = """\
@@ -104,8 +105,8 @@ def test_stage_status_of_failed_job(tmp_path):
     _metrics(run_dir, 0, 3, 10.0)
     _write(run_dir / "logs" / "77-restart2-rank1.log", REAL)
     info = [jobstate.JobInfo("77", "FAILED", restarts=1, exit_code="1:0")]
-    st = status.stage_status("pretrain", run_dir, ["77"], info)
-    assert (st.state, st.restarts, st.last_step) == ("FAILED", 2, 3)
+    st = status.stage_status(JobState("pretrain", run_dir, ["77"]), info)
+    assert (st.state, st.restarts, st.step) == ("FAILED", 2, 3)
     assert st.traceback is not None and "out of range" in st.traceback.exception
     text = status.format_status([st])
     assert "FAILED" in text and "root cause" in text and "ValueError" in text

@@ -61,13 +61,14 @@ def test_a_run_planned_from_a_profile_file_resumes_with_that_file(tmp_path: Path
 
 
 def test_status_shows_the_ranks_of_each_stretch(tmp_path: Path) -> None:
+    from vitpod.workflows.submit.jobstate import JobState
     from vitpod.workflows.watching.runsizes import world_sizes
-    from vitpod.workflows.watching.status import stage_status
+    from vitpod.workflows.watching.status import stage_status, status_line
 
     (tmp_path / "metrics").mkdir()
     steps = [(1, 4), (2, 4), (3, 2), (2, 2), (4, 4)]  # resized, a step redone, resized back
     lines = [json.dumps({"kind": "step", "step": s, "world_size": w}) for s, w in steps]
     (tmp_path / "metrics" / "rank0.jsonl").write_text("\n".join(lines) + "\n{trunc")
     assert world_sizes(tmp_path) == [4, 2, 4]
-    line = stage_status("pretrain", tmp_path, [], [], "COMPLETED").line()
+    line = status_line(stage_status(JobState("pretrain", tmp_path, recorded="COMPLETED"), []))
     assert "ranks=4>2>4" in line

@@ -77,9 +77,10 @@ def test_snapshot_shows_step_loss_speed_eta_engine_and_checkpoint_age(local_run:
     age = shown_at - max(p.stat().st_mtime for p in commits)
     assert abs(_seconds(fields["ckpt_age"]) - age) <= 5
     # --json carries the same facts
-    shown = status.run_status(local_run)[0]
-    assert (shown.last_step, shown.total_steps, shown.engine) == (STEPS, STEPS, "ring")
-    assert shown.loss is not None and shown.eta_s == 0.0 and shown.ckpt_age_s is not None
+    shown = json.loads(json.dumps(status.as_dict(status.run_status(local_run)[0])))
+    assert (shown["last_step"], shown["total_steps"], shown["engine"]) == (STEPS, STEPS, "ring")
+    assert shown["loss"] is not None and shown["eta_s"] == 0.0 and shown["ckpt_age_s"] is not None
+    assert shown["ledger"]["wall"] > 0
 
 
 def test_goodput_without_accounting_is_the_runs_own_wall_and_training_time(

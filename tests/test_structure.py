@@ -545,3 +545,37 @@ def test_every_source_package_is_packaged():
     for folder, prefix in FOLDERS.items():
         if prefix != "vitpod":
             assert mapped.get(prefix) == REPO / folder, f"package-dir does not map {prefix}"
+
+
+JOB_IDS = {"job_id", "job_ids"}
+JOB_FACTS = {"state", "restarts", "run_dir", "step", "total", "exit_code"}
+VIEWS = ("run_status", "Target", "list_entries", "Chain")
+"""make status, the follow view, vitpod list and the Chain: each defined where it is."""
+
+
+def _fields(node: ast.ClassDef) -> set[str]:
+    return {t.target.id for t in node.body
+            if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}  # fmt: skip
+
+
+def test_a_jobs_state_is_one_type_that_status_follow_list_and_the_chain_use():
+    """No second class holds a job's ids with its state, restarts, run directory or progress
+    (there were four: StageStatus, follow's Row, jobctl's Part, the chain's StageRecord). JobInfo
+    is one poll's answer about one job id, which JobState takes in."""
+    holders, uses = [], {}
+    for module in MODULES.values():
+        if not module.name.startswith("vitpod.workflows"):
+            continue
+        tree = ast.parse(module.path.read_text())
+        nodes = list(ast.walk(tree))
+        for node in nodes:
+            if isinstance(node, ast.ClassDef) and node.name != "JobInfo":
+                fields = _fields(node)
+                if fields & JOB_IDS and fields & JOB_FACTS:
+                    holders.append(f"{module.rel}:{node.lineno} {node.name} {sorted(fields)}")
+        named = {n.id for n in nodes if isinstance(n, ast.Name)}
+        for node in nodes:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in VIEWS:
+                uses[f"{module.rel} {node.name}"] = "JobState" in named
+    assert [h.split()[1] for h in holders] == ["JobState"], "\n".join(holders)
+    assert {u.split()[1] for u in uses} >= set(VIEWS) and all(uses.values()), uses

@@ -16,6 +16,7 @@ from tests.helpers import last_step, make, profile_copy, vitpod, wait_until
 from vitpod.registry import runfiles
 from vitpod.workflows.pipeline import chain_cross
 from vitpod.workflows.pipeline.chain import Chain, ChainError
+from vitpod.workflows.pipeline.chain_stage import job_plan
 from vitpod.workflows.submit import jobstate
 
 # Short stages (tests/test_pipeline_slurm.py's settings).
@@ -116,7 +117,7 @@ def test_a_preempted_pretrain_hands_over_only_at_its_end_and_a_damaged_model_is_
     assert "sha256" in record["handover"]["error"]
     assert record["stages"]["finetune"]["state"] == chain_cross.REFUSED
     assert record["stages"]["finetune"]["job_ids"] == []
-    source = Path(fin.job_plan.request.finetune_from)
+    source = Path(job_plan(fin).request.finetune_from)
     assert not (source / runfiles.FINAL / runfiles.FINAL_MODEL).exists()
     # and the chain that submitted it, looking next, finds the hand-over refused
     with pytest.raises(ChainError, match="pretrain|finetune"):

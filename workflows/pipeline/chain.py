@@ -18,7 +18,13 @@ from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline import chain_cross, chain_submit, chain_watch
 from vitpod.workflows.pipeline.chain_labels import plan_labels
-from vitpod.workflows.pipeline.chain_stage import StageRecord
+from vitpod.workflows.pipeline.chain_stage import (
+    decision_of,
+    entry_of,
+    job_plan,
+    planned,
+    reattached,
+)
 from vitpod.workflows.pipeline.chain_watch import ChainError
 from vitpod.workflows.planning import placement, preflight, sbatchopts
 from vitpod.workflows.planning.plan import Request
@@ -26,10 +32,11 @@ from vitpod.workflows.planning.recipe import recipe_name
 from vitpod.workflows.planning.stageres import StageResources, write_rendered
 from vitpod.workflows.site.profile import load_profile
 from vitpod.workflows.submit import slurm
+from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.submit.rundir import new_run_path, runs_root, write_json
 from vitpod.workflows.watching import jobctl, status
 
-__all__ = ["STAGES", "Chain", "ChainError", "StageRecord"]
+__all__ = ["STAGES", "Chain", "ChainError", "JobState"]
 STAGES = ("pretrain", "finetune")
 
 
@@ -120,7 +127,7 @@ class Chain:
         """Stage -> labels.LabelJob making that stage's missing token labels (queued first)."""
         self.label_job_ids: list[str] = []
         self.directory: Path | None = None
-        self.stages: dict[str, StageRecord] = {}
+        self.stages: dict[str, JobState] = {}
         self.recorded: dict[str, Any] = {}
         """pipeline.json as read back by from_dir (empty for a chain planned here)."""
 
@@ -139,7 +146,7 @@ class Chain:
                     finetune_cluster=record.get("finetune_cluster", ""))  # fmt: skip
         chain.directory, chain.recorded = directory, record
         chain.crossing, chain.handover = bool(record.get("crossing")), record.get("handover", {})
-        chain.stages = {n: StageRecord.from_record(n, s) for n, s in record["stages"].items()}
+        chain.stages = {n: reattached(n, s) for n, s in record["stages"].items()}
         chain.label_job_ids = list(
             dict.fromkeys(str(j) for lab in record.get("labels", {}).values()
                           for j in lab.get("job_ids", []))
@@ -147,7 +154,7 @@ class Chain:
         return chain
 
     # ---- planning: everything validated, nothing written
-    def plan(self) -> dict[str, StageRecord]:
+    def plan(self) -> dict[str, JobState]:
         """Plan every stage and run the whole preflight; raises ConfigError, writes nothing.
         Offline: only the checks that need no cluster (as `make render`)."""
         profile, ft_profile = load_profile(self.cluster), load_profile(self.finetune_cluster)
@@ -161,7 +168,7 @@ class Chain:
         self.crossing = self.wanted == STAGES and (
             chain_cross.crosses(profile, ft_profile) or ft_dir != directory
         )
-        records: dict[str, StageRecord] = {}
+        records: dict[str, JobState] = {}
         self.label_jobs = {}
         for stage in self.wanted:
             chained = stage == "finetune" and not self.finetune_from
@@ -181,7 +188,7 @@ class Chain:
             pending = plan_labels(self, plan, directory)
             if not self.offline:
                 preflight.check(plan, chained=chained, labels_pending=pending)
-            records[stage] = StageRecord(stage, plan)
+            records[stage] = planned(stage, plan)
         labeled = [r.plan and (r.plan.trainer or {}).get("token_label") for r in records.values()]
         if self.teacher and not any(labeled):
             raise ConfigError(
@@ -196,7 +203,7 @@ class Chain:
             )
         if self.crossing and not self.offline:
             for line in chain_cross.check_before(
-                records["pretrain"].job_plan, records["finetune"].job_plan, Path(source)
+                job_plan(records["pretrain"]), job_plan(records["finetune"]), Path(source)
             ):
                 print(f"ok: {line}", flush=True)  # fmt: skip
         self.directory = directory
@@ -232,8 +239,8 @@ class Chain:
         write_rendered(self.directory, self.label_jobs, records, self._manifest)
         self.stages = records
         for rec in records.values():
-            if rec.decision is not None:
-                print(rec.decision.log_line(), flush=True)
+            if (decision := decision_of(rec)) is not None:
+                print(decision.log_line(), flush=True)
         chain_submit.launch(self, owned=True)
         return self
 
@@ -242,16 +249,16 @@ class Chain:
         if self.recorded:
             return self.recorded.get("executor", "slurm") == "slurm"
         first = next(iter(self.stages.values()))
-        return first.job_plan.profile.scheduler == "slurm"
+        return job_plan(first).profile.scheduler == "slurm"
 
-    def _manifest(self, rec: StageRecord) -> dict[str, Any]:
+    def _manifest(self, rec: JobState) -> dict[str, Any]:
         """A stage's manifest.json as rendered (submission adds its job id and dependency)."""
-        manifest = rec.job_plan.manifest(
+        manifest = job_plan(rec).manifest(
             pipeline={"directory": str(self.directory), "submitted_via": "sbatch"}
         )
         return {**manifest, **rec.manifest_extra}
 
-    def _submit_stage(self, rec: StageRecord, dependency: str | None) -> None:
+    def _submit_stage(self, rec: JobState, dependency: str | None) -> None:
         chain_submit.submit_stage(self, rec, dependency)
 
     def _cancel_submitted(self) -> str:
@@ -303,12 +310,13 @@ class Chain:
                 s: {**e, "job_ids": self.label_job_ids}
                 for s, e in self.recorded.get("labels", {}).items()
             },  # fmt: skip
-            "stages": {name: rec.record() for name, rec in self.stages.items()},
+            "stages": {name: entry_of(rec) for name, rec in self.stages.items()},
         }
 
     # ---- watching (workflows/pipeline/chain_watch.py)
-    def status(self) -> list[status.StageStatus]:
-        """Per stage: state, job ids, restarts, last step, images/s, and a failure's root cause."""
+    def status(self) -> list[JobState]:
+        """Per stage (its JobState, filled in): state, job ids, restarts, last step, images/s,
+        and a failure's root cause."""
         return chain_watch.status_of(self)
 
     def wait(self, timeout: float | None = None, poll_s: float = 5.0) -> dict[str, Any]:
@@ -333,10 +341,10 @@ class Chain:
         if not self.uses_slurm:
             self._cancel_submitted()
             return [j for rec in self.stages.values() if rec.job is not None for j in rec.job_ids]
-        first = next(iter(self.stages.values())).recorded_cluster
+        first = next(iter(self.stages.values())).cluster
         ids = {first: list(self.label_job_ids)}  # one scancel per Slurm cluster
         for rec in self.stages.values():
-            ids.setdefault(rec.recorded_cluster, []).extend(rec.job_ids)
+            ids.setdefault(rec.cluster, []).extend(rec.job_ids)
         done: list[str] = []
         for cluster, jobs in ids.items():
             with slurm.on_cluster(cluster):

@@ -9,6 +9,7 @@ import sys
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline.chain import Chain, ChainError
+from vitpod.workflows.pipeline.chain_stage import decision_of, job_plan
 from vitpod.workflows.planning import sbatchopts
 from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.submit.rundir import write_json
@@ -108,10 +109,11 @@ def _render(chain: Chain) -> int:
     for name, script in written.items():
         rec = chain.stages.get(name)
         if rec is not None:
-            spec = rec.job_plan.spec
+            spec = job_plan(rec).spec
             line = f"{name}: {spec.nodes} node(s) on partition {spec.partition}, time {spec.time}"
-            if rec.decision is not None and rec.decision.precision is not None:
-                line += f"; {rec.decision.precision.line()}"
+            decision = decision_of(rec)
+            if decision is not None and decision.precision is not None:
+                line += f"; {decision.precision.line()}"
             print(line)
         print(f"{name}: {script}")
     print(f"pipeline directory (offline: rendered, nothing submitted): {chain.directory}")
@@ -123,7 +125,7 @@ def _dry_run(chain: Chain) -> int:
     records = chain.plan()
     scripts = [(f"labels-{stage}", job.plan.run_dir, job.script)
                for stage, job in chain.label_jobs.items()]  # fmt: skip
-    scripts += [(name, rec.run_dir, rec.job_plan.script) for name, rec in records.items()]
+    scripts += [(name, rec.run_dir, job_plan(rec).script) for name, rec in records.items()]
     for name, run_dir, script in scripts:
         print(f"# ---- {name}: would write {run_dir} and submit this (dry run)")
         print(script, end="" if script.endswith("\n") else "\n")

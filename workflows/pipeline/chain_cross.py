@@ -82,7 +82,7 @@ def check_before(pretrain_plan: Any, finetune_plan: Any, source: Path) -> list[s
 
 def announce(fin: Any, cluster: str) -> None:
     """The fine-tune is planned and written, not submitted: it waits for the pretrain's end."""
-    fin.state = WAITING
+    fin.recorded = WAITING
     print(f"finetune: submitted to {cluster} by this process once the pretrain completed and "
           "its model was carried across (Chain.wait/follow/status; make pipeline waits)",
           flush=True)  # fmt: skip
@@ -94,24 +94,24 @@ def advance(chain: Any) -> None:
     pre, fin = chain.stages["pretrain"], chain.stages["finetune"]
     if fin.job_ids or not pre.job_ids:
         return
-    if fin.state == REFUSED:
+    if fin.recorded == REFUSED:
         raise HandoverError(chain.handover.get("error") or "the fine-tune was not submitted")
-    with slurm.on_cluster(pre.recorded_cluster):
+    with slurm.on_cluster(pre.cluster):
         info = jobstate.poll_once(pre.job_ids)[pre.job_ids[0]]
-    pre.state = info.state
+    pre.recorded = info.state
     if info.state == "COMPLETED":
         with _handover_lock(chain.directory):
             record = runfiles.read_record(chain.directory / runfiles.PIPELINE)
             done = record["stages"]["finetune"]
             if done.get("job_ids") or done.get("state") == REFUSED:  # another process did
-                fin.job_ids, fin.state = [str(j) for j in done.get("job_ids", [])], done["state"]
+                fin.job_ids, fin.recorded = [str(j) for j in done.get("job_ids", [])], done["state"]
                 chain.handover = record.get("handover", {})
-                if fin.state == REFUSED:
+                if fin.recorded == REFUSED:
                     raise HandoverError(chain.handover.get("error") or "not submitted")
                 return
             hand_over(chain, pre, fin)
     elif (why := jobstate.failure(info)) is not None:
-        fin.state = REFUSED
+        fin.recorded = REFUSED
         chain.handover = {"error": f"pretrain: {why}; the fine-tune is not submitted"}
         chain._save()
         raise HandoverError(chain.handover["error"])
@@ -141,16 +141,16 @@ def hand_over(chain: Any, pre: Any, fin: Any) -> None:
         if problem:
             raise handover.TransferError(f"{problem}; the fine-tune is not submitted")
     except handover.TransferError as exc:
-        fin.state = REFUSED
+        fin.recorded = REFUSED
         chain.handover = {"error": str(exc)}
         chain._save()
         raise HandoverError(str(exc)) from None
     if moved is not None:
-        moved["to_cluster"] = _name(fin.recorded_cluster)
+        moved["to_cluster"] = _name(fin.cluster)
         _record(pre.run_dir, "transfers", moved, append=True)
-        fin.manifest_extra["transfer"] = {**moved, "from_cluster": _name(pre.recorded_cluster)}
+        fin.manifest_extra["transfer"] = {**moved, "from_cluster": _name(pre.cluster)}
     chain.handover = {"transfer": moved, "image": image}
-    with slurm.on_cluster(fin.recorded_cluster):  # its kept job.sbatch, planned or reattached
+    with slurm.on_cluster(fin.cluster):  # its kept job.sbatch, planned or reattached
         chain._submit_stage(fin, dependency=None)
     chain._save()
 
@@ -176,7 +176,7 @@ def wait(chain: Any, timeout: float | None, poll_s: float) -> None:
                                "the next wait/follow/status submits the fine-tune)")  # fmt: skip
         time.sleep(poll_s)
     left = None if deadline is None else max(1.0, deadline - time.monotonic())
-    poller = jobstate.JobStatePoller(fin.job_ids, cluster=fin.recorded_cluster)
+    poller = jobstate.JobStatePoller(fin.job_ids, cluster=fin.cluster)
     jobstate.wait_jobs(poller, timeout=left, poll_s=poll_s)
 
 

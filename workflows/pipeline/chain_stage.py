@@ -1,73 +1,58 @@
-"""One stage of a Chain: its plan (or, reattached from pipeline.json, its record), run
-directory, job ids and state."""
+"""One stage of a Chain, a JobState (workflows/submit/jobstate.py) with its plan (or, reattached
+from pipeline.json, its entry there): how it is made, planned or read back, and written."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision, find_decision
 from vitpod.workflows.planning.plan import JobPlan
+from vitpod.workflows.submit.jobstate import JobState
 
 
-@dataclass
-class StageRecord:
-    """One submitted stage: its run directory and job(s). `plan` is None for a stage read back
-    from pipeline.json (`Chain.from_dir`): then `recorded` is its entry there."""
+def planned(stage: str, plan: JobPlan) -> JobState:
+    """A stage planned in this process."""
+    return JobState(stage, plan.run_dir, cluster=plan.profile.cluster or "", plan=plan)
 
-    stage: str
-    plan: JobPlan | None
-    job: Any = None
-    job_ids: list[str] = field(default_factory=list)
-    state: str = ""
-    recorded: dict[str, Any] = field(default_factory=dict)
-    manifest_extra: dict[str, Any] = field(default_factory=dict)
-    """More keys of the stage's manifest.json (a fine-tune's transfer across clusters)."""
 
-    @property
-    def recorded_cluster(self) -> str:
-        """The Slurm cluster its profile names ('': the default one)."""
-        if self.plan is not None:
-            return self.plan.profile.cluster or ""
-        return str(self.recorded.get("cluster") or "")
+def reattached(stage: str, entry: dict[str, Any]) -> JobState:
+    """A stage read back from its entry in pipeline.json (`Chain.from_dir`): no plan."""
+    ids = [str(j) for j in entry.get("job_ids", [])]
+    return JobState(stage, Path(entry["run_dir"]), ids, cluster=str(entry.get("cluster") or ""),
+                    recorded=entry.get("state", ""), entry=dict(entry))  # fmt: skip
 
-    @property
-    def job_plan(self) -> JobPlan:
-        if self.plan is None:
-            raise RuntimeError(
-                f"{self.stage}: reattached from {runfiles.PIPELINE}, which keeps no plan; "
-                "submit a new Chain to run it again (or `vitpod resume --run RUN_DIR`)"
-            )
-        return self.plan
 
-    @property
-    def run_dir(self) -> Path:
-        return self.plan.run_dir if self.plan is not None else Path(self.recorded["run_dir"])
+def job_plan(rec: JobState) -> JobPlan:
+    """The stage's plan; RuntimeError for a stage reattached from pipeline.json."""
+    if rec.plan is None:
+        raise RuntimeError(
+            f"{rec.name}: reattached from {runfiles.PIPELINE}, which keeps no plan; "
+            "submit a new Chain to run it again (or `vitpod resume --run RUN_DIR`)"
+        )
+    return rec.plan  # type: ignore[no-any-return]
 
-    @property
-    def decision(self) -> Decision | None:
-        return self.plan.decision if self.plan is not None else find_decision(self.run_dir)
 
-    def record(self) -> dict[str, Any]:
-        """The stage's entry in pipeline.json."""
-        if self.plan is None:
-            return {**self.recorded, "job_ids": self.job_ids, "state": self.state}
-        decision = self.plan.decision
-        return {
-            "run_dir": str(self.run_dir),
-            "job_ids": self.job_ids,
-            "state": self.state,
-            "engine": decision.engine.name if decision else None,
-            "partition": self.plan.spec.partition,
-            "nodes": self.plan.spec.nodes,
-            "time": self.plan.spec.time,
-            "profile": self.plan.profile.name,
-            "cluster": self.plan.profile.cluster or "",
-        }
+def decision_of(rec: JobState) -> Decision | None:
+    if rec.plan is not None:
+        return rec.plan.decision  # type: ignore[no-any-return]
+    return find_decision(rec.run_dir) if rec.run_dir is not None else None
 
-    @classmethod
-    def from_record(cls, stage: str, entry: dict[str, Any]) -> StageRecord:
-        ids = [str(j) for j in entry.get("job_ids", [])]
-        return cls(stage, None, job_ids=ids, state=entry.get("state", ""), recorded=dict(entry))
+
+def entry_of(rec: JobState) -> dict[str, Any]:
+    """The stage's entry in pipeline.json (its state: the chain's own record, `recorded`)."""
+    if rec.plan is None:
+        return {**rec.entry, "job_ids": rec.job_ids, "state": rec.recorded}
+    plan, decision = rec.plan, rec.plan.decision
+    return {
+        "run_dir": str(rec.run_dir),
+        "job_ids": rec.job_ids,
+        "state": rec.recorded,
+        "engine": decision.engine.name if decision else None,
+        "partition": plan.spec.partition,
+        "nodes": plan.spec.nodes,
+        "time": plan.spec.time,
+        "profile": plan.profile.name,
+        "cluster": plan.profile.cluster or "",
+    }

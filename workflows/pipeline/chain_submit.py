@@ -16,9 +16,11 @@ from typing import Any
 from vitpod.registry import labelset, runfiles
 from vitpod.workflows.pipeline import chain_cross, labels
 from vitpod.workflows.pipeline.chain_labels import cancel_labels
+from vitpod.workflows.pipeline.chain_stage import job_plan
 from vitpod.workflows.planning import preflight
 from vitpod.workflows.submit import rendered, slurm, submission
 from vitpod.workflows.submit.executor import local_job
+from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.submit.rundir import remove_run_dir, write_json
 
 
@@ -42,7 +44,7 @@ def submit_rendered(chain: Any) -> None:
         preflight.check(rec.plan, chained=chained, labels_pending=name in found)
     chain.offline = False  # rendered offline, submitted online: pipeline.json says so
     if chain.crossing:
-        pre, fin = chain.stages["pretrain"].job_plan, chain.stages["finetune"].job_plan
+        pre, fin = job_plan(chain.stages["pretrain"]), job_plan(chain.stages["finetune"])
         for line in chain_cross.check_before(pre, fin, Path(fin.request.finetune_from)):
             print(f"ok: {line}", flush=True)
     launch(chain, owned=False)
@@ -54,12 +56,12 @@ def launch(chain: Any, owned: bool) -> None:
     this call): the pipeline directory is removed too."""
     try:
         first = next(iter(chain.stages.values()))
-        submit_labels(chain, first.recorded_cluster)
+        submit_labels(chain, first.cluster)
         ids = ":".join(chain.label_job_ids)
         submit_stage(chain, first, dependency=f"afterok:{ids}" if ids else None)
         if chain.crossing:
             chain_cross.announce(chain.stages["finetune"], chain.finetune_cluster)
-        elif chain.uses_slurm and "finetune" in chain.stages and first.stage == "pretrain":
+        elif chain.uses_slurm and "finetune" in chain.stages and first.name == "pretrain":
             after = f"afterok:{first.job_ids[0]}"
             submit_stage(chain, chain.stages["finetune"], dependency=after)
     except BaseException:
@@ -81,22 +83,22 @@ def submit_labels(chain: Any, cluster: str) -> None:
         print(f"labels for {stage}: {run_dir}{grid}", flush=True)
 
 
-def submit_stage(chain: Any, rec: Any, dependency: str | None) -> None:
+def submit_stage(chain: Any, rec: JobState, dependency: str | None) -> None:
     """sbatch the stage's kept job.sbatch (Slurm: `dependency` on sbatch's command line); the
     local profile: submitit's LocalExecutor runs its kept job.sh."""
     if chain.uses_slurm:
         manifest = {**runfiles.read_manifest(rec.run_dir), **rec.manifest_extra}
         rec.job = submission.submit(
             rec.run_dir / manifest["script"], manifest, dependency=dependency or "",
-            cluster=rec.recorded_cluster or slurm.current_cluster(),
+            cluster=rec.cluster or slurm.current_cluster(),
         )  # fmt: skip
     else:
-        rec.job = local_job(rec.job_plan)
+        rec.job = local_job(job_plan(rec))
         manifest = runfiles.read_manifest(rec.run_dir)
         write_json(rec.run_dir / runfiles.MANIFEST, {**manifest, "job_ids": [str(rec.job.job_id)]})
     rec.job_ids = [str(rec.job.job_id)]
-    rec.state = "SUBMITTED"
-    print(f"{rec.stage}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)
+    rec.recorded = "SUBMITTED"
+    print(f"{rec.name}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)
 
 
 def roll_back(chain: Any, owned: bool) -> None:
@@ -112,7 +114,7 @@ def roll_back(chain: Any, owned: bool) -> None:
             chain.stages = {}
         else:
             for rec in chain.stages.values():
-                rec.job, rec.job_ids, rec.state = None, [], "RENDERED"
+                rec.job, rec.job_ids, rec.recorded = None, [], "RENDERED"
             chain.label_job_ids = []
         return
     ids = [i for rec in chain.stages.values() for i in rec.job_ids] + chain.label_job_ids

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from vitpod.registry import runfiles
 from vitpod.workflows.pipeline import chain_cross
 from vitpod.workflows.submit import jobstate, slurm
+from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.watching import follow, status
 from vitpod.workflows.watching.rootcause import first_error_line, root_cause
 
@@ -19,7 +20,7 @@ from vitpod.workflows.watching.rootcause import first_error_line, root_cause
 class Chain(Protocol):
     """What watching needs of workflows.pipeline.chain.Chain (which calls these functions)."""
 
-    stages: dict[str, Any]  # stage -> StageRecord
+    stages: dict[str, JobState]
     directory: Path | None
     label_jobs: dict[str, Any]
     crossing: bool  # the fine-tune goes to another cluster after the pretrain (chain_cross.py)
@@ -36,9 +37,9 @@ class ChainError(RuntimeError):
     """A stage failed or was cancelled; the message carries the root-cause traceback if found."""
 
 
-def _local_state(rec: Any) -> str:
+def _local_state(rec: JobState) -> str:
     if rec.job is None:
-        return rec.state or "NOT_SUBMITTED"
+        return rec.recorded or "NOT_SUBMITTED"
     if rec.job.state == "RUNNING":
         return "RUNNING"
     try:
@@ -51,18 +52,18 @@ def _local_state(rec: Any) -> str:
 def advance_local(chain: Chain) -> None:
     """Local profile: record states, and start the finetune once the pretrain completed."""
     for rec in chain.stages.values():
-        if rec.state not in jobstate.TERMINAL:
-            rec.state = _local_state(rec)
+        if rec.recorded not in jobstate.TERMINAL:
+            rec.recorded = _local_state(rec)
     pre, fin = chain.stages.get("pretrain"), chain.stages.get("finetune")
-    if pre and fin and fin.job is None and fin.state != "CANCELLED":
-        if pre.state == "COMPLETED":
+    if pre and fin and fin.job is None and fin.recorded != "CANCELLED":
+        if pre.recorded == "COMPLETED":
             chain._submit_stage(fin, dependency=None)
-        elif pre.state in jobstate.TERMINAL:
-            fin.state = "CANCELLED"  # as Slurm's kill_invalid_depend would
+        elif pre.recorded in jobstate.TERMINAL:
+            fin.recorded = "CANCELLED"  # as Slurm's kill_invalid_depend would
     chain._save()
 
 
-def status_of(chain: Chain) -> list[status.StageStatus]:
+def status_of(chain: Chain) -> list[JobState]:
     if not chain.stages:
         raise RuntimeError("submit() first")
     if chain.uses_slurm:
@@ -70,26 +71,18 @@ def status_of(chain: Chain) -> list[status.StageStatus]:
             advance_cross(chain)
         ids: dict[str, list[str]] = {}  # one poll per Slurm cluster
         for rec in chain.stages.values():
-            ids.setdefault(rec.recorded_cluster, []).extend(rec.job_ids)
+            ids.setdefault(rec.cluster, []).extend(rec.job_ids)
         polled = {}
         for cluster, jobs in ids.items():
             with slurm.on_cluster(cluster):
                 polled[cluster] = jobstate.poll_once(jobs) if jobs else {}
-        infos = {n: [polled[r.recorded_cluster][j] for j in r.job_ids]
+        infos = {n: [polled[r.cluster][j] for j in r.job_ids]
                  for n, r in chain.stages.items()}  # fmt: skip
     else:
         advance_local(chain)
         infos = {n: [] for n in chain.stages}
     statuses = [
-        status.stage_status(
-            name,
-            rec.run_dir,
-            rec.job_ids,
-            infos[name],
-            rec.state,
-            accounting=chain.uses_slurm,
-            with_ledger=False,
-        )  # fmt: skip
+        status.stage_status(rec, infos[name], accounting=chain.uses_slurm, with_ledger=False)
         for name, rec in chain.stages.items()
     ]
     return status.add_ledgers(statuses, chain.uses_slurm)
@@ -113,11 +106,11 @@ def _wait_slurm(chain: Chain, timeout: float | None, poll_s: float) -> None:
         jobstate.wait_jobs(jobstate.JobStatePoller(ids), timeout=timeout, poll_s=poll_s)
     except jobstate.JobFailedError as exc:
         stage = next(n for n, r in chain.stages.items() if exc.info.job_id in r.job_ids)
-        chain.stages[stage].state = exc.info.state
+        chain.stages[stage].recorded = exc.info.state
         chain._save()
         raise ChainError(failure_message(chain, stage, str(exc))) from None
     for rec in chain.stages.values():
-        rec.state = "COMPLETED"
+        rec.recorded = "COMPLETED"
     chain._save()
 
 
@@ -134,14 +127,14 @@ def _wait_cross(chain: Chain, timeout: float | None, poll_s: float) -> None:
     try:
         chain_cross.wait(chain, timeout, poll_s)
     except chain_cross.HandoverError as exc:
-        stage = "pretrain" if chain.stages["pretrain"].state != "COMPLETED" else "finetune"
+        stage = "pretrain" if chain.stages["pretrain"].recorded != "COMPLETED" else "finetune"
         raise ChainError(failure_message(chain, stage, str(exc))) from None
     except jobstate.JobFailedError as exc:
-        chain.stages["finetune"].state = exc.info.state
+        chain.stages["finetune"].recorded = exc.info.state
         chain._save()
         raise ChainError(failure_message(chain, "finetune", str(exc))) from None
     for rec in chain.stages.values():
-        rec.state = "COMPLETED"
+        rec.recorded = "COMPLETED"
     chain._save()
 
 
@@ -150,9 +143,9 @@ def _wait_local(chain: Chain, timeout: float | None, poll_s: float) -> None:
     while True:
         advance_local(chain)
         for name, rec in chain.stages.items():
-            if rec.state in jobstate.TERMINAL and rec.state != "COMPLETED":
-                raise ChainError(failure_message(chain, name, f"{name} ended {rec.state}"))
-        if all(r.state == "COMPLETED" for r in chain.stages.values()):
+            if rec.recorded in jobstate.TERMINAL and rec.recorded != "COMPLETED":
+                raise ChainError(failure_message(chain, name, f"{name} ended {rec.recorded}"))
+        if all(r.recorded == "COMPLETED" for r in chain.stages.values()):
             return
         if deadline is not None and time.monotonic() >= deadline:
             outcome = chain._cancel_submitted()

@@ -74,8 +74,8 @@ def write_rendered(
             plan = dataclasses.replace(job.plan, script=job.script)
             written[f"labels-{stage}"] = materialize(plan, job.manifest())
         for rec in records.values():
-            written[rec.stage] = materialize(rec.plan, manifest(rec))
-            rec.state = "RENDERED"
+            written[rec.name] = materialize(rec.plan, manifest(rec))
+            rec.recorded = "RENDERED"  # the stage's JobState (workflows/submit/jobstate.py)
     except BaseException:
         remove_run_dir(directory)
         raise

@@ -104,6 +104,14 @@ def point_jobs(point: dict[str, Any]) -> list[str]:
     return [str(point["job_id"])] if point.get("job_id") else []
 
 
+def study_jobs(directory: Path, record: dict[str, Any]) -> list[jobstate.JobState]:
+    """A study's jobs as its views show them: each point's, then the report job's."""
+    jobs = [jobstate.JobState(f"{p['gpus']} GPU(s)", directory / p["run_dir"], point_jobs(p))
+            for p in record.get("points", [])]  # fmt: skip
+    report = record.get("report_job_id")
+    return [*jobs, jobstate.JobState("report", None, [str(report)] if report else [])]
+
+
 def point_states(job_ids: list[str], infos: dict[str, jobstate.JobInfo]) -> dict[int, str]:
     """Point index -> its job's final state (job_ids[i]: point i's id, '' none), leaving out
     the points nobody recorded (GONE)."""

@@ -1,4 +1,5 @@
-"""Batched Slurm job state: one squeue (plus sacct when accounting works) per poll for all jobs."""
+"""Job state: one type for a job as vitpod shows it (JobState), and the batched Slurm poll behind
+it: one squeue (plus sacct when accounting works) per poll for all jobs."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from vitpod.workflows.submit import slurm
 
@@ -53,6 +56,72 @@ class JobInfo:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL or self.state == GONE
+
+
+@dataclass
+class JobState:
+    """A job as vitpod tracks and shows it: a run, a pipeline's stage, a study's point or report
+    job, a labeling array. The one type behind `make status`, FOLLOW=1, `vitpod list` and the
+    Chain: each fills in what it knows (Slurm's poll through `observe`, the run directory's
+    metrics and logs); its views format it with functions (status.line, follow.cells)."""
+
+    name: str
+    """The stage (pretrain), the point ("2 GPU(s)"), "report", "labels-pretrain"."""
+    run_dir: Path | None = None
+    """None: a job that writes no run directory of its own (a study's report job)."""
+    job_ids: list[str] = field(default_factory=list)
+    """Oldest first (a resumed run's earlier jobs too)."""
+    cluster: str = ""
+    """The Slurm cluster of its jobs (multicluster.py); '' the default one."""
+    state: str = ""
+    """Slurm's state of its newest job, or what the directory tells (COMPLETED, NOT_SUBMITTED)."""
+    recorded: str = ""
+    """The state pipeline.json keeps (the local executor's; a stage not submitted yet)."""
+    reason: str = ""
+    """Slurm's reason (why it is PENDING), or why a running job looks stuck."""
+    restarts: int = 0
+    exit_code: str = ""
+    ended: bool = False
+    """It will never run again (follow: a job gone from squeue counts on the second poll)."""
+    step: int | None = None
+    total: int | None = None
+    loss: float | None = None
+    images_per_s: float | None = None
+    mfu: float | None = None
+    top1: float | None = None
+    eta_s: float | None = None
+    ckpt_age_s: float | None = None
+    sizes: tuple[int, ...] = ()
+    """Ranks of each stretch, when a restart changed the world size."""
+    engine: str | None = None
+    """From plan.json: "ring", or "mesh(dp=2,tp=2,pp=1)"."""
+    traceback: Any = None
+    """Why it failed and what it cost (watching's rootcause.Traceback, triage.Diagnosis and
+    goodput.Ledger; this layer does not import watching)."""
+    diagnosis: Any = None
+    ledger: Any = None
+    plan: Any = None
+    """A Chain's stage planned in this process: its JobPlan (None when read back from
+    pipeline.json); `job` its submitted job handle."""
+    job: Any = None
+    entry: dict[str, Any] = field(default_factory=dict)
+    """Its entry in pipeline.json as read back (Chain.from_dir)."""
+    manifest_extra: dict[str, Any] = field(default_factory=dict)
+    """More keys of its manifest.json (a fine-tune's transfer across clusters)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "COMPLETED"
+
+    def observe(self, infos: list[JobInfo]) -> bool:
+        """Take Slurm's word on its jobs (their polls, oldest first): the newest's state, reason
+        and exit code, the most restarts. False when Slurm knows none of them."""
+        if not infos:
+            return False
+        newest = infos[-1]
+        self.state, self.reason, self.exit_code = newest.state, newest.reason, newest.exit_code
+        self.restarts = max(i.restarts for i in infos)
+        return True
 
 
 def _base_state(state: str) -> str:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.studies.study import point_jobs
+from vitpod.workflows.studies.study import study_jobs
 from vitpod.workflows.submit import jobstate, multicluster, slurm
+from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.submit.rundir import write_json
 from vitpod.workflows.watching import goodput, hangs, status, triage
 from vitpod.workflows.watching.metricstail import MetricsTail, duration, newest_checkpoint_age
@@ -36,30 +36,14 @@ REPORT_HTML = Path(runfiles.STUDY_REPORT) / runfiles.STUDY_REPORT_HTML
 _NEVER_STARTS = "DependencyNeverSatisfied"
 
 
-@dataclass
-class Row:
-    """One line of the view."""
-
-    name: str
-    run_dir: Path | None
-    job_ids: list[str]
-    state: str = "PENDING"
-    reason: str = ""
-    restarts: int = 0
-    ended: bool = False
-    ok: bool = False
-    tail: MetricsTail | None = None
-    ckpt_age_s: float | None = None
-    exit_code: str = ""
-    cluster: str = ""  # the Slurm cluster of its jobs ('' the default; multicluster.py)
-    gone_polls: int = field(default=0, repr=False)
+def take_tail(row: JobState, tail: MetricsTail, now: float | None = None) -> None:
+    """The row's progress from its metrics as last read: step/total, loss, images/s, MFU, ETA."""
+    row.step, row.total, row.loss = tail.step, tail.total, tail.loss
+    row.images_per_s, row.mfu, row.eta_s = tail.images_per_s, tail.mfu, tail.eta_s(now)
 
 
-def cells(row: Row) -> dict[str, str]:
+def cells(row: JobState) -> dict[str, str]:
     """The row's columns as text (shared by the live table and the plain lines)."""
-    tail = row.tail
-    step, total = (tail.step, tail.total) if tail else (None, None)
-    ips = tail.images_per_s if tail else None
     reason = row.reason if len(row.reason) <= 40 else row.reason[:39] + "…"
     state = row.state + (f" ({reason})" if reason and not row.ended else "")
     return {
@@ -67,11 +51,11 @@ def cells(row: Row) -> dict[str, str]:
         "state": state,
         "jobs": (",".join(row.job_ids) or "-") + (f"@{row.cluster}" if row.cluster else ""),
         "restarts": str(row.restarts),
-        "step": "-" if step is None else f"{step}/{total or '?'}",
-        "loss": "-" if tail is None or tail.loss is None else f"{tail.loss:.4f}",
-        "images/s": "-" if ips is None else f"{ips:.1f}",
-        "MFU": "-" if tail is None or tail.mfu is None else f"{100 * tail.mfu:.1f}%",
-        "ETA": duration(tail.eta_s()) if tail else "-",
+        "step": "-" if row.step is None else f"{row.step}/{row.total or '?'}",
+        "loss": "-" if row.loss is None else f"{row.loss:.4f}",
+        "images/s": "-" if row.images_per_s is None else f"{row.images_per_s:.1f}",
+        "MFU": "-" if row.mfu is None else f"{100 * row.mfu:.1f}%",
+        "ETA": duration(row.eta_s),
         "ckpt age": duration(row.ckpt_age_s),
     }
 
@@ -82,17 +66,24 @@ class Target:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.study = (path / runfiles.STUDY).is_file()
-        self.rows: list[Row] = []
+        self.rows: list[JobState] = []
         self.uses_slurm = True
         self.note = ""  # shown under the rows (a failed poll)
         self.hang_factor: float = triage.HANG_FACTOR
         if self.study:
-            self._study_rows()
+            self.rows = study_jobs(path, runfiles.read_record(path / runfiles.STUDY))
         else:
             self._run_rows()
+        self.tails = {id(r): MetricsTail(r.run_dir) for r in self.rows if r.run_dir is not None}
+        self._gone_polls = dict.fromkeys(map(id, self.rows), 0)
         for row in self.rows:
             row.cluster = multicluster.cluster_of(row.run_dir)
+            row.state = row.state or "PENDING"
         self.pollers = self._pollers()
+
+    def tail_of(self, row: JobState) -> MetricsTail | None:
+        """The row's metrics as read so far (None: a job without a run directory)."""
+        return self.tails.get(id(row))
 
     def _pollers(self) -> dict[str, jobstate.JobStatePoller]:
         """One poller per Slurm cluster, for the jobs of its rows."""
@@ -101,15 +92,18 @@ class Target:
             ids.setdefault(row.cluster, []).extend(row.job_ids)
         return {c: jobstate.JobStatePoller(j, cluster=c) for c, j in ids.items()}
 
-    def _new_job_ids(self) -> None:
-        """A pipeline across clusters submits its fine-tune only once the pretrain has ended
-        (chain_cross.py): pick its job up from pipeline.json."""
+    def _recorded(self) -> None:
+        """pipeline.json's job ids and states: a pipeline across clusters submits its fine-tune
+        only once the pretrain has ended (chain_cross.py), and the local executor's states are
+        only there."""
         if self.study or not (self.path / runfiles.PIPELINE).is_file():
             return
-        now = {name: ids for name, _, ids, _ in status.stages_of(self.path)}
-        changed = [r for r in self.rows if r.name in now and now[r.name] != r.job_ids]
-        for row in changed:
-            row.job_ids = now[row.name]
+        now = {s.name: s for s in status.stages_of(self.path)}
+        changed = False
+        for row in self.rows:
+            if row.name in now:
+                changed |= now[row.name].job_ids != row.job_ids
+                row.job_ids, row.recorded = now[row.name].job_ids, now[row.name].recorded
         if changed:
             self.pollers = self._pollers()
 
@@ -120,56 +114,36 @@ class Target:
         elif manifest_path.is_file():
             profile = runfiles.read_manifest(self.path).get("profile", {})
             self.uses_slurm = profile.get("values", {}).get("scheduler", "slurm") == "slurm"
-        for name, run_dir, ids, _recorded in status.stages_of(self.path):
-            self.rows.append(Row(name, run_dir, ids, tail=MetricsTail(run_dir)))
-
-    def _study_rows(self) -> None:
-        study = runfiles.read_record(self.path / runfiles.STUDY)
-        for point in study["points"]:
-            run_dir = self.path / point["run_dir"]
-            tail = MetricsTail(run_dir)
-            self.rows.append(Row(f"{point['gpus']} GPU(s)", run_dir, point_jobs(point), tail=tail))
-        report_ids = [str(study["report_job_id"])] if study.get("report_job_id") else []
-        self.rows.append(Row("report", None, report_ids))
+        self.rows = status.stages_of(self.path)
 
     def poll(self) -> None:
         infos: dict[str, jobstate.JobInfo] = {}
         self.note = ""
+        self._recorded()
         if self.uses_slurm:
-            self._new_job_ids()
             try:
                 for cluster, poller in self.pollers.items():
                     infos.update({f"{j}@{cluster}": i for j, i in poller.poll().items()})
             except slurm.SlurmError as exc:
                 # A controller restarting for a moment: keep the last states, try again.
                 self.note = f"squeue did not answer ({exc}); showing the last known states"
-        recorded = {name: state for name, _, _, state in self._recorded()}
         now = time.time()
         for row in self.rows:
-            if row.tail is not None:
-                row.tail.update()
-                row.ckpt_age_s = newest_checkpoint_age(row.tail.run_dir, now)
+            tail = self.tail_of(row)
+            if tail is not None:
+                tail.update()
+                take_tail(row, tail, now)
+                row.ckpt_age_s = newest_checkpoint_age(tail.run_dir, now)
             known = [infos[k] for j in row.job_ids if (k := f"{j}@{row.cluster}") in infos]
-            # Slurm's states win; pipeline.json's only for a stage not (yet) submitted.
-            mine = recorded.get(row.name, "") if not (self.uses_slurm and row.job_ids) else ""
-            self._set_state(row, known, mine)
+            self._set_state(row, known)
 
-    def _recorded(self) -> list[tuple[str, Path, list[str], str]]:
-        """States kept in pipeline.json (the local executor's only source of truth; on Slurm,
-        that of a stage not submitted yet)."""
-        if self.study:
-            return []
-        return status.stages_of(self.path)
-
-    def _set_state(self, row: Row, infos: list[jobstate.JobInfo], recorded: str) -> None:
+    def _set_state(self, row: JobState, infos: list[jobstate.JobInfo]) -> None:
+        # Slurm's states win; pipeline.json's only for a stage not (yet) submitted.
+        recorded = row.recorded if not (self.uses_slurm and row.job_ids) else ""
         done_here = row.run_dir is not None and (row.run_dir / runfiles.SUMMARY).is_file()
         if row.run_dir is None and self.study:
             done_here = (self.path / REPORT_HTML).is_file()
-        if infos:
-            info = infos[-1]
-            row.state, row.reason, row.exit_code = info.state, info.reason, info.exit_code
-            row.restarts = max(i.restarts for i in infos)
-        else:
+        if not row.observe(infos):
             row.state = recorded or ("NOT_SUBMITTED" if not row.job_ids else row.state)
             if not self.uses_slurm and not recorded and done_here:  # a run without a scheduler
                 row.state = "COMPLETED"
@@ -177,17 +151,17 @@ class Target:
             row.restarts = max(row.restarts, restarts_from_logs(row.run_dir / runfiles.LOGS))
         # A job missing from squeue on one poll may be between queue states: GONE counts only
         # on the second poll in a row (as in jobstate.wait_jobs).
-        row.gone_polls = row.gone_polls + 1 if row.state == jobstate.GONE else 0
+        gone_polls = self._gone_polls[id(row)] + 1 if row.state == jobstate.GONE else 0
+        self._gone_polls[id(row)] = gone_polls
         if row.state == jobstate.GONE and done_here:
             row.state = "COMPLETED"
-        gone = row.state == jobstate.GONE and row.gone_polls >= 2
+        gone = row.state == jobstate.GONE and gone_polls >= 2
         never = (row.state == "PENDING" and _NEVER_STARTS in row.reason) or (
             row.state == jobstate.NOT_STARTED
         )
         row.ended = row.state in jobstate.TERMINAL or gone or never
-        row.ok = row.state == "COMPLETED"
-        if row.state == "RUNNING" and row.tail is not None:
-            tail = row.tail
+        tail = self.tail_of(row)
+        if row.state == "RUNNING" and tail is not None:
             stamps = [t for _, t in tail.recent][-21:]
             every = triage.log_interval(tail.run_dir)
             hung = triage.stuck_since(tail.rank_wall, stamps, every, self.hang_factor)
@@ -195,8 +169,12 @@ class Target:
             straggling = ", ".join(f"straggler rank {s.rank} on {s.node} x{s.ratio:.2f}"
                                    for s in slow)  # fmt: skip
             row.reason = hung.cause if hung else straggling or row.reason
-        if self.study and row.run_dir is None and row.ended:
-            row.ok = row.ok and done_here
+
+    def ok(self, row: JobState) -> bool:
+        """Completed; a study's report job only with the report written."""
+        if self.study and row.run_dir is None:
+            return row.ok and (self.path / REPORT_HTML).is_file()
+        return row.ok
 
     def ended(self) -> bool:
         if self.study:  # the report job runs after every point, whatever their end
@@ -204,8 +182,8 @@ class Target:
             return report.ended or (not report.job_ids and all(r.ended for r in self.rows[:-1]))
         return all(r.ended for r in self.rows)
 
-    def failed(self) -> list[Row]:
-        return [r for r in self.rows if r.ended and not r.ok]
+    def failed(self) -> list[JobState]:
+        return [r for r in self.rows if r.ended and not self.ok(r)]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -222,13 +200,11 @@ def _live_table(target: Target) -> Any:
     styles = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow"}
     for row in target.rows:
         text = cells(row)
-        tail = row.tail
-        total = (tail.total or 0) if tail else 0
-        done = (tail.step or 0) if tail else 0
-        if row.ok:
+        total, done = row.total or 0, row.step or 0
+        if target.ok(row):
             total, done = max(total, 1), max(total, 1)
         bar = ProgressBar(total=total or None, completed=done, width=20)
-        style = styles.get(row.state, "red" if row.ended and not row.ok else "")
+        style = styles.get(row.state, "red" if row.ended and not target.ok(row) else "")
         table.add_row(
             text["stage"], f"[{style}]{text['state']}[/]" if style else text["state"],
             text["jobs"], text["restarts"], bar, text["step"], text["loss"], text["images/s"],
@@ -274,7 +250,7 @@ def _pipeline_report(path: Path) -> Path | None:
 def outcome(target: Target) -> tuple[int, list[str]]:
     """Exit status and the closing lines: root causes of failures, or the report's path."""
     failed = target.failed()
-    trained = [r for r in target.rows if r.run_dir is not None and r.tail and r.tail.step]
+    trained = [r for r in target.rows if r.run_dir is not None and r.step]
     runs = [(r.run_dir, r.job_ids if target.uses_slurm else [])
             for r in trained if r.run_dir is not None]  # fmt: skip
     lines = [f"{r.name}: {ledger.line()}"
@@ -308,7 +284,7 @@ def outcome(target: Target) -> tuple[int, list[str]]:
     return 0, lines
 
 
-def _root_causes(rows: list[Row]) -> list[str]:
+def _root_causes(rows: list[JobState]) -> list[str]:
     lines = []
     for row in rows:
         if row.run_dir is None:

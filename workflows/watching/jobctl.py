@@ -17,8 +17,9 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.studies.study import point_jobs
+from vitpod.workflows.studies.study import study_jobs
 from vitpod.workflows.submit import jobstate, multicluster, slurm
+from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.submit.runjobs import run_job_ids
 from vitpod.workflows.watching import status
 from vitpod.workflows.watching.metricstail import MetricsTail
@@ -38,19 +39,6 @@ STATES = frozenset({*jobstate.TERMINAL, *LIVE, *_QUIET, jobstate.GONE, jobstate.
 
 
 @dataclass
-class Part:
-    """A stage of a pipeline (or its labeling array), a point of a study, or a run itself."""
-
-    name: str
-    run_dir: Path | None
-    job_ids: list[str]
-    recorded: str = ""
-    state: str = ""
-    step: int | None = None
-    total: int | None = None
-
-
-@dataclass
 class Entry:
     """One run, pipeline or study directory under the run root."""
 
@@ -59,7 +47,7 @@ class Entry:
     model: str
     cluster: str
     created: float
-    parts: list[Part]
+    parts: list[JobState]
     jobs: list[str]
     """What cancel names: each job once (an array by its id, not its tasks)."""
     executor: str = "slurm"
@@ -125,10 +113,11 @@ def load(path: Path) -> Entry | None:
     if (path / runfiles.PIPELINE).is_file():
         record = runfiles.read_record(path / runfiles.PIPELINE)
         parts = [
-            Part(f"labels-{stage}", Path(lab["run_dir"]), [str(j) for j in lab.get("job_ids", [])])
+            JobState(f"labels-{stage}", Path(lab["run_dir"]),
+                     [str(j) for j in lab.get("job_ids", [])])  # fmt: skip
             for stage, lab in record.get("labels", {}).items()
         ]
-        parts += [Part(n, rd, ids, rec) for n, rd, ids, rec in status.stages_of(path)]
+        parts += status.stages_of(path)
         first = _manifest_facts(parts[0].run_dir) if parts and parts[0].run_dir else None
         model = record.get("model") or (first[0] if first else "")
         jobs = list(dict.fromkeys(j for p in parts for j in p.job_ids))
@@ -137,20 +126,14 @@ def load(path: Path) -> Entry | None:
                      record.get("executor", "slurm"))  # fmt: skip
     if (path / runfiles.STUDY).is_file():
         study = runfiles.read_record(path / runfiles.STUDY)
-        report = study.get("report_job_id")
-        parts = [
-            Part(f"{p['gpus']} GPU(s)", path / p["run_dir"], point_jobs(p))
-            for p in study.get("points", [])
-        ]
-        parts.append(Part("report", None, [str(report)] if report else []))
+        parts = study_jobs(path, study)
         jobs = [j for p in parts for j in p.job_ids]
         return Entry("study", path, study.get("model", ""), study.get("cluster", ""),
                      _created(path, study.get("created")), parts, jobs)  # fmt: skip
     if (path / runfiles.MANIFEST).is_file():
         model, cluster, scheduler, created = _manifest_facts(path)
-        ((name, run_dir, _, recorded),) = status.stages_of(path)
-        ids = run_job_ids(path)  # the restarts' jobs too, oldest first
-        part = Part(name, run_dir, ids, recorded)
+        (part,) = status.stages_of(path)
+        part.job_ids = ids = run_job_ids(path)  # the restarts' jobs too, oldest first
         return Entry("run", path, model, cluster, _created(path, created), [part], ids, scheduler)
     return None
 
@@ -213,7 +196,7 @@ def _combined(states: list[str]) -> str:
     return rest[0] if rest else "COMPLETED"
 
 
-def _part_state(part: Part, known: dict[str, list[jobstate.JobInfo]] | None) -> str:
+def _part_state(part: JobState, known: dict[str, list[jobstate.JobInfo]] | None) -> str:
     for job_id in reversed(part.job_ids):  # the newest job squeue or sacct knows
         if known and known.get(job_id):
             return _combined([i.state for i in known[job_id]])
@@ -350,7 +333,7 @@ class Study:
     def job_ids(self) -> list[str]:
         return list(self.entry.jobs)
 
-    def status(self) -> list[Part]:
+    def status(self) -> list[JobState]:
         """Each point's and the report job's state (one batched squeue)."""
         settle([self.entry])
         return self.entry.parts

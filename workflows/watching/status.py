@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,50 +16,44 @@ from vitpod.registry.decision import (
     find_decision,
 )
 from vitpod.workflows.submit import jobstate, multicluster
+from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.watching import goodput, hangs, triage
 from vitpod.workflows.watching.metricstail import MetricsTail, duration, newest_checkpoint_age
-from vitpod.workflows.watching.rootcause import Traceback, restarts_from_logs, root_cause
+from vitpod.workflows.watching.rootcause import restarts_from_logs, root_cause
 from vitpod.workflows.watching.runsizes import world_sizes
 
 
-@dataclass
-class StageStatus:
-    """What `make status` shows for one stage of a run."""
+def status_line(s: JobState) -> str:
+    """The stage's line of `make status`."""
+    jobs = ",".join(s.job_ids) or "-"
+    step = "-" if s.step is None else f"{s.step}/{s.total or '?'}"
+    ips = "-" if s.images_per_s is None else f"{s.images_per_s:.1f}"
+    loss = "-" if s.loss is None else f"{s.loss:.4f}"
+    top1 = "" if s.top1 is None else f" top1={s.top1:.2f}%"
+    ranks = f" ranks={'>'.join(map(str, s.sizes))}" if len(s.sizes) > 1 else ""
+    where = f" cluster={s.cluster}" if s.cluster else ""
+    return (
+        f"{s.name:9s} {s.state:11s} jobs={jobs}{where} restarts={s.restarts}{ranks} "
+        f"step={step} loss={loss} images/s={ips} ETA={duration(s.eta_s)} "
+        f"ckpt_age={duration(s.ckpt_age_s)} engine={s.engine or '-'}{top1}  "
+        f"{s.run_dir}"
+    )
 
-    stage: str
-    run_dir: str
-    state: str
-    job_ids: list[str]
-    restarts: int
-    last_step: int | None
-    images_per_s: float | None
-    top1: float | None
-    traceback: Traceback | None
-    diagnosis: triage.Diagnosis | None = None
-    ledger: goodput.Ledger | None = None
-    sizes: tuple[int, ...] = ()  # ranks of each stretch, when a restart changed the size
-    total_steps: int | None = None
-    loss: float | None = None  # rank 0's newest step
-    eta_s: float | None = None  # None: not known (no steps yet, or the stage failed)
-    ckpt_age_s: float | None = None  # since the newest committed checkpoint
-    engine: str | None = None  # from plan.json: "ring", or "mesh(dp=2,tp=2,pp=1)"
-    cluster: str = ""  # the Slurm cluster its profile names (multicluster.py); '' the default
-    pending: str = ""  # Slurm's reason a PENDING job waits (BadConstraints: it never starts)
 
-    def line(self) -> str:
-        jobs = ",".join(self.job_ids) or "-"
-        step = "-" if self.last_step is None else f"{self.last_step}/{self.total_steps or '?'}"
-        ips = "-" if self.images_per_s is None else f"{self.images_per_s:.1f}"
-        loss = "-" if self.loss is None else f"{self.loss:.4f}"
-        top1 = "" if self.top1 is None else f" top1={self.top1:.2f}%"
-        ranks = f" ranks={'>'.join(map(str, self.sizes))}" if len(self.sizes) > 1 else ""
-        where = f" cluster={self.cluster}" if self.cluster else ""
-        return (
-            f"{self.stage:9s} {self.state:11s} jobs={jobs}{where} restarts={self.restarts}{ranks} "
-            f"step={step} loss={loss} images/s={ips} ETA={duration(self.eta_s)} "
-            f"ckpt_age={duration(self.ckpt_age_s)} engine={self.engine or '-'}{top1}  "
-            f"{self.run_dir}"
-        )
+def as_dict(s: JobState) -> dict[str, Any]:
+    """`vitpod status --json`: a stage's facts (its keys as they were before JobState)."""
+    return {
+        "stage": s.name, "run_dir": str(s.run_dir), "state": s.state, "job_ids": s.job_ids,
+        "restarts": s.restarts, "last_step": s.step, "images_per_s": s.images_per_s,
+        "top1": s.top1, "traceback": _plain(s.traceback), "diagnosis": _plain(s.diagnosis),
+        "ledger": _plain(s.ledger), "sizes": list(s.sizes), "total_steps": s.total,
+        "loss": s.loss, "eta_s": s.eta_s, "ckpt_age_s": s.ckpt_age_s, "engine": s.engine,
+        "cluster": s.cluster, "pending": s.reason if s.state == "PENDING" else "",
+    }  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def engine_of(run_dir: Path) -> str | None:
@@ -97,113 +91,103 @@ def progress(run_dir: Path) -> tuple[int | None, float | None, float | None]:
 
 
 def stage_status(
-    stage: str,
-    run_dir: Path,
-    job_ids: list[str],
+    stage: JobState,
     info: list[jobstate.JobInfo],
-    recorded_state: str = "",
     hang_factor: float = triage.HANG_FACTOR,
     accounting: bool = True,
     with_ledger: bool = True,
-) -> StageStatus:
-    """Combine the scheduler's view of a stage's jobs with what its run directory holds
-    (`accounting`: the job ids are Slurm's, so sacct has their starts; `with_ledger=False`:
-    the caller fills in the ledgers of all its stages at once, `add_ledgers`)."""
-    if info:
-        state = info[-1].state
-        restarts = max(i.restarts for i in info)
-    else:
-        state = recorded_state or ("NOT_SUBMITTED" if not job_ids else jobstate.GONE)
-        restarts = 0
-    if state == jobstate.GONE and (run_dir / runfiles.SUMMARY).is_file():
-        state = "COMPLETED"
-    restarts = max(restarts, restarts_from_logs(run_dir / runfiles.LOGS))
-    last_step, ips, top1 = progress(run_dir)
-    failed = state in jobstate.TERMINAL and state != "COMPLETED"
-    tb = root_cause(run_dir / runfiles.LOGS) if failed else None
-    exit_code = info[-1].exit_code if info else ""
-    found = triage.diagnose(run_dir / runfiles.LOGS, state, exit_code) if failed else None
-    if state == "RUNNING":
-        found = triage.stuck(run_dir, hang_factor)
-    ids = job_ids if accounting else []
-    ledger = goodput.ledger(run_dir, ids) if last_step and with_ledger else None
-    sizes = tuple(world_sizes(run_dir))
+) -> JobState:
+    """Fill in `stage` (in place; returned) from the scheduler's view of its jobs (`info`, oldest
+    first) and what its run directory holds (`accounting`: the job ids are Slurm's, so sacct has
+    their starts; `with_ledger=False`: the caller fills in the ledgers of all its stages at once,
+    `add_ledgers`)."""
+    run_dir = stage.run_dir
+    assert run_dir is not None, "a stage has a run directory"
+    if not stage.observe(info):
+        stage.state = stage.recorded or ("NOT_SUBMITTED" if not stage.job_ids else jobstate.GONE)
+        stage.restarts, stage.reason, stage.exit_code = 0, "", ""
+    if stage.state == jobstate.GONE and (run_dir / runfiles.SUMMARY).is_file():
+        stage.state = "COMPLETED"
+    stage.restarts = max(stage.restarts, restarts_from_logs(run_dir / runfiles.LOGS))
+    stage.step, stage.images_per_s, stage.top1 = progress(run_dir)
+    failed = stage.state in jobstate.TERMINAL and stage.state != "COMPLETED"
+    stage.traceback = root_cause(run_dir / runfiles.LOGS) if failed else None
+    logs = run_dir / runfiles.LOGS
+    stage.diagnosis = triage.diagnose(logs, stage.state, stage.exit_code) if failed else None
+    if stage.state == "RUNNING":
+        stage.diagnosis = triage.stuck(run_dir, hang_factor)
+    ids = stage.job_ids if accounting else []
+    stage.ledger = goodput.ledger(run_dir, ids) if stage.step and with_ledger else None
+    stage.sizes = tuple(world_sizes(run_dir))
     tail = MetricsTail(run_dir)
     tail.update()
     now = time.time()
-    eta = None if failed else tail.eta_s(now)
-    return StageStatus(stage, str(run_dir), state, job_ids, restarts, last_step, ips, top1, tb,
-                       found, ledger, sizes, tail.total, tail.loss, eta,
-                       newest_checkpoint_age(run_dir, now), engine_of(run_dir),
-                       multicluster.cluster_of(run_dir),
-                       info[-1].reason if info and state == "PENDING" else "")  # fmt: skip
+    stage.total, stage.loss = tail.total, tail.loss
+    stage.eta_s = None if failed else tail.eta_s(now)
+    stage.ckpt_age_s = newest_checkpoint_age(run_dir, now)
+    stage.engine = engine_of(run_dir)
+    stage.cluster = multicluster.cluster_of(run_dir) or stage.cluster
+    stage.reason = stage.reason if stage.state == "PENDING" else ""
+    return stage
 
 
-def add_ledgers(statuses: list[StageStatus], accounting: bool = True) -> list[StageStatus]:
+def add_ledgers(statuses: list[JobState], accounting: bool = True) -> list[JobState]:
     """The goodput ledger of every stage that has trained, from ONE sacct for all of them."""
-    stepped = [s for s in statuses if s.last_step]
-    runs = [(Path(s.run_dir), s.job_ids if accounting else []) for s in stepped]
+    stepped = [s for s in statuses if s.step and s.run_dir is not None]
+    runs = [(Path(s.run_dir or ""), s.job_ids if accounting else []) for s in stepped]
     for stage, ledger in zip(stepped, goodput.ledgers(runs), strict=True):
         stage.ledger = ledger
     return statuses
 
 
-def stages_of(run: Path) -> list[tuple[str, Path, list[str], str]]:
-    """(stage, run_dir, job ids, recorded state) for a pipeline directory or a single run dir."""
+def stages_of(run: Path) -> list[JobState]:
+    """The stages of a pipeline directory (with pipeline.json's recorded states) or the one of
+    a single run directory, before anything is asked of Slurm."""
     if (run / runfiles.PIPELINE).is_file():
         record = runfiles.read_record(run / runfiles.PIPELINE)
         return [
-            (name, Path(s["run_dir"]), [str(j) for j in s.get("job_ids", [])], s.get("state", ""))
+            JobState(name, Path(s["run_dir"]), [str(j) for j in s.get("job_ids", [])],
+                     recorded=s.get("state", ""))  # fmt: skip
             for name, s in record["stages"].items()
         ]
     manifest = runfiles.read_manifest(run)
     ids = manifest.get("job_ids") or ([manifest["job_id"]] if manifest.get("job_id") else [])
     stage = manifest.get("stage") or manifest.get("recipe", {}).get("stage") or run.name
-    return [(str(stage), run, [str(j) for j in ids], "")]
+    return [JobState(str(stage), run, [str(j) for j in ids])]
 
 
 def run_status(
     run: Path, executor: str | None = None, hang_factor: float = triage.HANG_FACTOR
-) -> list[StageStatus]:
+) -> list[JobState]:
     """Status of every stage of a run; one batched scheduler poll for all of its jobs."""
     stages = stages_of(run)
     record_path = run / runfiles.PIPELINE
     record = runfiles.read_record(record_path) if record_path.is_file() else {}
     uses_slurm = (executor or record.get("executor", "slurm")) == "slurm"
-    polls = (multicluster.poll([(rd, ids) for _, rd, ids, _ in stages]) if uses_slurm
+    polls = (multicluster.poll([(s.run_dir, s.job_ids) for s in stages]) if uses_slurm
              else [{} for _ in stages])  # fmt: skip
-    statuses = [
-        stage_status(
-            name,
-            rd,
-            ids,
-            [polled[j] for j in ids if j in polled],
-            recorded,
-            hang_factor,
-            uses_slurm,
-            with_ledger=False,
-        )  # fmt: skip
-        for (name, rd, ids, recorded), polled in zip(stages, polls, strict=True)
-    ]
-    return add_ledgers(statuses, uses_slurm)
+    for stage, polled in zip(stages, polls, strict=True):
+        infos = [polled[j] for j in stage.job_ids if j in polled]
+        stage_status(stage, infos, hang_factor, uses_slurm, with_ledger=False)
+    return add_ledgers(stages, uses_slurm)
 
 
-def format_status(statuses: list[StageStatus]) -> str:
+def format_status(statuses: list[JobState]) -> str:
     out = []
     for s in statuses:
-        out.append(s.line())
+        out.append(status_line(s))
         if s.traceback is not None:
             out.append(f"  root cause ({s.traceback.path}:{s.traceback.line}):")
             out.extend("    " + line for line in s.traceback.text.splitlines())
         if s.diagnosis is not None:
             out.extend("  " + line for line in s.diagnosis.text())
-        if s.pending:
-            out.append(f"  pending: Slurm's reason: {s.pending}")
-        out.extend("  " + line for line in hangs.lines(Path(s.run_dir)))
-        out.extend("  " + line for line in checkpoint_notes(Path(s.run_dir)))
+        if s.state == "PENDING" and s.reason:
+            out.append(f"  pending: Slurm's reason: {s.reason}")
+        out.extend("  " + line for line in hangs.lines(Path(s.run_dir or "")))
+        out.extend("  " + line for line in checkpoint_notes(Path(s.run_dir or "")))
         if s.ledger is not None:
             out.append("  " + s.ledger.line())
-            decision = decision_of(Path(s.run_dir))
+            decision = decision_of(Path(s.run_dir or ""))
             if decision is not None and decision.placement is not None:
                 out.append("  " + decision.placement.against(s.ledger.start, s.ledger.end))
             if decision is not None and decision.checkpoint is not None:

@@ -6,13 +6,12 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 from vitpod.registry import runfiles
 from vitpod.trainer.exitcodes import USAGE
 from vitpod.workflows.watching import follow
-from vitpod.workflows.watching.status import format_status, run_status
+from vitpod.workflows.watching.status import as_dict, format_status, run_status
 from vitpod.workflows.watching.triage import HANG_FACTOR
 
 
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         before_poll()
     statuses = run_status(run, hang_factor=args.hang_factor)
     if args.json:
-        print(json.dumps([asdict(s) for s in statuses], indent=2))
+        print(json.dumps([as_dict(s) for s in statuses], indent=2))
     else:
         print(format_status(statuses))
     return 0
