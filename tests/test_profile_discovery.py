@@ -116,9 +116,33 @@ def test_roce_ports_are_the_fabric_when_no_port_is_infiniband():
 
 def test_scontrol_records_keep_values_with_blanks():
     node = node_info(oneliner(SCONTROL_NODE)[0])
-    assert (node.name, node.cpus, node.sockets, node.real_memory_mb) == ("node1", 8, 8, 4000)
+    assert (node.name, node.cpus, node.sockets, node.memory_mb) == ("node1", 8, 8, 4000)
     assert node.gpus == 2 and node.partitions == ("pretrain", "finetune") and node.usable
     assert gres_gpu("gpu:a100:8(S:0-1),shard:0") == ("a100", 8) and gres_gpu("(null)") == ("", 0)
+
+
+def test_a_node_is_one_model_whichever_command_reported_it():
+    """Discovery (scontrol show node) and the preflight (sinfo -N) share NodeInfo and its rule:
+    sinfo's suffixes and scontrol's +flags that keep a job off a node."""
+    from vitpod.workflows.site import discover
+    from vitpod.workflows.submit import partitions
+
+    assert discover.NodeInfo is partitions.NodeInfo
+    assert discover.PartitionInfo is partitions.PartitionInfo
+    states = {
+        "idle": True, "mixed-": True, "allocated": True, "planned": True, "idle*": False,
+        "idle~": False, "drained": False, "down": False, "IDLE": True, "MIXED+PLANNED": True,
+        "ALLOCATED+COMPLETING": True, "IDLE+DRAIN": False, "DOWN+NOT_RESPONDING": False,
+        "IDLE+CLOUD+POWERED_DOWN": False, "IDLE+MAINT": False,
+    }  # fmt: skip
+    found = {s: partitions.NodeInfo("n1", s, 4000, 8, "gpu:a100:8").usable for s in states}
+    assert found == states
+    part = partitions.PartitionInfo.from_scontrol(
+        {"PartitionName": "p", "TotalNodes": "2", "MaxNodes": "UNLIMITED", "MaxTime": "1-00:00:00"},
+        (partitions.NodeInfo("n1", "IDLE", 4000, 8, "gpu:4"),
+         partitions.NodeInfo("n2", "MIXED", 4000, 8, "gpu:a100:8(S:0-1)")),
+    )  # fmt: skip
+    assert (part.max_nodes, part.max_minutes, part.gpus_per_node) == (None, 1440, 4)
 
 
 def test_a_topology_without_gpus_is_an_error():
@@ -268,7 +292,7 @@ def test_only_the_paths_every_node_saw_are_recorded_as_shared(monkeypatch, tmp_p
     from vitpod.workflows.site import discover, profile_cli
 
     nodes = [node_info({"NodeName": n, "CPUTot": "8", "State": "IDLE"}) for n in ("n1", "n2")]
-    site = {"batch": discover.PartitionInfo("batch", "1:00:00", "2", True, nodes)}
+    site = {"batch": discover.PartitionInfo("batch", 2, 2, "1:00:00", tuple(nodes), True)}
     runs, code = str(tmp_path / "runs"), str(tmp_path / "code")
     monkeypatch.setattr(discover, "unseen", lambda part, names, path: ["n2"] if path == code
                         else [])  # fmt: skip

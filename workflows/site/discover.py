@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import secrets
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,67 +12,19 @@ from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site.doctor_step import NODE_SCRIPTS
 from vitpod.workflows.site.probe import PREFIX
 from vitpod.workflows.submit import slurm
+from vitpod.workflows.submit.partitions import NodeInfo, PartitionInfo
+from vitpod.workflows.submit.partitions import gres_gpu as gres_gpu
 
-BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "MAINT", "FUTURE", "POWER")
 PROBE_TIME = "00:05:00"
 
 
-@dataclass(frozen=True)
-class NodeInfo:
-    """One node as `scontrol show node` reports it."""
-
-    name: str
-    cpus: int
-    sockets: int
-    real_memory_mb: int
-    gres: str
-    features: str
-    state: str
-    reason: str
-    partitions: tuple[str, ...]
-
-    @property
-    def gpus(self) -> int:
-        return gres_gpu(self.gres)[1]
-
-    @property
-    def gpu_type(self) -> str:
-        return gres_gpu(self.gres)[0]
-
-    @property
-    def usable(self) -> bool:
-        return not any(bad in self.state for bad in BAD_STATES)
-
-    @property
-    def kind(self) -> tuple[object, ...]:
-        """Nodes with equal hardware facts are one node type."""
-        return (self.cpus, self.sockets, self.real_memory_mb, self.gres, self.features)
-
-
-@dataclass(frozen=True)
-class PartitionInfo:
-    name: str
-    max_time: str
-    max_nodes: str
-    default: bool
-    nodes: list[NodeInfo] = field(default_factory=list)
-
-
-def gres_gpu(gres: str) -> tuple[str, int]:
-    """'gpu:a100:8(S:0-1)' -> ('a100', 8); 'gpu:2' -> ('', 2); '(null)' -> ('', 0)."""
-    for item in gres.split(","):
-        parts = item.split("(")[0].split(":")
-        if parts[0] == "gpu" and parts[-1].isdigit():
-            return (parts[1] if len(parts) == 3 else ""), int(parts[-1])
-    return "", 0
-
-
 def node_info(fields: dict[str, str]) -> NodeInfo:
+    """A node from `scontrol show node`'s fields for it."""
     return NodeInfo(
         name=fields["NodeName"],
         cpus=int(fields.get("CPUTot", "0")),
         sockets=int(fields.get("Sockets", "1")),
-        real_memory_mb=int(fields.get("RealMemory", "0")),
+        memory_mb=int(fields.get("RealMemory", "0")),
         gres=fields.get("Gres", "(null)"),
         features=fields.get("AvailableFeatures", "(null)"),
         state=fields.get("State", "UNKNOWN"),
@@ -95,13 +46,8 @@ def site() -> dict[str, PartitionInfo]:
     parts = {}
     for rec in slurm.scontrol_show("partition"):
         name = rec["PartitionName"]
-        parts[name] = PartitionInfo(
-            name=name,
-            max_time=rec.get("MaxTime", "UNLIMITED"),
-            max_nodes=rec.get("MaxNodes", "UNLIMITED"),
-            default=name in default,
-            nodes=[n for n in nodes if name in n.partitions],
-        )
+        mine = tuple(n for n in nodes if name in n.partitions)
+        parts[name] = PartitionInfo.from_scontrol(rec, mine, default=name in default)
     return parts
 
 

@@ -35,7 +35,6 @@ from vitpod.workflows.site.profile_files import (
 )
 from vitpod.workflows.site.profile_writer import (
     Discovered,
-    max_minutes,
     node_type,
     partition_entry,
     type_name,
@@ -125,7 +124,7 @@ def discover_site(
                 nodes, found.facts[key], storage, ns.tasks_per_node, found.unknown
             )
         found.partitions[stage] = partition_entry(part, kinds[nodes[0].kind], found.unknown)
-        found.max_minutes[stage] = max_minutes(part.max_time)
+        found.max_minutes[stage] = part.max_minutes
     shared_storage(site, found, probe_paths(ns, base)[1:2] + [code_dir(base)])
     return found
 

@@ -6,10 +6,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.site import binding
-from vitpod.workflows.site.discover import NodeInfo, PartitionInfo
 from vitpod.workflows.site.probe import NOT_FOUND
+from vitpod.workflows.submit.partitions import NodeInfo, PartitionInfo
 
 DEFAULT_TIME = "24:00:00"  # when the partition has no MaxTime
 # Placeholders until `make calibrate` measures the fabric: low on purpose, so a topology
@@ -45,14 +44,8 @@ def type_name(nodes: list[NodeInfo], taken: set[str]) -> str:
     return name
 
 
-def max_minutes(max_time: str) -> int | None:
-    if max_time in ("UNLIMITED", "INFINITE", ""):
-        return None
-    return slurm_minutes(max_time)
-
-
 def time_limit(part: PartitionInfo, unknown: list[str]) -> str:
-    if part.max_time in ("UNLIMITED", "INFINITE", ""):
+    if part.max_minutes is None:
         unknown.append(
             f"partitions: {part.name} has no MaxTime; wrote time {DEFAULT_TIME} (set your own)"
         )
@@ -177,7 +170,7 @@ def partition_entry(part: PartitionInfo, type_key: str, unknown: list[str]) -> d
     usable = sum(n.usable for n in part.nodes)
     entry: dict[str, Any] = {"name": part.name, "time": time_limit(part, unknown),
                              "node_type": type_key, "nodes": max(1, usable)}  # fmt: skip
-    limit = len(part.nodes) if part.max_nodes == "UNLIMITED" else int(part.max_nodes)
+    limit = len(part.nodes) if part.max_nodes is None else part.max_nodes
     entry["max_nodes"] = max(entry["nodes"], min(limit, len(part.nodes)))
     if usable < len(part.nodes):
         bad = [f"{n.name} ({n.state})" for n in part.nodes if not n.usable]

@@ -22,32 +22,76 @@ class SlurmSilent(ConfigError):
     """A Slurm query timed out or failed: nothing about the cluster is known."""
 
 
+BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "MAINT", "FUTURE", "POWER")
+"""Flags of scontrol's State (IDLE+DRAIN, DOWN+NOT_RESPONDING, IDLE+POWERED_DOWN) that keep a
+node from a job."""
+
+
 @dataclass(frozen=True)
 class NodeInfo:
-    """One node of a partition as sinfo sees it."""
+    """One Slurm node, as sinfo -N (the preflight) or scontrol show node (profile discovery,
+    which fills in the rest) reports it."""
 
     name: str
     state: str
     memory_mb: int
     cpus: int
-    gpus: int
+    gres: str = "(null)"
+    sockets: int = 1
+    features: str = "(null)"
+    reason: str = ""
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return gres_gpu(self.gres)[1]
+
+    @property
+    def gpu_type(self) -> str:
+        return gres_gpu(self.gres)[0]
 
     @property
     def usable(self) -> bool:
-        # A trailing '*' means the node does not respond; '~' powered off; '#' powering up;
-        # '-' planned by the backfill scheduler (as 'mixed-'), which a job can still be given.
-        return self.state.upper().rstrip("+-") in USABLE_STATES
+        # sinfo %T: a trailing '*' means the node does not respond, '~' powered off, '#'
+        # powering up; '-' planned by the backfill scheduler (as 'mixed-'), which a job can
+        # still be given. scontrol's State adds flags after '+' (IDLE+DRAIN).
+        base, *flags = self.state.upper().split("+")
+        bad = any(b in f for f in flags for b in BAD_STATES)
+        return base.rstrip("-") in USABLE_STATES and not bad
+
+    @property
+    def kind(self) -> tuple[object, ...]:
+        """Nodes with equal hardware facts are one node type."""
+        return (self.cpus, self.sockets, self.memory_mb, self.gres, self.features)
 
 
 @dataclass(frozen=True)
 class PartitionInfo:
-    """What Slurm says about one partition."""
+    """One Slurm partition and its nodes, as scontrol show partition and sinfo report them."""
 
     name: str
     total_nodes: int
     max_nodes: int | None
-    max_minutes: int | None
+    max_time: str
+    """Slurm's MaxTime as it says it ('2-00:00:00', 'UNLIMITED')."""
     nodes: tuple[NodeInfo, ...] = ()
+    default: bool = False
+    """sinfo marks it the default partition."""
+
+    @classmethod
+    def from_scontrol(
+        cls, fields: dict[str, str], nodes: tuple[NodeInfo, ...], default: bool = False
+    ) -> PartitionInfo:
+        """From `scontrol show partition`'s fields for it."""
+        max_nodes = fields.get("MaxNodes")
+        return cls(name=fields["PartitionName"], total_nodes=int(fields.get("TotalNodes", "0")),
+                   max_nodes=None if _unlimited(max_nodes) else int(str(max_nodes)),
+                   max_time=fields.get("MaxTime", "UNLIMITED"), nodes=nodes,
+                   default=default)  # fmt: skip
+
+    @property
+    def max_minutes(self) -> int | None:
+        return None if _unlimited(self.max_time) else slurm_minutes(self.max_time)
 
     @property
     def usable(self) -> tuple[NodeInfo, ...]:
@@ -81,13 +125,7 @@ def partition_info(name: str) -> PartitionInfo | None:
     fields = next((f for f in found if f.get("PartitionName") == name), None)
     if fields is None:
         return None
-    return PartitionInfo(
-        name=name,
-        total_nodes=int(fields.get("TotalNodes", "0")),
-        max_nodes=None if _unlimited(fields.get("MaxNodes")) else int(fields["MaxNodes"]),
-        max_minutes=None if _unlimited(fields.get("MaxTime")) else slurm_minutes(fields["MaxTime"]),
-        nodes=partition_nodes(name),
-    )
+    return PartitionInfo.from_scontrol(fields, partition_nodes(name))
 
 
 def partition_nodes(name: str) -> tuple[NodeInfo, ...]:
@@ -98,9 +136,7 @@ def partition_nodes(name: str) -> tuple[NodeInfo, ...]:
     except slurm.SlurmError as exc:
         raise _silent(exc) from None
     nodes = {
-        r["node"]: NodeInfo(
-            r["node"], r["state"], _int(r["mem"]), _int(r["cpus"]), _gres_gpus(r["gres"])
-        )
+        r["node"]: NodeInfo(r["node"], r["state"], _int(r["mem"]), _int(r["cpus"]), r["gres"])
         for r in rows
         if r["node"]
     }
@@ -117,7 +153,7 @@ def associations(user: str | None = None) -> set[tuple[str, str]] | None:
 
 
 def _unlimited(value: str | None) -> bool:
-    return value in (None, "UNLIMITED", "INFINITE")
+    return value in (None, "", "UNLIMITED", "INFINITE")
 
 
 def _int(text: str) -> int:
@@ -125,10 +161,11 @@ def _int(text: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def _gres_gpus(gres: str) -> int:
-    """'gpu:2', 'gpu:a100:8(S:0-1)', 'gpu:8,shard:0' -> GPUs a node; '(null)' -> 0."""
+def gres_gpu(gres: str) -> tuple[str, int]:
+    """A node's GPU type and count from its gres: 'gpu:a100:8(S:0-1)' -> ('a100', 8);
+    'gpu:2' or 'gpu:8,shard:0' -> ('', 2), ('', 8); '(null)' -> ('', 0)."""
     for item in gres.split(","):
         parts = item.split("(")[0].split(":")
         if parts[0] == "gpu" and parts[-1].isdigit():
-            return int(parts[-1])
-    return 0
+            return (parts[1] if len(parts) == 3 else ""), int(parts[-1])
+    return "", 0
