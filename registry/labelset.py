@@ -111,7 +111,7 @@ def shard_bounds(samples: int, index: int, count: int) -> tuple[int, int]:
 def read_manifest(out: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The record (labels.json) of a token-label directory, or None when there is none (yet);
     a set made by the previous release has it as manifest.json."""
-    return records.read(out, RECORD)
+    return records.read(Path(out), RECORD)
 
 
 def problems(
