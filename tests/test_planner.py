@@ -185,8 +185,8 @@ def test_status_reads_the_manifest_a_submission_writes(tmp_path):
     plan = plan_job(Request(cluster="localslurm", run_root=str(tmp_path / "runs")))
     plan.run_dir.mkdir(parents=True)
     (plan.run_dir / "manifest.json").write_text(json.dumps(plan.manifest(["4242"])))
-    [(stage, run_dir, ids, _)] = stages_of(plan.run_dir)
-    assert (stage, run_dir, ids) == ("pretrain", plan.run_dir, ["4242"])
+    [stage] = stages_of(plan.run_dir)
+    assert (stage.name, stage.run_dir, stage.job_ids) == ("pretrain", plan.run_dir, ["4242"])
 
 
 def test_planner_imports_no_torch():

@@ -42,7 +42,7 @@ def test_eta_at_the_middle_of_a_run_matches_its_real_end(local_slurm, digits_dir
 
     def middle():
         target.poll()
-        tail = target.rows[0].tail
+        tail = target.tail_of(target.rows[0])
         assert tail is not None
         # Steps are written every 50 steps and at each epoch's end (.., 92, 115, ..): the middle.
         if tail.step is not None and tail.total and tail.total // 2 - 5 <= tail.step < tail.total:
