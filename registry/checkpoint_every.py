@@ -8,7 +8,7 @@ AUTO = "auto"
 """--checkpoint-every auto: the planner's interval from save cost, step time and failure rate."""
 AUTO_BY_HAND = (
     "--checkpoint-every auto: only the planner resolves it (make render/pretrain with "
-    'ARGS="--checkpoint-every auto" writes --checkpoint-every N into the job, from the measured '
+    'ARGS="--checkpoint-every auto" writes checkpoint_every N into plan.json, from the measured '
     "save cost, step time and the partition's interruptions); started by hand, give "
     "--checkpoint-every N (steps) or 0 (epoch ends)"
 )

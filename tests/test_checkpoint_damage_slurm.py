@@ -9,13 +9,15 @@ statistics: FSDP keeps them equal across ranks as DDP does).
 The finished run then meets two mistakes (tests/test_checkpoint_faults.py has the rest in
 process): its script resubmitted while the storage fails twice on COMMIT.json reads
 (VITPOD_TEST_IO_FAULT, the checkpoint reader's test-only hook) retries and completes; the
-trainer run over it by hand with srun and a typo (`--img-size 48`) exits 2 on both ranks, naming
-the setting. Neither changes a byte under checkpoints/.
+trainer run over it by hand with srun from its plan.json edited by hand (img_size 48: a planned
+rank reads its settings from plan.json alone) exits 2 on both ranks, naming the setting. Neither
+changes a byte under checkpoints/.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -92,12 +94,20 @@ def test_a_flipped_byte_in_the_newest_shard_resumes_from_the_one_before_exactly(
     assert "retrying in" in log and "resumed from" in log, log
     assert _tree(run / "checkpoints") == before
 
-    typo = subprocess.run(
-        ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--time=5",
-         str(REPO / ".venv" / "bin" / "vitpod-train"), "--plan", str(run / "plan.json"),
-         "--img-size", "48"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "MASTER_ADDR": "127.0.0.1"},
-    )  # fmt: skip
+    plan = run / "plan.json"
+    planned = plan.read_text()
+    edited = json.loads(planned)
+    edited["trainer"]["data"]["img_size"] = 48
+    plan.write_text(json.dumps(edited))
+    try:
+        typo = subprocess.run(
+            ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--time=5",
+             str(REPO / ".venv" / "bin" / "vitpod-train"), "--plan", str(plan)],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "MASTER_ADDR": "127.0.0.1"},
+        )  # fmt: skip
+    finally:
+        plan.write_text(planned)
     assert typo.returncode == 2, typo.stdout[-3000:] + typo.stderr[-3000:]
     said = typo.stdout + typo.stderr
     assert said.count("--img-size: 32 in the checkpoint, 48 in this run") == 2, said[-3000:]

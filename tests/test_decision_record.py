@@ -129,6 +129,21 @@ def test_a_ranks_configuration_is_the_plans_trainer_section_and_its_precision(tm
         parse_args(["--plan", path], world_size=4)
 
 
+def test_vitpods_overrides_are_fields_and_a_bad_one_is_refused_naming_it(tmp_path):
+    """Request.overrides (a sweep point's, a resume's pinned batch) set TrainConfig fields over
+    the recipe and ARGS: plan.json holds them, the command does not."""
+    req = dict(cluster="localslurm", model="volo_tiny", nodes=1, run_root=str(tmp_path))
+    plan = plan_job(Request(**req, args="-b 4 --log-interval 5",
+                            overrides={"batch_size": 8, "max_steps": 3}))  # fmt: skip
+    assert (plan.trainer["batch_size"], plan.trainer["max_steps"]) == (8, 3)
+    assert plan.trainer["log_interval"] == 5 and "--max-steps" not in plan.spec.command
+    with pytest.raises(WorkflowError, match=r"overrides: unknown key\(s\) 'batch' \(did you "
+                       r"mean 'batch_size'\?\); valid keys: \[.*'max_steps'"):  # fmt: skip
+        plan_job(Request(**req, overrides={"batch": 8}))
+    with pytest.raises(WorkflowError, match=r"overrides: max_steps='many': .*valid integer"):
+        plan_job(Request(**req, overrides={"max_steps": "many"}))
+
+
 def test_a_rank_takes_the_layout_from_the_decision(tmp_path):
     plan = planned(tmp_path, args="--exchange ring")
     path = edited(plan, "layout", dp=2, tp=2, pp=1)  # the trainer section still says tp 1

@@ -115,9 +115,18 @@ def test_rendered_point_scripts(tmp_path, capsys):
         assert trainer.run["output"] == str(run_dir)
         assert (record.resources.nodes, record.resources.tasks_per_node) == (nodes, per_node)
         assert record.resources.world_size == gpus
-        # The sweep's own batch comes after the recipe's, so it wins (argparse: last one).
+        # The point's batch and steps are fields set over the recipe's and ARGS
+        # (Request.overrides, kept with the request), not tokens in its command.
         assert trainer.optim["batch_size"] == batch and trainer.optim["max_steps"] == 30
         assert trainer.run["warmup_steps_excluded"] == 10 and trainer.data["workers"] == 0
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        assert manifest["request"]["overrides"] == {
+            "batch_size": batch, "accum_steps": 1, "max_steps": 30, "warmup_steps_excluded": 10,
+            "log_interval": 1,
+        }  # fmt: skip
+        command = manifest["resolved"]["command"]
+        assert not {"--max-steps", "--accum-steps", "--log-interval"} & set(command)
+        assert command[-4:] == ["--loader", "torch", "--workers", "0"]  # ARGS last, as given
         assert record.engine.name == "ring" == trainer.parallel["exchange"]
         assert (run_dir / "bind.sh").is_file() and (run_dir / "manifest.json").is_file()
         assert subprocess.run(["bash", "-n", str(run_dir / "job.sbatch")]).returncode == 0

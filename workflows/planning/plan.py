@@ -191,11 +191,12 @@ def plan_job(req: Request) -> JobPlan:
     time_limit = stage_time(req.time, profile, req.stage, req.time_name)
     sbatch = sbatchopts.check(req.slurm, profile.scheduler, profile.name)
     world = req.ranks or nodes * node.ranks_per_node
-    ranged = req.entry == "trainer" and partition.nodes_max and req.nodes in (None, "")
+    ranged = req.entry == "trainer" and req.nodes in (None, "")
+    nodes_max = partition.nodes_max if ranged else None  # a node range and no NODES
     spec = build_spec(
         profile, recipe, req.stage, run_dir=run_dir, nodes=nodes, args=req.args,
         finetune_from=req.finetune_from or None, dependency=req.dependency or None,
-        entry=req.entry, nodes_max=partition.nodes_max if ranged else None,
+        entry=req.entry, nodes_max=nodes_max,
     )  # fmt: skip
     source_now = not (req.finetune_pending or req.offline or req.dependency)
     if spec.finetune_from and source_now:  # the preflight's own check, before anything is written
@@ -216,11 +217,11 @@ def plan_job(req: Request) -> JobPlan:
             ask_slurm=profile.scheduler == "slurm" and not req.offline,
         )  # fmt: skip
         parsed = dataclasses.replace(parsed, amp_dtype=dtype, checkpoint_every=every)
-        if ranged:
-            # A node range and no NODES: Slurm gives MIN..MAX nodes. The global batch is planned
-            # at MAX; on fewer nodes the ranks take the accumulation that keeps it.
-            top = _resolved(parsed, partition.nodes_max * node.ranks_per_node)
-            noderange.check_range(top, nodes, partition.nodes_max, node.ranks_per_node)
+        if nodes_max:
+            # Slurm gives MIN..MAX nodes. The global batch is planned at MAX; on fewer nodes the
+            # ranks take the accumulation that keeps it.
+            top = _resolved(parsed, nodes_max * node.ranks_per_node)
+            noderange.check_range(top, nodes, nodes_max, node.ranks_per_node)
             parsed = _overridden(parsed, noderange.pinned(top.batch_size, top.global_batch_size))
         cfg = _resolved(parsed, world)
         spec = dataclasses.replace(spec, workers=cfg.workers)
