@@ -1,6 +1,6 @@
 """Slurm calls per poll while watching a scaling study of N point jobs (N = 5, 50, 500).
 
-Every Slurm command goes through workflows/submit/slurm.py's `runner`; here it is replaced by
+Every Slurm command goes through workflows/slurm/__init__.py's `runner`; here it is replaced by
 FakeSlurm, which counts the calls and answers squeue and sacct as Slurm does for a study's point
 jobs (one job per point, each after the one before: afterany): the first `finished` completed and
 left squeue's memory (only sacct knows them), the next ones run, the rest pend on their
@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vitpod.workflows.submit import jobstate, slurm  # noqa: E402
+from vitpod.workflows import slurm  # noqa: E402
+from vitpod.workflows.jobs import jobstate  # noqa: E402
 from vitpod.workflows.watching import follow, goodput, jobctl  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "slurm_calls.json"

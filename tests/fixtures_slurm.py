@@ -138,7 +138,7 @@ def queue_state(job: str) -> str:
 
 def job_restarts(job: str) -> int | None:
     """Slurm's restart count of the job (`scontrol show job`); None once slurmctld purged it."""
-    from vitpod.workflows.submit import slurm
+    from vitpod.workflows import slurm
 
     records = slurm.scontrol_show("job", job)
     return int(records[0]["Restarts"]) if records else None
@@ -146,7 +146,7 @@ def job_restarts(job: str) -> int | None:
 
 def wait_usable(node: str, timeout: float = 60) -> None:
     """After a resume the node answers again within seconds ('idle*' until then)."""
-    from vitpod.workflows.submit.partitions import partition_info
+    from vitpod.workflows.slurm.partitions import partition_info
 
     def usable() -> bool:
         info = partition_info("pretrain")

@@ -206,7 +206,7 @@ def _mapping(fab: Fabric) -> dict:
 
 def test_calibrate_job_runs_commbench_on_every_rank_and_stores_beside_the_profile(tmp_path):
     from vitpod.workflows.errors import ConfigError
-    from vitpod.workflows.site import calibrate as wcal
+    from vitpod.workflows.studies import calibrate as wcal
 
     profile = tmp_path / "mine.yaml"
     profile.write_text(
@@ -243,7 +243,7 @@ def test_calibration_side_of_the_login_node_imports_no_torch():
         "                name == 'vitpod.trainer.engines.commbench':\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import vitpod.analysis.calibrate, vitpod.workflows.site.calibrate\n"
+        "import vitpod.analysis.calibrate, vitpod.workflows.studies.calibrate\n"
         "import vitpod.workflows.planning.exchange\n"
     )
     # The benchmark (torch) is blocked too: workflows reaches it only as the job's command line.

@@ -18,13 +18,13 @@ from vitpod.registry.decision import read_decision, write_decision
 from vitpod.trainer.config import ConfigError as TrainerConfigError
 from vitpod.trainer.settings.checks import problems
 from vitpod.trainer.settings.flags import parse_args
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs.jobstate import JobState
 from vitpod.workflows.planning import ckptinterval, interruptions
 from vitpod.workflows.planning.interruptions import History, HistoryError, partition_history
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.site.profile import PROFILE_DIR, bundled_profiles, load_profile
-from vitpod.workflows.submit import slurm
-from vitpod.workflows.submit.jobstate import JobState
 
 SACCT = (
     "101|COMPLETED|7200\n"

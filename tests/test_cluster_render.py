@@ -19,8 +19,8 @@ from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
 from vitpod.workflows.planning.recipe import load_recipe
 from vitpod.workflows.planning.spec import build_spec, launch_for
-from vitpod.workflows.planning.templating import render as render_template
 from vitpod.workflows.site.profile import PROFILE_DIR, bundled_profiles, load_profile
+from vitpod.workflows.templating import render as render_template
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -306,11 +306,11 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError('blocked on a login node: ' + name)
 sys.meta_path.insert(0, Block())
 import vitpod.workflows.cli, vitpod.workflows.errors, vitpod.workflows.site.profile
-import vitpod.workflows.planning.recipe, vitpod.workflows.submit.rundir
+import vitpod.workflows.planning.recipe, vitpod.workflows.jobs.rundir
 import vitpod.workflows.planning.spec
-import vitpod.workflows.planning.templating, vitpod.workflows.site.rankinfo
+import vitpod.workflows.templating, vitpod.node.rankinfo
 import vitpod.workflows.submit.submission
-import vitpod.workflows.pipeline.chain, vitpod.workflows.submit.jobstate
+import vitpod.workflows.pipeline.chain, vitpod.workflows.jobs.jobstate
 import vitpod.workflows.watching.status
 import vitpod.workflows.planning.exchange, vitpod.workflows.studies.scaling
 import vitpod.workflows.pipeline.demo

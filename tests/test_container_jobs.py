@@ -16,9 +16,9 @@ import pytest
 from tests.fixtures_container import unprivileged_user
 from tests.fixtures_slurm import preempted_once_python, rank_logs, wait_job
 from tests.helpers import container_profile_copy, submitted, vitpod
+from vitpod.node.rankinfo import PREFIX
 from vitpod.workflows import cli
 from vitpod.workflows.planning.plan import plan_job
-from vitpod.workflows.site.rankinfo import PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm

@@ -106,7 +106,7 @@ def test_a_corrupt_sqsh_is_refused_before_submitting(tmp_path):
 
 
 def test_a_missing_digest_is_explicit_with_the_reason(tmp_path, capsys):
-    from vitpod.workflows.submit.rundir import image_info
+    from vitpod.workflows.jobs.rundir import image_info
 
     data = yaml.safe_load((PROFILE_DIR / "localpyxis.yaml").read_text())
     data["container"]["image"] = str(tmp_path / "never-built.sqsh")

@@ -13,14 +13,14 @@ import yaml
 from tests.fixtures_slurm import wait_usable
 from tests.helpers import make, submitted, vitpod
 from vitpod.analysis import calibrate as fitting
-from vitpod.workflows.planning.plan import Request, plan_job
-from vitpod.workflows.site.doctor import (
+from vitpod.node.doctor import (
     image_check,
     read_records,
     record_lines,
     volatile_uncorrectable,
 )
-from vitpod.workflows.site.doctor_allreduce import verdict
+from vitpod.workflows.commands.doctor_allreduce import verdict
+from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.site.profile import PROFILE_DIR
 
 # Each "node" reads its own enroot cache path: the doctor expands ${SLURMD_NODENAME} as enroot
@@ -124,7 +124,7 @@ def test_doctor_true_runs_the_checks_on_every_node_before_the_ranks(tmp_path):
         plan = plan_job(Request(cluster=str(path), model="volo_tiny", run_root=str(tmp_path)))
         script = plan.script
         if doctor:
-            assert script.index("workflows/site/doctor.py") < script.index("-m vitpod.trainer")
+            assert script.index("vitpod/node/doctor.py") < script.index("-m vitpod.trainer")
             assert "--ntasks-per-node=1" in script and "exit 3" in script
             (tmp_path / "job.sbatch").write_text(script)
             lint = subprocess.run(["shellcheck", "-s", "bash", str(tmp_path / "job.sbatch")],

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.submit import slurm
 from vitpod.workflows.watching import follow
 from vitpod.workflows.watching.metricstail import MetricsTail
 
@@ -55,7 +55,7 @@ def test_eta_falls_back_to_step_time_without_wall_clock(tmp_path):
 
 
 def test_status_refuses_a_directory_that_is_no_run(tmp_path, capsys):
-    from vitpod.workflows.watching.status_cli import main
+    from vitpod.workflows.commands.status_cli import main
 
     assert main(["--run", str(tmp_path), "--follow"]) == 2
     assert "is not a run directory" in capsys.readouterr().err

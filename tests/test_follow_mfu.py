@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vitpod.workflows.submit.jobstate import JobState
+from vitpod.workflows.jobs.jobstate import JobState
 from vitpod.workflows.watching import follow
 from vitpod.workflows.watching.metricstail import MetricsTail
 

@@ -152,8 +152,8 @@ def test_a_study_records_each_points_gpu_hours_from_one_sacct(tmp_path, monkeypa
     """study.record_ledgers: one sacct for every point's job; a job's GPUs x its run time."""
     import subprocess
 
+    from vitpod.workflows import slurm
     from vitpod.workflows.studies import study
-    from vitpod.workflows.submit import slurm
 
     calls = []
 
@@ -187,7 +187,7 @@ def test_a_reused_job_id_counts_only_the_attempts_since_the_run_was_created(tmp_
     the ledger keeps the one submitted after the run's manifest was written."""
     import subprocess
 
-    from vitpod.workflows.submit import slurm
+    from vitpod.workflows import slurm
     from vitpod.workflows.watching import goodput
 
     day = "2026-01-01T"

@@ -16,10 +16,10 @@ import yaml
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import multicluster
 from vitpod.workflows.pipeline import handover
 from vitpod.workflows.pipeline.chain import Chain
 from vitpod.workflows.site.profile import PROFILE_DIR, Profile, load_profile
-from vitpod.workflows.submit import multicluster
 
 OLD, NEW = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
@@ -160,8 +160,8 @@ def test_the_hand_over_waits_for_the_pretrains_real_end_then_submits_on_cluster_
     Slurm reports the pretrain running, preempted or requeued nothing is handed over; at
     COMPLETED the model is carried (digest in both manifests) and the fine-tune's script is
     submitted to cluster 2 (-M). Slurm's answers are faked; files and the chain are real."""
+    from vitpod.workflows import slurm
     from vitpod.workflows.pipeline import chain_cross
-    from vitpod.workflows.submit import slurm
 
     rendered = Chain(
         "localslurm", "volo_tiny", offline=True, run_root=str(tmp_path / "one"),

@@ -19,9 +19,9 @@ from tests.helpers import vitpod
 from vitpod.analysis.goodput import Attempt, assemble
 from vitpod.analysis.stragglers import stragglers
 from vitpod.trainer.telemetry.heartbeat import Heartbeat
+from vitpod.workflows.jobs.jobstate import JobInfo, JobState
 from vitpod.workflows.planning.hangplan import decide, longest_sections
 from vitpod.workflows.site.profile_hang import Hang
-from vitpod.workflows.submit.jobstate import JobInfo, JobState
 from vitpod.workflows.watching import follow, hangs, status
 
 LIMITS = {"floor_s": 10.0, "measured_s": {"checkpoint": 4.0},

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vitpod.node import imagecheck
 from vitpod.registry import runfiles
 from vitpod.workflows import cli
-from vitpod.workflows.containers import imagecheck
 from vitpod.workflows.site.profile import PROFILE_DIR
 
 pytestmark = pytest.mark.skipif(

@@ -22,9 +22,9 @@ import yaml
 from tests.helpers import vitpod
 from vitpod.registry import runfiles
 from vitpod.workflows import cli
+from vitpod.workflows.jobs.rundir import write_json
 from vitpod.workflows.pipeline.chain import Chain
 from vitpod.workflows.site.profile import PROFILE_DIR
-from vitpod.workflows.submit.rundir import write_json
 from vitpod.workflows.watching.jobctl import Study
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,8 @@ import pytest
 
 from tests.fixtures_slurm import restart_slurm, stop_slurmdbd
 from tests.helpers import wait_until
-from vitpod.workflows.submit import jobstate, slurm
+from vitpod.workflows import slurm
+from vitpod.workflows.jobs import jobstate
 
 
 def _sbatch(*args: str) -> str:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from vitpod.trainer.checkpointing import ds_universal
+from vitpod.workflows import slurm
 from vitpod.workflows.containers import containerpreflight
 from vitpod.workflows.pipeline.chain import Chain
 from vitpod.workflows.site.profile import load_profile
-from vitpod.workflows.submit import slurm
 from vitpod.workflows.watching import goodput
 
 

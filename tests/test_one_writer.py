@@ -20,8 +20,8 @@ import yaml
 from tests.fixtures_slurm import LocalSlurm, queue_state
 from tests.helpers import make
 from vitpod.registry import runfiles
+from vitpod.workflows.jobs.runjobs import run_job_ids
 from vitpod.workflows.site.profile import PROFILE_DIR
-from vitpod.workflows.submit.runjobs import run_job_ids
 
 
 def _make(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

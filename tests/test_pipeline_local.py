@@ -178,7 +178,7 @@ def test_orchestrator_imports_without_torch():
         "sys.meta_path.insert(0, B())\n"
         "import vitpod.workflows.pipeline.chain, vitpod.workflows.pipeline.demo\n"
         "import vitpod.workflows.watching.status\n"
-        "import vitpod.workflows.submit.jobstate\n"
+        "import vitpod.workflows.jobs.jobstate\n"
         "import vitpod.workflows.planning.exchange\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))\n"
     )

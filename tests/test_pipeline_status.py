@@ -4,9 +4,11 @@ import json
 from pathlib import Path
 
 from vitpod.registry import runfiles
-from vitpod.workflows.submit import jobstate, slurm
-from vitpod.workflows.submit.jobstate import JobState
-from vitpod.workflows.watching import rootcause, status, status_cli
+from vitpod.workflows import slurm
+from vitpod.workflows.commands import status_cli
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.jobstate import JobState
+from vitpod.workflows.watching import rootcause, status
 
 REAL = """\
 Traceback (most recent call last):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning.quantities import slurm_minutes
+from vitpod.workflows.slurm.quantities import slurm_minutes
 
 
 @pytest.mark.parametrize(

@@ -20,14 +20,13 @@ from tests.helpers import make
 from vitpod.analysis.goodput import Ledger
 from vitpod.analysis.layout import step_flops
 from vitpod.registry.decision import read_decision
-from vitpod.workflows import cli
+from vitpod.workflows import cli, slurm
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs.jobstate import JobState
 from vitpod.workflows.pipeline.chain_stage import job_plan
 from vitpod.workflows.planning import placement, steptime
 from vitpod.workflows.planning.plan import Request
 from vitpod.workflows.site.profile import PROFILE_DIR
-from vitpod.workflows.submit import slurm
-from vitpod.workflows.submit.jobstate import JobState
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0).astimezone()
 ARGS = "-b 8 --max-steps 100 --checkpoint-every 0 --workers 0"

@@ -17,7 +17,7 @@ from vitpod.workflows.planning import preflight
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.site.profile import PROFILE_DIR
-from vitpod.workflows.submit.partitions import SlurmSilent, partition_info
+from vitpod.workflows.slurm.partitions import SlurmSilent, partition_info
 
 Change = Callable[[dict[str, Any]], None]
 

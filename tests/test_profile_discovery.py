@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from tests.helpers import REPO, make, submitted
+from vitpod.workflows.jobs import sharedfs
 from vitpod.workflows.site import binding
 from vitpod.workflows.site.discover import gres_gpu, node_info
 from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
 from vitpod.workflows.site.profile_check import disagreements
 from vitpod.workflows.site.profile_writer import Discovered, compute_hcas, node_type
-from vitpod.workflows.submit import sharedfs
-from vitpod.workflows.submit.slurm import oneliner
+from vitpod.workflows.slurm import oneliner
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # `scontrol show node --oneliner` as this machine's local Slurm printed it (blanks inside OS=).
@@ -125,7 +125,7 @@ def test_a_node_is_one_model_whichever_command_reported_it():
     """Discovery (scontrol show node) and the preflight (sinfo -N) share NodeInfo and its rule:
     sinfo's suffixes and scontrol's +flags that keep a job off a node."""
     from vitpod.workflows.site import discover
-    from vitpod.workflows.submit import partitions
+    from vitpod.workflows.slurm import partitions
 
     assert discover.NodeInfo is partitions.NodeInfo
     assert discover.PartitionInfo is partitions.PartitionInfo
@@ -289,7 +289,8 @@ def test_only_the_paths_every_node_saw_are_recorded_as_shared(monkeypatch, tmp_p
     """The marker seen on every node in the run root but not in the code dir (node2 has its own
     copy): only the run root goes to storage.shared_paths, the code dir is named as not shared,
     and a base profile's `shared: true` does not survive the test."""
-    from vitpod.workflows.site import discover, profile_cli
+    from vitpod.workflows.commands import profile_cli
+    from vitpod.workflows.site import discover
 
     nodes = [node_info({"NodeName": n, "CPUTot": "8", "State": "IDLE"}) for n in ("n1", "n2")]
     site = {"batch": discover.PartitionInfo("batch", 2, 2, "1:00:00", tuple(nodes), True)}

@@ -61,7 +61,7 @@ def test_a_run_planned_from_a_profile_file_resumes_with_that_file(tmp_path: Path
 
 
 def test_status_shows_the_ranks_of_each_stretch(tmp_path: Path) -> None:
-    from vitpod.workflows.submit.jobstate import JobState
+    from vitpod.workflows.jobs.jobstate import JobState
     from vitpod.workflows.watching.runsizes import world_sizes
     from vitpod.workflows.watching.status import stage_status, status_line
 

@@ -13,7 +13,7 @@ import pytest
 
 from vitpod.registry import runfiles
 from vitpod.workflows import cli, completion
-from vitpod.workflows.submit.rundir import write_json
+from vitpod.workflows.jobs.rundir import write_json
 from vitpod.workflows.watching import runclean
 
 from .test_jobctl import calls, make_pipeline, make_run, make_study, stub_slurm, use_stubs

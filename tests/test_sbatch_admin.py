@@ -17,9 +17,9 @@ import yaml
 
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.planning import slurmchecks
 from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
 from vitpod.workflows.site.rankthreads import cpu_count, rank_threads
-from vitpod.workflows.submit import slurmchecks
 
 CASE = re.compile(r"^  (\d+)\) numa=\d+ cpus=(\S+) hca=\S+ threads=(\d+) ;;$", re.M)
 

@@ -16,17 +16,17 @@ from tests.helpers import make, make_pipeline_offline, recording_slurm
 from vitpod.registry import runfiles
 from vitpod.registry.decision import read_decision
 from vitpod.workflows import cli
+from vitpod.workflows.commands import chain_cli, doctor_cli
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.pipeline import chain_cli, labels
+from vitpod.workflows.pipeline import labels
 from vitpod.workflows.pipeline.chain import Chain
+from vitpod.workflows.planning import slurmchecks
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
-from vitpod.workflows.planning.templating import sbatch_value
-from vitpod.workflows.site import calibrate, doctor_cli
-from vitpod.workflows.studies import scaling
-from vitpod.workflows.submit import slurmchecks
+from vitpod.workflows.studies import calibrate, scaling
 from vitpod.workflows.submit.resume import parser as resume_parser
 from vitpod.workflows.submit.resume import plan_resume, resume_request
+from vitpod.workflows.templating import sbatch_value
 
 OPTIONS = ["--account=proj_a", "--qos=high", "--reservation=maint_1", "--constraint=a100&ib",
            "--exclude=node[3-4],node7",

@@ -6,10 +6,11 @@ import pytest
 import yaml
 
 from tests.fixtures_slurm import preempted_once_python
+from vitpod.workflows import slurm
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.jobstate import task_ids, wait_array, wait_finished
 from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.studies.scaling import build_parser, materialize, prepare
-from vitpod.workflows.submit import jobstate, slurm
-from vitpod.workflows.submit.jobstate import task_ids, wait_array, wait_finished
 from vitpod.workflows.submit.submission import sbatch
 
 

@@ -310,8 +310,8 @@ def test_points_are_submitted_one_after_another_and_a_refusal_cancels_the_earlie
     """sbatch (a fake runner: no Slurm) takes point 0, then point 1 with afterany on it on the
     command line (the kept script unchanged), and refuses point 2: point 1 and 0 are cancelled
     with one scancel, the study directory is kept with their ids, and the error says so."""
+    from vitpod.workflows import slurm
     from vitpod.workflows.studies.scaling import build_parser, materialize, prepare, submit_points
-    from vitpod.workflows.submit import slurm
 
     asked: list[list[str]] = []
 

@@ -1,4 +1,4 @@
-"""The one Slurm client (workflows/submit/slurm.py): its parsers, its errors, and watching N jobs
+"""The one Slurm client (workflows/slurm/__init__.py): its parsers, its errors, and watching N jobs
 costing the same number of Slurm calls for 5 jobs as for 500 (issue 31 item 3). No Slurm is run: the
 client's runner is replaced by fakes."""
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from vitpod.workflows.submit import jobstate, partitions, slurm
+from vitpod.workflows import slurm
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.slurm import partitions
 
 # A drained node as `scontrol show node --oneliner` prints it: blanks inside OS= and Reason=.
 NODE = (
@@ -169,7 +171,7 @@ def test_runs_on_two_clusters_are_asked_on_their_own_cluster_even_with_the_same_
     """Two clusters number their jobs independently: job 7 on pod and job 7 on superpod are
     two jobs. Each run's states come from its own cluster's answer (multicluster.poll)."""
     from vitpod.registry import runfiles
-    from vitpod.workflows.submit import multicluster
+    from vitpod.workflows.jobs import multicluster
 
     runs = []
     for name, cluster in (("pre", None), ("fin", "superpod")):

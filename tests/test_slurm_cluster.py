@@ -13,9 +13,9 @@ import yaml
 
 from tests import helpers
 from tests.fixtures_slurm import preempted_once_python
+from vitpod.node.rankinfo import PREFIX
 from vitpod.workflows.planning.masterport import master_port
 from vitpod.workflows.site.profile import PROFILE_DIR
-from vitpod.workflows.site.rankinfo import PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm

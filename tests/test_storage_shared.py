@@ -12,10 +12,10 @@ import yaml
 
 from vitpod.workflows import cli
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import sharedfs
 from vitpod.workflows.planning import preflight
 from vitpod.workflows.planning.plan import Request, plan_job
 from vitpod.workflows.site.profile import PROFILE_DIR, load_profile
-from vitpod.workflows.submit import sharedfs
 
 GPU_PROFILES = ("dgxpod", "superpod", "h100pod")
 

@@ -12,10 +12,10 @@ import pytest
 
 from tests.helpers import wait_until
 from tests.test_run_modes import umask, wider_than_private
-from vitpod.workflows import cli
+from vitpod.workflows import cli, slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.plan import Request, plan_job
-from vitpod.workflows.submit import slurm, submission
+from vitpod.workflows.submit import submission
 
 
 def _script(tmp_path, partition: str = "pretrain"):

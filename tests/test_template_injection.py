@@ -1,7 +1,7 @@
 """No injection: every template rendered with hostile values, its shell run, nothing extra runs.
 
 Each value a template writes into a shell goes through one quoting filter (`q`, or `sbatch` in an
-#SBATCH line; workflows/planning/templating.py). Here every script vitpod renders (job.sbatch with
+#SBATCH line; workflows/templating.py). Here every script vitpod renders (job.sbatch with
 the container start, doctor and credentials lines, bind.sh, the local torchrun script, a scaling
 study's point jobs and its report job) is rendered through the project's own functions with
 paths, profile values and ARGS full of `$( )`, backticks, quotes, `;`, `&&` and `|`, then run by
@@ -28,9 +28,9 @@ import yaml
 from tests.helpers import HOSTILE, hostile_profile
 from vitpod.registry import runfiles
 from vitpod.workflows.planning.plan import Request, plan_job
-from vitpod.workflows.planning.templating import TEMPLATE_DIR, render
 from vitpod.workflows.site.profile import PROFILE_DIR
 from vitpod.workflows.studies import reportjob, scaling
+from vitpod.workflows.templating import TEMPLATE_DIR, render
 
 # Every payload touches $P (the marker) if it ever reaches a shell unquoted, in double quotes or
 # past a single quote. No double quote, '%', '\\' or newline: run paths refuse those up front.

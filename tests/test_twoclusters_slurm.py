@@ -14,10 +14,10 @@ import pytest
 
 from tests.helpers import last_step, make, profile_copy, vitpod, wait_until
 from vitpod.registry import runfiles
+from vitpod.workflows.jobs import jobstate
 from vitpod.workflows.pipeline import chain_cross
 from vitpod.workflows.pipeline.chain import Chain, ChainError
 from vitpod.workflows.pipeline.chain_stage import job_plan
-from vitpod.workflows.submit import jobstate
 
 # Short stages (tests/test_pipeline_slurm.py's settings).
 ARGS = ("--workers 0 --loader torch -b 16 --seed 3 --log-interval 5 --aa rand-n0-m0 --reprob 0 "

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs.jobstate import JobState
+from vitpod.workflows.jobs.rundir import new_run_path, runs_root, write_json
 from vitpod.workflows.pipeline import chain_cross, chain_submit, chain_watch
 from vitpod.workflows.pipeline.chain_labels import plan_labels
 from vitpod.workflows.pipeline.chain_stage import (
@@ -29,11 +32,8 @@ from vitpod.workflows.pipeline.chain_watch import ChainError
 from vitpod.workflows.planning import placement, preflight, sbatchopts
 from vitpod.workflows.planning.plan import Request
 from vitpod.workflows.planning.recipe import recipe_name
-from vitpod.workflows.planning.stageres import StageResources, write_rendered
 from vitpod.workflows.site.profile import load_profile
-from vitpod.workflows.submit import slurm
-from vitpod.workflows.submit.jobstate import JobState
-from vitpod.workflows.submit.rundir import new_run_path, runs_root, write_json
+from vitpod.workflows.submit.stageres import StageResources, write_rendered
 from vitpod.workflows.watching import jobctl, status
 
 __all__ = ["STAGES", "Chain", "ChainError", "JobState"]
@@ -51,7 +51,7 @@ class Chain:
     then sbatches exactly those files, after the preflight again against the live cluster, and
     refuses a file changed since rendering (workflows/pipeline/chain_submit.py).
 
-    Per-stage nodes/time: workflows/planning/stageres.py. slurm=, finetune_slurm= (the
+    Per-stage nodes/time: workflows/submit/stageres.py. slurm=, finetune_slurm= (the
     fine-tune's, winning): sbatch options (workflows/planning/sbatchopts.py),
     e.g. slurm={"account": "proj", "extra": "--mail-type=END"}.
     place=True: the first stage's node count by predicted finish (workflows/planning/placement.py).

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.rundir import image_info, write_json
 from vitpod.workflows.pipeline import handover
 from vitpod.workflows.site.profile import Profile, load_profile
-from vitpod.workflows.submit import jobstate, slurm
-from vitpod.workflows.submit.rundir import image_info, write_json
 
 WAITING = "WAITING"
 """The fine-tune's recorded state while the pretrain runs on the other cluster."""

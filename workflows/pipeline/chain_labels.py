@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import labelset
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.pipeline import labels
 from vitpod.workflows.planning import preflight
 from vitpod.workflows.planning.plan import JobPlan
-from vitpod.workflows.submit import slurm
 
 
 def plan_labels(chain: Any, plan: JobPlan, directory: Path) -> bool:

@@ -1,4 +1,4 @@
-"""One stage of a Chain, a JobState (workflows/submit/jobstate.py) with its plan (or, reattached
+"""One stage of a Chain, a JobState (workflows/jobs/jobstate.py) with its plan (or, reattached
 from pipeline.json, its entry there): how it is made, planned or read back, and written."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision, find_decision
+from vitpod.workflows.jobs.jobstate import JobState
 from vitpod.workflows.planning.plan import JobPlan
-from vitpod.workflows.submit.jobstate import JobState
 
 
 def planned(stage: str, plan: JobPlan) -> JobState:

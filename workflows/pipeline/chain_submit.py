@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import labelset, runfiles
+from vitpod.workflows import slurm
+from vitpod.workflows.jobs.jobstate import JobState
+from vitpod.workflows.jobs.rundir import remove_run_dir, write_json
 from vitpod.workflows.pipeline import chain_cross, labels
 from vitpod.workflows.pipeline.chain_labels import cancel_labels
 from vitpod.workflows.pipeline.chain_stage import job_plan
 from vitpod.workflows.planning import preflight
-from vitpod.workflows.submit import rendered, slurm, submission
+from vitpod.workflows.submit import rendered, submission
 from vitpod.workflows.submit.executor import local_job
-from vitpod.workflows.submit.jobstate import JobState
-from vitpod.workflows.submit.rundir import remove_run_dir, write_json
 
 
 def label_dirs(chain: Any) -> dict[str, Path]:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vitpod.registry import runfiles
+from vitpod.workflows import slurm
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.jobstate import JobState
 from vitpod.workflows.pipeline import chain_cross
-from vitpod.workflows.submit import jobstate, slurm
-from vitpod.workflows.submit.jobstate import JobState
 from vitpod.workflows.watching import follow, status
 from vitpod.workflows.watching.rootcause import first_error_line, root_cause
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs.rundir import write_json
 from vitpod.workflows.pipeline.chain import Chain, ChainError
 from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.planning.recipe import load_recipe
 from vitpod.workflows.site.profile import load_profile, resolve_path
-from vitpod.workflows.submit.rundir import write_json
 
 MODEL = "volo_tiny"
 TARGET_TOP1 = 90.0

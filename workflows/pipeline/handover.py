@@ -19,8 +19,8 @@ from typing import Any
 from vitpod.registry import models, records, runfiles
 from vitpod.workflows.containers import container
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs.rundir import DIR_MODE
 from vitpod.workflows.site.profile import Profile
-from vitpod.workflows.submit.rundir import DIR_MODE
 
 ATTEMPTS = 3
 """Copies of a file tried before the transfer is reported failed (a flaky link, a full quota)."""

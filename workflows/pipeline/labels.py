@@ -21,15 +21,16 @@ from typing import Any
 
 from vitpod.registry import labelset, runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.rundir import new_run_path, runs_root
 from vitpod.workflows.planning import preflight, sbatchopts, teachercheck
 from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
-from vitpod.workflows.planning.quantities import whole_number
 from vitpod.workflows.planning.recipe import load_recipe, recipe_name
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.site.profile import Profile, load_profile, resolve_path
-from vitpod.workflows.submit import jobstate, submission
-from vitpod.workflows.submit.rundir import new_run_path, runs_root
+from vitpod.workflows.slurm.quantities import whole_number
+from vitpod.workflows.submit import submission
 from vitpod.workflows.submit.submission import materialize
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vitpod.workflows.submit.rundir import RUN_ROOT_ENV
+from vitpod.workflows.jobs.rundir import RUN_ROOT_ENV
 
 # An empty string (what make passes for an unset variable) means "not given" for every flag.
 REQUEST_FLAGS: dict[str, dict[str, Any]] = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vitpod.workflows.submit import slurm
+from vitpod.workflows import slurm
 
 HISTORY_DAYS = 30
 INTERRUPTED = ("PREEMPTED", "NODE_FAIL", "REQUEUED")

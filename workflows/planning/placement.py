@@ -19,11 +19,10 @@ from typing import Any
 from vitpod.analysis import goodput
 from vitpod.registry.decision import PlacedCandidate, Placement
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning import noderange, runmeasure
+from vitpod.workflows.planning import noderange, runmeasure, slurmchecks
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
-from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.planning.steptime import planned_steps, step_model
-from vitpod.workflows.submit import slurmchecks
+from vitpod.workflows.slurm.quantities import slurm_minutes
 from vitpod.workflows.watching import runclean
 
 OFFLINE_RULE = "shortest predicted run (OFFLINE: start times unknown, Slurm not asked)"

@@ -24,21 +24,21 @@ from vitpod.trainer.config import TrainConfig, resolved
 from vitpod.trainer.settings.checks import problems
 from vitpod.trainer.settings.flags import parse_given
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning import ckptinterval, exchange, noderange, preflight, sbatchopts
-from vitpod.workflows.planning.hangplan import decide as decide_hang
-from vitpod.workflows.planning.precision import decide_precision
-from vitpod.workflows.planning.quantities import slurm_minutes
-from vitpod.workflows.planning.recipe import Recipe, check_token_label_size, load_recipe
-from vitpod.workflows.planning.spec import Entry, JobSpec, Launch, build_spec, launch_for
-from vitpod.workflows.planning.templating import render
-from vitpod.workflows.site.profile import Profile, load_profile, profile_path
-from vitpod.workflows.submit.rundir import (
+from vitpod.workflows.jobs.rundir import (
     check_path_safe,
     git_info,
     image_info,
     new_run_path,
     runs_root,
 )
+from vitpod.workflows.planning import ckptinterval, exchange, noderange, preflight, sbatchopts
+from vitpod.workflows.planning.hangplan import decide as decide_hang
+from vitpod.workflows.planning.precision import decide_precision
+from vitpod.workflows.planning.recipe import Recipe, check_token_label_size, load_recipe
+from vitpod.workflows.planning.spec import Entry, JobSpec, Launch, build_spec, launch_for
+from vitpod.workflows.site.profile import Profile, load_profile, profile_path
+from vitpod.workflows.slurm.quantities import slurm_minutes
+from vitpod.workflows.templating import render
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,16 +10,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vitpod.analysis import layout, memory
 from vitpod.registry import labellayout, labelset, models
 from vitpod.registry.engines import MESH_ENGINES
+from vitpod.workflows import slurm
 from vitpod.workflows.containers import containerpreflight
 from vitpod.workflows.containers.container import check_container_paths, host_path
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import sharedfs
+from vitpod.workflows.planning import slurmchecks
 from vitpod.workflows.planning.finetunesource import finetune_source_problem
 from vitpod.workflows.planning.grace import check_grace
-from vitpod.workflows.planning.quantities import whole_number
 from vitpod.workflows.planning.recipe import Recipe
 from vitpod.workflows.planning.spec import JobSpec
 from vitpod.workflows.site.profile import NodeType, Profile, resolve_path
-from vitpod.workflows.submit import sharedfs, slurm, slurmchecks
+from vitpod.workflows.slurm.quantities import whole_number
 
 if TYPE_CHECKING:
     from vitpod.trainer.config import TrainConfig
@@ -224,7 +226,7 @@ def check_ranks_per_gpu(plan: Planned) -> None:
 
 def shared_run_root(spec: JobSpec, offline: bool = False) -> str:
     """A multi-node job's run root must be on a shared file system type
-    (workflows/submit/sharedfs.py), unless it is at or below a path `make profile` tested
+    (workflows/jobs/sharedfs.py), unless it is at or below a path `make profile` tested
     (`storage.shared_paths`) or the profile says `storage.shared: true`; offline: NOT CHECKED."""
     nodes = max(spec.nodes, spec.nodes_max or 0)
     return sharedfs.check_run_root(

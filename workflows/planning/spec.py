@@ -16,11 +16,11 @@ from vitpod.workflows.containers import container, registryref
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.planning.masterport import master_port_expr, master_port_span_lines
 from vitpod.workflows.planning.recipe import Recipe
-from vitpod.workflows.planning.templating import render
 from vitpod.workflows.planning.trainerargv import extra_args, trainer_flags
 from vitpod.workflows.site import doctor_step
 from vitpod.workflows.site.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.site.rankthreads import rank_threads
+from vitpod.workflows.templating import render
 
 Entry = Literal["trainer", "rankinfo", "commbench", "labels"]
 COMMBENCH_OUT = "commbench.json"  # what the commbench entry writes in its run directory
@@ -164,7 +164,7 @@ class Launch:
 
     def write_bind_script(self) -> Path:
         """Write bind.sh atomically (mode 0750), creating its run directory if needed."""
-        from vitpod.workflows.submit.rundir import DIR_MODE, write_atomic
+        from vitpod.workflows.jobs.rundir import DIR_MODE, write_atomic
 
         path = Path(self.bind_path)
         path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
@@ -201,7 +201,7 @@ def build_spec(
     data_path = str(resolve_path(profile.storage.data) / (stage_recipe.data or ""))
     argv: tuple[str, ...] = ()
     if entry == "rankinfo":
-        module = "vitpod.workflows.site.rankinfo"
+        module = "vitpod.node.rankinfo"
     elif entry == "commbench":  # collective timings for `make calibrate`; ARGS go to it
         module = "vitpod.trainer.engines.commbench"
         argv = ("--out", str(run_dir / COMMBENCH_OUT), *extra)

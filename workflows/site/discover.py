@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vitpod.node.probe import PREFIX
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site.doctor_step import NODE_SCRIPTS
-from vitpod.workflows.site.probe import PREFIX
-from vitpod.workflows.submit import slurm
-from vitpod.workflows.submit.partitions import NodeInfo, PartitionInfo
-from vitpod.workflows.submit.partitions import gres_gpu as gres_gpu
+from vitpod.workflows.slurm.partitions import NodeInfo, PartitionInfo
+from vitpod.workflows.slurm.partitions import gres_gpu as gres_gpu
 
 PROBE_TIME = "00:05:00"
 

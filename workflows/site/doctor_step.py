@@ -5,14 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from vitpod import node
 from vitpod.workflows.containers.container import sqsh_path
-from vitpod.workflows.planning.templating import render
 from vitpod.workflows.site.profile import NodeType, Profile, resolve_path
+from vitpod.workflows.templating import render
 
 # The folder of the node-side scripts (probe.py, doctor.py: the standard library only), in a
 # checkout or site-packages on shared storage: a node's interpreter runs them by path, so the
 # node needs no vitpod install.
-NODE_SCRIPTS = Path(__file__).resolve().parent
+NODE_SCRIPTS = Path(node.__file__).resolve().parent
 BAD_NODE_EXIT = 3  # the job's status when a node fails its checks before training
 
 

@@ -11,7 +11,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from vitpod.workflows.containers.container import check_container_static
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.site.profile_checkpoint import Checkpointing
 from vitpod.workflows.site.profile_container import Container
 from vitpod.workflows.site.profile_files import (  # noqa: F401 (where profiles are found)
@@ -25,6 +24,7 @@ from vitpod.workflows.site.profile_files import (  # noqa: F401 (where profiles 
 from vitpod.workflows.site.profile_hang import Hang
 from vitpod.workflows.site.profile_storage import Storage
 from vitpod.workflows.site.schema import Strict, describe
+from vitpod.workflows.slurm.quantities import slurm_minutes
 
 
 def _base_dir() -> Path:
@@ -233,7 +233,7 @@ class Profile(Strict):
     default_model: str | None = Field(default=None, description="recipe used when MODEL is empty")
     python: str | None = Field(default=None, description="interpreter when no container")
     doctor: bool = Field(
-        default=False, description="check every node (vitpod.workflows.site.doctor) before training"
+        default=False, description="check every node (vitpod.node.doctor) before training"
     )
 
     @model_validator(mode="before")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.site.profile import Profile
 from vitpod.workflows.site.profile_writer import Discovered
+from vitpod.workflows.slurm.quantities import slurm_minutes
 
 NODE_KEYS = ("gpus_per_node", "cpus_per_node")
 BINDING_KEYS = ("numa", "cpus", "hca")

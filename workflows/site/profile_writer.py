@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from vitpod.node.probe import NOT_FOUND
 from vitpod.workflows.site import binding
-from vitpod.workflows.site.probe import NOT_FOUND
-from vitpod.workflows.submit.partitions import NodeInfo, PartitionInfo
+from vitpod.workflows.slurm.partitions import NodeInfo, PartitionInfo
 
 DEFAULT_TIME = "24:00:00"  # when the partition has no MaxTime
 # Placeholders until `make calibrate` measures the fabric: low on purpose, so a topology

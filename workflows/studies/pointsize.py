@@ -9,7 +9,7 @@ import math
 
 from vitpod.workflows.planning import placement
 from vitpod.workflows.planning.plan import JobPlan
-from vitpod.workflows.planning.quantities import slurm_minutes
+from vitpod.workflows.slurm.quantities import slurm_minutes
 from vitpod.workflows.studies.study import STAGE, SweepPoint
 
 MARGIN = 1.5

@@ -17,11 +17,12 @@ from pathlib import Path
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.rundir import write_atomic
 from vitpod.workflows.planning.spec import JobSpec, launch_for
-from vitpod.workflows.planning.templating import render
 from vitpod.workflows.studies.study import point_states, record_states, report
-from vitpod.workflows.submit import jobstate, submission
-from vitpod.workflows.submit.rundir import write_atomic
+from vitpod.workflows.submit import submission
+from vitpod.workflows.templating import render
 
 SCRIPT_NAME = "report.sbatch"
 TIME_LIMIT = "00:15:00"  # matplotlib plots of a handful of points take seconds

@@ -15,14 +15,23 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.rundir import (
+    check_path_safe,
+    create_run_dir,
+    new_run_path,
+    remove_run_dir,
+    runs_root,
+    write_json,
+)
 from vitpod.workflows.planning import preflight, sbatchopts
 from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
-from vitpod.workflows.planning.quantities import count, whole_number
 from vitpod.workflows.planning.recipe import Recipe, load_recipe
 from vitpod.workflows.planning.runmeasure import STUDIES
 from vitpod.workflows.planning.spec import JobSpec
 from vitpod.workflows.site.profile import Profile, load_profile
+from vitpod.workflows.slurm.quantities import count, whole_number
 from vitpod.workflows.studies import reportjob
 from vitpod.workflows.studies.pointsize import point_time, sizes
 from vitpod.workflows.studies.study import (
@@ -33,15 +42,7 @@ from vitpod.workflows.studies.study import (
     report,
     study_record,
 )
-from vitpod.workflows.submit import jobstate, submission
-from vitpod.workflows.submit.rundir import (
-    check_path_safe,
-    create_run_dir,
-    new_run_path,
-    remove_run_dir,
-    runs_root,
-    write_json,
-)
+from vitpod.workflows.submit import submission
 from vitpod.workflows.watching import follow
 
 MODES = ("strong", "weak")

@@ -12,12 +12,13 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.rundir import write_json
+from vitpod.workflows.jobs.runjobs import point_jobs
 from vitpod.workflows.planning.exchange import calibration_for
-from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.planning.recipe import Recipe
 from vitpod.workflows.site.profile import Profile, profile_path
-from vitpod.workflows.submit import jobstate
-from vitpod.workflows.submit.rundir import write_json
+from vitpod.workflows.slurm.quantities import slurm_minutes
 from vitpod.workflows.watching import goodput
 
 STAGE = "pretrain"
@@ -97,19 +98,6 @@ def study_record(
             for p in points
         ],
     }
-
-
-def point_jobs(point: dict[str, Any]) -> list[str]:
-    """A study.json point's job id as a list ([]: rendered, never submitted)."""
-    return [str(point["job_id"])] if point.get("job_id") else []
-
-
-def study_jobs(directory: Path, record: dict[str, Any]) -> list[jobstate.JobState]:
-    """A study's jobs as its views show them: each point's, then the report job's."""
-    jobs = [jobstate.JobState(f"{p['gpus']} GPU(s)", directory / p["run_dir"], point_jobs(p))
-            for p in record.get("points", [])]  # fmt: skip
-    report = record.get("report_job_id")
-    return [*jobs, jobstate.JobState("report", None, [str(report)] if report else [])]
 
 
 def point_states(job_ids: list[str], infos: dict[str, jobstate.JobInfo]) -> dict[int, str]:

@@ -12,7 +12,7 @@ from submitit.helpers import CommandFunction
 
 from vitpod.registry import runfiles
 from vitpod.workflows.planning.plan import JobPlan
-from vitpod.workflows.planning.quantities import slurm_minutes
+from vitpod.workflows.slurm.quantities import slurm_minutes
 
 
 def local_job(plan: JobPlan) -> Any:

@@ -13,10 +13,10 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs.rundir import write_json
 from vitpod.workflows.planning import preflight
 from vitpod.workflows.planning.plan import JobPlan, plan_job
 from vitpod.workflows.submit import submission
-from vitpod.workflows.submit.rundir import write_json
 
 
 def manifest_of(run_dir: Path) -> dict[str, Any]:

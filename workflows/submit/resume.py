@@ -8,7 +8,7 @@ as every submission). The trainer resumes the
 newest checkpoint from the global sample position (trainer/checkpointing/elastic.py). One job per
 run: while a job of the run (any id in its manifests) is still pending, running, requeued or
 suspended, resume refuses before writing anything, or with --cancel-running (CANCEL=1) cancels it
-and waits until it has left the queue (workflows/submit/runjobs.py).
+and waits until it has left the queue (workflows/jobs/runjobs.py).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 from vitpod.registry import runfiles
 from vitpod.registry.decision import Decision, RecordError, read_decision
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import runjobs
 from vitpod.workflows.planning import noderange, preflight, sbatchopts
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.site.profile import load_profile
-from vitpod.workflows.submit import runjobs
 from vitpod.workflows.submit.submission import materialize, submit
 from vitpod.workflows.watching.hangs import excluded_nodes
 

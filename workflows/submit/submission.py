@@ -17,10 +17,11 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.registry.decision import write_decision
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
 from vitpod.workflows.planning.plan import JobPlan, Request
-from vitpod.workflows.submit import jobstate, slurm
-from vitpod.workflows.submit.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
 
 
 class SbatchUnanswered(ConfigError):

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.studies.study import study_jobs
-from vitpod.workflows.submit import jobstate, multicluster, slurm
-from vitpod.workflows.submit.jobstate import JobState
-from vitpod.workflows.submit.rundir import write_json
+from vitpod.workflows.jobs import jobstate, multicluster
+from vitpod.workflows.jobs.jobstate import JobState
+from vitpod.workflows.jobs.rundir import write_json
+from vitpod.workflows.jobs.runjobs import study_jobs
 from vitpod.workflows.watching import goodput, hangs, status, triage
 from vitpod.workflows.watching.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.watching.rootcause import first_error_line, restarts_from_logs, root_cause

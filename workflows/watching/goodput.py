@@ -10,7 +10,8 @@ from pathlib import Path
 
 from vitpod.analysis.goodput import Attempt, Ledger, assemble, container_seconds, read_rank0
 from vitpod.registry import runfiles
-from vitpod.workflows.submit import multicluster, slurm
+from vitpod.workflows import slurm
+from vitpod.workflows.jobs import multicluster
 
 __all__ = ["Ledger", "allocated_devices", "attempts", "ledger", "ledgers"]
 

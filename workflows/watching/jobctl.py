@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.studies.study import study_jobs
-from vitpod.workflows.submit import jobstate, multicluster, slurm
-from vitpod.workflows.submit.jobstate import JobState
-from vitpod.workflows.submit.runjobs import run_job_ids
+from vitpod.workflows.jobs import jobstate, multicluster
+from vitpod.workflows.jobs.jobstate import JobState
+from vitpod.workflows.jobs.runjobs import run_job_ids, study_jobs
 from vitpod.workflows.watching import status
 from vitpod.workflows.watching.metricstail import MetricsTail
 

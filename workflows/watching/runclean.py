@@ -26,7 +26,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.submit import jobstate
+from vitpod.workflows.jobs import jobstate
 from vitpod.workflows.watching import jobctl
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")

@@ -15,8 +15,8 @@ from vitpod.registry.decision import (
     engine_fields,
     find_decision,
 )
-from vitpod.workflows.submit import jobstate, multicluster
-from vitpod.workflows.submit.jobstate import JobState
+from vitpod.workflows.jobs import jobstate, multicluster
+from vitpod.workflows.jobs.jobstate import JobState
 from vitpod.workflows.watching import goodput, hangs, triage
 from vitpod.workflows.watching.metricstail import MetricsTail, duration, newest_checkpoint_age
 from vitpod.workflows.watching.rootcause import restarts_from_logs, root_cause

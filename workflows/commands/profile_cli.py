@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from vitpod.node.probe import NOT_FOUND
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site import discover
-from vitpod.workflows.site.probe import NOT_FOUND
 from vitpod.workflows.site.profile import (
     NODE_FIELDS,
     Profile,

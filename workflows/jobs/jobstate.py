@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitpod.workflows.submit import slurm
+from vitpod.workflows import slurm
 
 #: States after which a job never runs again (a requeued job goes back to PENDING instead).
 #: PREEMPTED is left out: with requeue it is a passing state; without, the job later leaves the

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
+from vitpod.workflows.jobs.rundir import DIR_MODE, remove_run_dir
 from vitpod.workflows.planning.sbatchopts import SbatchOptions
 from vitpod.workflows.site.profile import Profile
-from vitpod.workflows.submit.rundir import DIR_MODE, remove_run_dir
 from vitpod.workflows.submit.submission import materialize
 
 
@@ -75,7 +75,7 @@ def write_rendered(
             written[f"labels-{stage}"] = materialize(plan, job.manifest())
         for rec in records.values():
             written[rec.name] = materialize(rec.plan, manifest(rec))
-            rec.recorded = "RENDERED"  # the stage's JobState (workflows/submit/jobstate.py)
+            rec.recorded = "RENDERED"  # the stage's JobState (workflows/jobs/jobstate.py)
     except BaseException:
         remove_run_dir(directory)
         raise

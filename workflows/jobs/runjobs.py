@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from vitpod.registry import runfiles
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.submit import jobstate, slurm
+from vitpod.workflows.jobs import jobstate
 
 CANCEL_WAIT_S = 300.0
 """How long `--cancel-running` waits for cancelled jobs to leave the queue (a running job
@@ -82,3 +84,16 @@ def refuse_or_cancel(run: Path, cancel: bool, *, flag: str, wait_s: float = CANC
                 "nothing was submitted; retry when squeue no longer lists them"
             )
         time.sleep(1.0)
+
+
+def point_jobs(point: dict[str, Any]) -> list[str]:
+    """A study.json point's job id as a list ([]: rendered, never submitted)."""
+    return [str(point["job_id"])] if point.get("job_id") else []
+
+
+def study_jobs(directory: Path, record: dict[str, Any]) -> list[jobstate.JobState]:
+    """A study's jobs as its views show them: each point's, then the report job's."""
+    jobs = [jobstate.JobState(f"{p['gpus']} GPU(s)", directory / p["run_dir"], point_jobs(p))
+            for p in record.get("points", [])]  # fmt: skip
+    report = record.get("report_job_id")
+    return [*jobs, jobstate.JobState("report", None, [str(report)] if report else [])]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import getpass
 from dataclasses import dataclass
 
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning.quantities import slurm_minutes
-from vitpod.workflows.submit import slurm
+from vitpod.workflows.slurm.quantities import slurm_minutes
 
 USABLE_STATES = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED")
 """Node states a job can be given (sinfo %T); DOWN, DRAIN(ED/ING), FAIL... count as absent.

@@ -8,11 +8,11 @@ import sys
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs.rundir import write_json
 from vitpod.workflows.pipeline.chain import Chain, ChainError
 from vitpod.workflows.pipeline.chain_stage import decision_of, job_plan
 from vitpod.workflows.planning import sbatchopts
 from vitpod.workflows.planning.flags import request_flags
-from vitpod.workflows.submit.rundir import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:

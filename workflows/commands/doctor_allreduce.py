@@ -10,8 +10,8 @@ from vitpod.analysis import calibrate as fitting
 from vitpod.registry import runfiles
 from vitpod.workflows.planning import preflight
 from vitpod.workflows.planning.spec import COMMBENCH_OUT
-from vitpod.workflows.site import calibrate
 from vitpod.workflows.site.profile import profile_path
+from vitpod.workflows.studies import calibrate
 from vitpod.workflows.submit.submission import submit_plan
 
 SLOW_FACTOR = 3.0

@@ -1,4 +1,4 @@
-"""`python -m vitpod.workflows.containers.imagecheck RUN_DIR`: refuse to start in another image than
+"""`python -m vitpod.node.imagecheck RUN_DIR`: refuse to start in another image than
 planned.
 
 bind.sh runs this in every rank's container before the rank's command. plan.json records the
@@ -73,7 +73,7 @@ def problem(run_dir: Path, provenance: str = PROVENANCE) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m vitpod.workflows.containers.imagecheck RUN_DIR", file=sys.stderr)
+        print("usage: python -m vitpod.node.imagecheck RUN_DIR", file=sys.stderr)
         return USAGE
     provenance = os.environ.get(PROVENANCE_ENV) or PROVENANCE
     found = problem(Path(args[0]), provenance)

@@ -21,7 +21,7 @@ import jinja2
 
 from vitpod.workflows.errors import ConfigError
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"  # the `templates` package
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"  # the `templates` package
 
 
 class UnsafeValue(ConfigError):

@@ -21,13 +21,13 @@ from pathlib import Path
 from vitpod.analysis import calibrate as fitting
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs import jobstate
+from vitpod.workflows.jobs.rundir import new_run_path, runs_root
 from vitpod.workflows.planning import preflight, sbatchopts
 from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.planning.plan import JobPlan, Request, plan_job
 from vitpod.workflows.planning.spec import COMMBENCH_OUT
 from vitpod.workflows.site.profile import load_profile, profile_path
-from vitpod.workflows.submit import jobstate
-from vitpod.workflows.submit.rundir import new_run_path, runs_root
 from vitpod.workflows.submit.submission import submit_plan
 
 BENCH_MODEL = "volo_tiny"  # the planner wants a recipe; the benchmark ignores it

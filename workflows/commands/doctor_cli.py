@@ -7,14 +7,14 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 
+from vitpod.node.doctor import read_records
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.jobs.rundir import runs_root
 from vitpod.workflows.planning import sbatchopts
 from vitpod.workflows.planning.flags import request_flags
 from vitpod.workflows.site import discover
-from vitpod.workflows.site.doctor import read_records
 from vitpod.workflows.site.doctor_step import doctor_argv
 from vitpod.workflows.site.profile import Profile, load_profile
-from vitpod.workflows.submit.rundir import runs_root
 
 DOCTOR_TIME = "00:05:00"
 SRUN_WAIT_S = 300  # queueing included: busy nodes make the doctor wait for them
@@ -59,7 +59,7 @@ def slurm_verdicts(nodes: list[discover.NodeInfo]) -> list[Verdict]:
 
 
 def node_verdicts(profile: Profile, ns: argparse.Namespace, nodes: list[str]) -> list[Verdict]:
-    """One srun over `nodes` (one task each) running vitpod.workflows.site.doctor."""
+    """One srun over `nodes` (one task each) running vitpod.node.doctor."""
     part, kind = profile.partition(ns.stage), profile.node_type(ns.stage)
     gres = [f"--gres=gpu:{kind.gpus_per_node}"] if kind.gpus_per_node else []  # see every GPU
     argv = doctor_argv(profile, kind,
@@ -92,7 +92,7 @@ def node_verdicts(profile: Profile, ns: argparse.Namespace, nodes: list[str]) ->
 
 def allreduce(ns: argparse.Namespace, part_nodes: int, verdicts: list[Verdict]) -> bool:
     """The all-reduce check on the good nodes; True when it is flagged slow."""
-    from vitpod.workflows.site import doctor_allreduce
+    from vitpod.workflows.commands import doctor_allreduce
 
     bad = [v.node for v in verdicts if v.bad]
     good = min(part_nodes, len(verdicts) - len(bad))

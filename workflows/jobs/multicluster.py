@@ -3,7 +3,7 @@
 A run's manifest keeps its profile, whose `cluster` names the Slurm cluster (absent: the default
 one, SLURM_CONF's). Two clusters number their jobs independently, so a job id means nothing
 without its cluster: every question about a set of runs is asked once per cluster, with -M
-(workflows/submit/slurm.py on_cluster), and each run's answer is read from its own cluster's.
+(workflows/slurm/__init__.py on_cluster), and each run's answer is read from its own cluster's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from vitpod.registry import runfiles
-from vitpod.workflows.submit import jobstate, slurm
+from vitpod.workflows import slurm
+from vitpod.workflows.jobs import jobstate
 
 T = TypeVar("T")
 DEFAULT = ""

@@ -6,12 +6,11 @@ import re
 from collections.abc import Callable
 from typing import Protocol
 
+from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.planning.quantities import slurm_minutes
 from vitpod.workflows.planning.spec import JobSpec
 from vitpod.workflows.site.profile import Profile
-from vitpod.workflows.submit import slurm
-from vitpod.workflows.submit.partitions import (
+from vitpod.workflows.slurm.partitions import (
     OFFLINE_HINT,
     USABLE_STATES,
     NodeInfo,
@@ -20,6 +19,7 @@ from vitpod.workflows.submit.partitions import (
     cluster_partitions,
     partition_info,
 )
+from vitpod.workflows.slurm.quantities import slurm_minutes
 
 _MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 

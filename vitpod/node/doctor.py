@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 try:
-    from vitpod.workflows.site.probe import NOT_FOUND, infiniband_ports, tool
+    from vitpod.node.probe import NOT_FOUND, infiniband_ports, tool
 except ImportError:  # run by path on a node without vitpod installed: probe.py is beside it
     from probe import NOT_FOUND, infiniband_ports, tool  # type: ignore[import-not-found,no-redef]
 
@@ -187,7 +187,7 @@ def read_records(lines: list[str]) -> dict[str, list[dict]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vitpod.workflows.site.doctor", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m vitpod.node.doctor", description=__doc__)
     p.add_argument("--gpus", type=int, default=0, help="GPUs the profile expects a node")
     p.add_argument("--hcas", default="", help="HCA:port list the binding uses")
     p.add_argument("--run-root", default="/tmp", help="where runs are written")

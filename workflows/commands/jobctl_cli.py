@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.submit.rundir import RUN_ROOT_ENV, runs_root
+from vitpod.workflows.jobs.rundir import RUN_ROOT_ENV, runs_root
 from vitpod.workflows.watching import jobctl
 
 DEFAULT_CLUSTER = "local"  # the Makefile's CLUSTER default

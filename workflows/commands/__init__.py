@@ -1,0 +1,1 @@
+"""The subcommands over every other layer: status, list, chain, doctor, profile."""
