@@ -30,11 +30,15 @@ FORBIDDEN = {
     "vitpod.analysis": ("vitpod.workflows", "vitpod.trainer"),
     "vitpod.registry": ("vitpod.workflows", "vitpod.trainer", "vitpod.analysis"),
     "vitpod.templates": ("vitpod",),
+    "vitpod.node": ("vitpod.workflows", "vitpod.analysis"),
 }
 
 SIDES = ("vitpod.trainer", "vitpod.workflows")
 """Each side's subpackages (and top-level modules) layer one way: no import cycle among them."""
 LOGIN_SIDE = ("vitpod.workflows", "vitpod.analysis", "vitpod.registry", "vitpod.templates")
+# The workflows layers, bottom first (docs/workflows.md#layout): each imports only earlier ones.
+WORKFLOWS_LAYERS = ("containers", "slurm", "site", "jobs", "watching", "planning", "submit",
+                    "pipeline", "studies", "commands")  # fmt: skip
 HEAVY = ("torch", "timm", "deepspeed", "nvidia.dali")
 """Node-side libraries: a login node may lack them, and torch alone takes seconds to import."""
 
@@ -399,7 +403,22 @@ def heavy_loads(area: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("area", LOGIN_SIDE)
+def test_workflows_subpackages_import_only_the_layers_below():
+    graph, behind = subpackage_graph("vitpod.workflows")
+    names = {f"vitpod.workflows.{layer}": i for i, layer in enumerate(WORKFLOWS_LAYERS)}
+    packages = {n for n in graph if MODULES[n].is_package and n != "vitpod.workflows"}
+    assert packages <= set(names), f"not in WORKFLOWS_LAYERS: {sorted(packages - set(names))}"
+    upward = sorted(
+        f"{a} -> {b}: {e.source} -> {e.target} [{_label(e)}]"
+        for a in names
+        for b in graph.get(a, ())
+        if b in names and names[b] > names[a]
+        for e in behind[a, b][:1]
+    )
+    assert not upward, "imports up the layers (docs/workflows.md#layout):\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("area", (*LOGIN_SIDE, "vitpod.node"))
 def test_login_side_modules_load_no_torch(area):
     """Importing a login-side module loads no torch, timm, DeepSpeed or DALI (a function that
     needs one imports it in its body, where it runs on a node)."""
