@@ -383,7 +383,7 @@ def configure(
     cfg, given = parse_given(argv)
     if cfg.plan is None:
         return resolved(cfg, world_size), None
-    if given - {"plan", "print_config"}:  # named as typed (a fitted warmup is none of them)
+    if given - {"plan", "print_config"}:  # named as typed (not a warmup layered_argv fitted)
         extra = [t[0].partition("=")[0] for d, t in _chunks(build_parser(), argv)
                  if d not in ("plan", "print_config")]  # fmt: skip
         raise ConfigError(f"{', '.join(extra)} with --plan {cfg.plan}: a planned rank reads its "
