@@ -95,7 +95,7 @@ def test_a_preempted_pretrain_hands_over_only_at_its_end_and_a_damaged_model_is_
     restart = pre.run_dir / runfiles.LOGS / f"train-{job}-restart1-rank0.log"
 
     def requeued() -> bool:  # the chain looks on every poll: no hand-over before the real end
-        states = {s.stage: s.state for s in run.status()}
+        states = {s.name: s.state for s in run.status()}
         assert fin.job_ids == [] and states["pretrain"] != "COMPLETED", states
         return restart.is_file()
 
