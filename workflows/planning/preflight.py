@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from vitpod.analysis import layout, memory
 from vitpod.registry import labellayout, labelset, models
@@ -18,7 +18,7 @@ from vitpod.workflows.jobs import sharedfs
 from vitpod.workflows.planning import slurmchecks
 from vitpod.workflows.planning.finetunesource import finetune_source_problem
 from vitpod.workflows.planning.grace import check_grace
-from vitpod.workflows.planning.recipe import Recipe
+from vitpod.workflows.planning.slurmchecks import Planned
 from vitpod.workflows.planning.spec import JobSpec
 from vitpod.workflows.site.profile import NodeType, Profile, resolve_path
 from vitpod.workflows.slurm.quantities import whole_number
@@ -34,22 +34,6 @@ PLAN_MARGIN = 1.15
 """The plan's total is multiplied by this: on an H100 the measured peak of a bf16 AdamW step was
 7-11% above the plan (benchmarks/results/gpu_h100.json: autocast's cached bf16 weight copies and
 allocator rounding, which the plan does not count)."""
-
-
-class Planned(Protocol):
-    """What the cluster checks read of a planned job (workflows/planning/plan.py's JobPlan has
-    it)."""
-
-    @property
-    def spec(self) -> JobSpec: ...
-    @property
-    def profile(self) -> Profile: ...
-    @property
-    def recipe(self) -> Recipe: ...
-    @property
-    def trainer(self) -> dict[str, Any] | None: ...
-    @property
-    def script(self) -> str: ...
 
 
 # --------------------------------------------------------------------------- static checks

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
+from vitpod.workflows.planning.recipe import Recipe
 from vitpod.workflows.planning.spec import JobSpec
 from vitpod.workflows.site.profile import Profile
 from vitpod.workflows.slurm.partitions import (
@@ -25,10 +26,19 @@ _MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
 class Planned(Protocol):
+    """What the preflight's checks read of a planned job (workflows/planning/plan.py's JobPlan
+    has it); the cluster checks here read its spec and profile."""
+
     @property
     def spec(self) -> JobSpec: ...
     @property
     def profile(self) -> Profile: ...
+    @property
+    def recipe(self) -> Recipe: ...
+    @property
+    def trainer(self) -> dict[str, Any] | None: ...
+    @property
+    def script(self) -> str: ...
 
 
 def mem_mb(mem: str) -> int:
