@@ -1,5 +1,5 @@
-"""The records that describe a folder outlived by its run: the final model's (`model.json`) and a
-token-label set's (`labels.json`). One schema per file name (runfiles.py names the files).
+"""The JSON records of a run's folders, one schema per file name (runfiles.py names the files):
+a run's `manifest.json`, the final model's `model.json` and a token-label set's `labels.json`.
 
 Folders written before these names existed keep the same record as `manifest.json`, which is
 also the name of a run's own record (another schema); `record_path` reads the old name only when
@@ -20,6 +20,23 @@ from vitpod.registry import io, runfiles
 
 class _FolderRecord(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class RunManifest(_FolderRecord):
+    """A run directory's manifest.json: what was planned and submitted (plan.py's JobPlan.manifest,
+    then the job ids of its submission)."""
+
+    created: str | None = None
+    stage: str | None = None
+    model: str | None = None
+    script: str | None = None
+    job_ids: list[str | int] = []
+    profile: dict[str, Any] | None = None
+    recipe: dict[str, Any] | None = None
+    overrides: dict[str, Any] | None = None
+    resolved: dict[str, Any] | None = None
+    request: dict[str, Any] | None = None  # what `vitpod submit RUN_DIR` plans again
+    decision: str | None = None
 
 
 class FinalModel(_FolderRecord):
@@ -58,6 +75,7 @@ class LabelSet(_FolderRecord):
 
 
 SCHEMAS: dict[str, type[_FolderRecord]] = {
+    runfiles.MANIFEST: RunManifest,
     runfiles.FINAL_RECORD: FinalModel,
     runfiles.LABELS: LabelSet,
 }

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
-"""A run's record: what was planned and submitted (profile, recipe, resolved arguments,
-topology, job ids). Only the run's: before FINAL_RECORD and LABELS existed, a final model and a
-label set kept their records under this name too (registry/records.py reads those)."""
+"""A run's record (registry.records.RunManifest): what was planned and submitted (profile,
+recipe, resolved arguments, topology, job ids). Only the run's: before FINAL_RECORD and LABELS
+existed, a final model and a label set kept their records under this name too
+(registry/records.py reads those)."""
 FINAL_RECORD = "model.json"
 """In final/: the final model's record (registry.records.FinalModel), written last."""
 LABELS = "labels.json"

@@ -147,3 +147,24 @@ def test_json_run_files_name_the_file_when_damaged(tmp_path):
         runfiles.read_manifest(tmp_path / "nowhere")
     (tmp_path / runfiles.MANIFEST).write_text('{"job_ids": ["7"]}\n')
     assert runfiles.read_manifest(tmp_path) == {"job_ids": ["7"]}
+
+
+def test_each_record_file_name_has_one_schema_and_a_submission_writes_a_run_manifest(tmp_path):
+    """manifest.json is a run's only (RunManifest); the final model and a label set have their
+    own names and schemas; a submission's manifest fits its schema, a wrong one is refused
+    naming the file and the field before it is written."""
+    from vitpod.registry import records
+    from vitpod.workflows.planning.plan import Request, plan_job
+    from vitpod.workflows.submit.submission import materialize
+
+    assert records.SCHEMAS == {runfiles.MANIFEST: records.RunManifest,
+                               runfiles.FINAL_RECORD: records.FinalModel,
+                               runfiles.LABELS: records.LabelSet}  # fmt: skip
+    plan = plan_job(Request(cluster="localslurm", run_root=str(tmp_path / "runs")))
+    materialize(plan)
+    written = records.read(plan.run_dir, runfiles.MANIFEST)
+    assert written is not None and (written["stage"], written["job_ids"]) == ("pretrain", [])
+    other = plan_job(Request(cluster="localslurm", run_root=str(tmp_path / "other")))
+    with pytest.raises(RunFileError, match=r"manifest\.json: job_ids: "):
+        materialize(other, {**other.manifest(), "job_ids": "4242"})
+    assert not other.run_dir.exists()

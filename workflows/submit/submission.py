@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import runfiles
+from vitpod.registry import records, runfiles
 from vitpod.registry.decision import write_decision
 from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
@@ -98,7 +98,9 @@ def materialize(
             write_decision(run_dir, plan.decision)
             written.append(run_dir / runfiles.PLAN)
         record = manifest or plan.manifest()
-        write_json(run_dir / runfiles.MANIFEST, {**record, "request": request_record(plan.request)})
+        record = {**record, "request": request_record(plan.request)}
+        records.check(record, runfiles.MANIFEST, run_dir / runfiles.MANIFEST)
+        write_json(run_dir / runfiles.MANIFEST, record)
         record_checksums(run_dir, written)
     except BaseException:
         if not existing:
@@ -204,6 +206,8 @@ def submit(
     written[id_key] = [job_id] if id_key == "job_ids" else job_id
     if dependency and isinstance(written.get("resolved"), dict):
         written["resolved"] = {**written["resolved"], "dependency": dependency}
+    if record_name in records.SCHEMAS:
+        records.check(written, record_name, directory / record_name)
     write_json(directory / record_name, written)
     return Job(job_id, script, cluster)
 
