@@ -426,6 +426,14 @@ def test_make_help_lists_one_variable_per_line():
     assert all(len(re.findall(r"(?<![\w-])[A-Z_]{3,}=", r.split("  ")[0])) == 1 for r in rows)
 
 
+def test_readme_layout_lists_every_make_target():
+    """The README's Layout names every target the Makefile declares (`make submit` was missing)."""
+    makefile = (REPO / "Makefile").read_text()
+    phony = set(re.search(r"^\.PHONY:(.*?)(?<!\\)$", makefile, re.M | re.S)[1].split()) - {"\\"}
+    line = re.search(r"^Makefile +(.*)$", (REPO / "README.md").read_text(), re.M)[1]
+    assert sorted(phony - {"help"} - set(line.split())) == []
+
+
 def test_a_profile_in_the_user_folder_is_found_by_name(tmp_path):
     """CLUSTER=<name> finds a profile in $VITPOD_PROFILES before a bundled one of that name."""
     env = {"VITPOD_PROFILES": str(tmp_path / "p"), "VITPOD_RUN_ROOT": str(tmp_path / "runs")}
