@@ -24,6 +24,13 @@ def reattached(stage: str, entry: dict[str, Any]) -> JobState:
                     recorded=entry.get("state", ""), entry=dict(entry))  # fmt: skip
 
 
+def stage_dir(rec: JobState) -> Path:
+    """The stage's run directory (a chain's stage always has one)."""
+    if rec.run_dir is None:
+        raise RuntimeError(f"{rec.name}: a stage without a run directory")
+    return rec.run_dir
+
+
 def job_plan(rec: JobState) -> JobPlan:
     """The stage's plan; RuntimeError for a stage reattached from pipeline.json."""
     if rec.plan is None:

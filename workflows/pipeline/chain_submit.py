@@ -19,7 +19,7 @@ from vitpod.workflows.jobs.jobstate import JobState
 from vitpod.workflows.jobs.rundir import remove_run_dir, write_json
 from vitpod.workflows.pipeline import chain_cross, labels
 from vitpod.workflows.pipeline.chain_labels import cancel_labels
-from vitpod.workflows.pipeline.chain_stage import job_plan
+from vitpod.workflows.pipeline.chain_stage import job_plan, stage_dir
 from vitpod.workflows.planning import preflight
 from vitpod.workflows.submit import rendered, submission
 from vitpod.workflows.submit.executor import local_job
@@ -87,16 +87,17 @@ def submit_labels(chain: Any, cluster: str) -> None:
 def submit_stage(chain: Any, rec: JobState, dependency: str | None) -> None:
     """sbatch the stage's kept job.sbatch (Slurm: `dependency` on sbatch's command line); the
     local profile: submitit's LocalExecutor runs its kept job.sh."""
+    directory = stage_dir(rec)
     if chain.uses_slurm:
-        manifest = {**runfiles.read_manifest(rec.run_dir), **rec.manifest_extra}
+        manifest = {**runfiles.read_manifest(directory), **rec.manifest_extra}
         rec.job = submission.submit(
-            rec.run_dir / manifest["script"], manifest, dependency=dependency or "",
+            directory / manifest["script"], manifest, dependency=dependency or "",
             cluster=rec.cluster or slurm.current_cluster(),
         )  # fmt: skip
     else:
         rec.job = local_job(job_plan(rec))
-        manifest = runfiles.read_manifest(rec.run_dir)
-        write_json(rec.run_dir / runfiles.MANIFEST, {**manifest, "job_ids": [str(rec.job.job_id)]})
+        manifest = runfiles.read_manifest(directory)
+        write_json(directory / runfiles.MANIFEST, {**manifest, "job_ids": [str(rec.job.job_id)]})
     rec.job_ids = [str(rec.job.job_id)]
     rec.recorded = "SUBMITTED"
     print(f"{rec.name}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)

@@ -14,6 +14,7 @@ from vitpod.workflows import slurm
 from vitpod.workflows.jobs import jobstate
 from vitpod.workflows.jobs.jobstate import JobState
 from vitpod.workflows.pipeline import chain_cross
+from vitpod.workflows.pipeline.chain_stage import stage_dir
 from vitpod.workflows.watching import follow, status
 from vitpod.workflows.watching.rootcause import first_error_line, root_cause
 
@@ -164,15 +165,13 @@ def follow_chain(chain: Chain, interval: float | None, console: Any) -> int:
 
 
 def failure_message(chain: Chain, stage: str, reason: str) -> str:
-    rec = chain.stages[stage]
-    tb = root_cause(rec.run_dir / runfiles.LOGS)
-    where = f"\nlogs: {rec.run_dir / runfiles.LOGS}"
+    logs_dir = stage_dir(chain.stages[stage]) / runfiles.LOGS
+    tb = root_cause(logs_dir)
+    where = f"\nlogs: {logs_dir}"
     for job in chain.label_jobs.values():  # a failed labeling array cancels the pretrain
         logs = job.plan.run_dir / runfiles.LOGS
         where += f"\nlabeling logs (the pretrain waits for them): {logs}"
-    line = _refusal_line(rec.run_dir / runfiles.LOGS) or first_error_line(
-        rec.run_dir / runfiles.LOGS
-    )
+    line = _refusal_line(logs_dir) or first_error_line(logs_dir)
     if tb is None:
         return f"{stage}: {reason}" + (f"\nfirst error: {line}" if line else "") + where
     # torchrun's own ChildFailedError (the local profile's job.sh) can be the only traceback,

@@ -113,8 +113,9 @@ def load(path: Path) -> Entry | None:
     if (path / runfiles.PIPELINE).is_file():
         record = runfiles.read_record(path / runfiles.PIPELINE)
         parts = [
-            JobState(f"labels-{stage}", Path(lab["run_dir"]),
-                     [str(j) for j in lab.get("job_ids", [])])  # fmt: skip
+            JobState(
+                f"labels-{stage}", Path(lab["run_dir"]), [str(j) for j in lab.get("job_ids", [])]
+            )  # fmt: skip
             for stage, lab in record.get("labels", {}).items()
         ]
         parts += status.stages_of(path)

@@ -53,7 +53,8 @@ def as_dict(s: JobState) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    is_record = dataclasses.is_dataclass(value) and not isinstance(value, type)
+    return dataclasses.asdict(value) if is_record else value
 
 
 def engine_of(run_dir: Path) -> str | None:
@@ -146,8 +147,12 @@ def stages_of(run: Path) -> list[JobState]:
     if (run / runfiles.PIPELINE).is_file():
         record = runfiles.read_record(run / runfiles.PIPELINE)
         return [
-            JobState(name, Path(s["run_dir"]), [str(j) for j in s.get("job_ids", [])],
-                     recorded=s.get("state", ""))  # fmt: skip
+            JobState(
+                name,
+                Path(s["run_dir"]),
+                [str(j) for j in s.get("job_ids", [])],
+                recorded=s.get("state", ""),
+            )  # fmt: skip
             for name, s in record["stages"].items()
         ]
     manifest = runfiles.read_manifest(run)
