@@ -188,3 +188,23 @@ def test_a_rendered_pipeline_is_submitted_only_as_rendered(tmp_path, monkeypatch
     assert not calls.exists()
     record = json.loads((chain.directory / "pipeline.json").read_text())
     assert all(not s["job_ids"] and s["state"] == "RENDERED" for s in record["stages"].values())
+
+
+def test_a_manifest_pointing_at_an_unrendered_script_is_refused(tmp_path, monkeypatch):
+    """manifest.json is not checksummed and its `script` is what sbatch gets: one edited to name
+    another file in the run directory is refused, naming it, before Slurm is asked (it was
+    submitted unreviewed; found verifying issue 43)."""
+    env, calls = recording_slurm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
+    chain = Chain(cluster="dgxpod", nodes=5, offline=True, run_root=str(tmp_path / "runs"))
+    run_dir = chain.render()["pretrain"].parent
+    (run_dir / "other.sbatch").write_text("#!/bin/bash\necho not reviewed\n")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**manifest, "script": "other.sbatch"}))
+    refusal = f"{run_dir / 'manifest.json'} names script 'other.sbatch', which was not rendered"
+    for dry in ((), ("--dry-run",)):
+        out = vitpod("submit", str(run_dir), *dry, env=env)
+        assert out.returncode == 2 and refusal in out.stderr, out.stderr
+    with pytest.raises(ConfigError, match=refusal.replace(".", r"\.")):
+        Chain.from_dir(chain.directory).submit()
+    assert not calls.exists()

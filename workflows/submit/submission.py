@@ -125,19 +125,30 @@ def record_checksums(directory: Path, files: Iterable[Path]) -> None:
 
 def changed_since_rendering(directory: Path) -> list[str]:
     """What keeps the rendered files of `directory` from being submitted as reviewed: a file
-    changed or removed since rendering (named), or no rendered.sha256 at all; [] when none."""
+    changed or removed since rendering (named), a manifest.json naming a script that was not
+    rendered (manifest.json is not checksummed: its `script` is what sbatch gets), or no
+    rendered.sha256 at all; [] when none."""
     sums = directory / runfiles.RENDERED
     if not sums.is_file():
         return [f"{sums} is missing: {directory} was not rendered by this vitpod (or the file "
                 "was removed); render it again"]  # fmt: skip
-    problems = []
+    problems: list[str] = []
+    names: list[str] = []
+    try:
+        script = runfiles.read_manifest(directory).get("script")
+    except (OSError, ValueError):
+        script = None  # no manifest to submit from: nothing it names
     for line in sums.read_text().splitlines():
         digest, _, name = line.partition("  ")
+        names.append(name)
         path = directory / name
         if not path.is_file():
             problems.append(f"{path} was rendered but is gone")
         elif _sha256(path) != digest:
             problems.append(f"{path} changed since it was rendered (sha256 {digest[:12]} then)")
+    if script is not None and script not in names:
+        problems.append(f"{directory / runfiles.MANIFEST} names script {script!r}, which was "
+                        f"not rendered (rendered: {', '.join(names)})")  # fmt: skip
     return problems
 
 
