@@ -208,3 +208,22 @@ def test_a_manifest_pointing_at_an_unrendered_script_is_refused(tmp_path, monkey
     with pytest.raises(ConfigError, match=refusal.replace(".", r"\.")):
         Chain.from_dir(chain.directory).submit()
     assert not calls.exists()
+
+
+def test_vitpod_submit_of_a_submitted_pipeline_is_one_clear_error(tmp_path, monkeypatch):
+    """`vitpod submit DIR` of a pipeline that has job ids: exit 2 and one line saying so and how
+    to watch it, not Chain.submit's RuntimeError traceback (found verifying issue 43)."""
+    env, calls = recording_slurm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
+    chain = Chain(cluster="dgxpod", nodes=5, offline=True, run_root=str(tmp_path / "runs"))
+    chain.render()
+    assert chain.directory is not None
+    record = json.loads((chain.directory / "pipeline.json").read_text())
+    for n, stage in enumerate(record["stages"].values()):
+        stage.update(job_ids=[str(41 + n)], state="SUBMITTED")
+    (chain.directory / "pipeline.json").write_text(json.dumps(record))
+    out = vitpod("submit", str(chain.directory), env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    said = f"{chain.directory} was already submitted (job 41 42); watch it: make status"
+    assert said in out.stderr
+    assert not calls.exists()

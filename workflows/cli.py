@@ -230,7 +230,11 @@ def _submit_rendered(path: str, dry_run: bool) -> int:
         if dry_run:
             raise ConfigError("--dry-run with a pipeline directory: its scripts are the files "
                               "there; drop --dry-run to submit them")  # fmt: skip
-        chain = Chain.from_dir(path).submit()
+        chain = Chain.from_dir(path)
+        if ids := [j for rec in chain.stages.values() for j in rec.job_ids] + chain.label_job_ids:
+            raise ConfigError(f"{path} was already submitted (job {' '.join(ids)}); watch it: "
+                              f"make status RUN={path}")  # fmt: skip
+        chain.submit()
         print(f"status: make status RUN={chain.directory}")
         print(chain.directory)
         return 0
