@@ -9,6 +9,7 @@ its node type decides the autocast dtype (A100: bf16; V100: fp16 with loss scali
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -226,4 +227,22 @@ def test_vitpod_submit_of_a_submitted_pipeline_is_one_clear_error(tmp_path, monk
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     said = f"{chain.directory} was already submitted (job 41 42); watch it: make status"
     assert said in out.stderr
+    assert not calls.exists()
+
+
+def test_a_rendered_run_copied_elsewhere_is_refused_naming_where_it_was_rendered(
+    tmp_path, monkeypatch
+):
+    """A rendered run directory copied to another folder still holds scripts that read and
+    write the folder it was rendered in: `vitpod submit COPY` refuses, naming both, before Slurm
+    is asked (it was submitted with a note only, to run in the original folder while the copy
+    recorded the job; found verifying issue 43)."""
+    env, calls = recording_slurm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
+    chain = Chain(cluster="dgxpod", nodes=5, offline=True, run_root=str(tmp_path / "runs"))
+    rendered = chain.render()["pretrain"].parent
+    copy = tmp_path / "copy" / rendered.name
+    shutil.copytree(rendered, copy)
+    out = vitpod("submit", str(copy), env=env)
+    assert out.returncode == 2 and f"{copy} was rendered as {rendered}" in out.stderr, out.stderr
     assert not calls.exists()

@@ -44,6 +44,11 @@ def replan(run_dir: Path, **changes: Any) -> JobPlan:
     if not isinstance(record, dict):
         raise ConfigError(f"{run_dir / runfiles.MANIFEST} has no `request` (rendered by an older "
                           "vitpod); render it again")  # fmt: skip
+    rendered_in = (manifest.get("resolved") or {}).get("run_dir")
+    if rendered_in and Path(rendered_in).resolve() != run_dir.resolve():
+        raise ConfigError(f"{run_dir} was rendered as {rendered_in} (its scripts read and write "
+                          "there): submit that directory, or render again (make render / make "
+                          "pipeline OFFLINE=1)")  # fmt: skip
     recorded = (manifest.get("profile") or {}).get("path")
     cluster = recorded if recorded and Path(recorded).is_file() else record["cluster"]
     req = submission.request_from_record(
