@@ -246,3 +246,20 @@ def test_a_rendered_run_copied_elsewhere_is_refused_naming_where_it_was_rendered
     out = vitpod("submit", str(copy), env=env)
     assert out.returncode == 2 and f"{copy} was rendered as {rendered}" in out.stderr, out.stderr
     assert not calls.exists()
+
+
+def test_a_pipeline_whose_stage_already_has_a_job_id_is_refused(tmp_path, monkeypatch):
+    """A stage directory whose manifest.json has a job id (a copy of the rendered pipeline
+    directory names the same stage directories, and was submitted) is not submitted again by its
+    pipeline: refused before Slurm is asked; it queued a second job writing the same run
+    directory (found verifying issue 43)."""
+    env, calls = recording_slurm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
+    chain = Chain(cluster="dgxpod", nodes=5, offline=True, run_root=str(tmp_path / "runs"))
+    stage = chain.render()["finetune"].parent
+    assert chain.directory is not None
+    manifest = json.loads((stage / "manifest.json").read_text())
+    (stage / "manifest.json").write_text(json.dumps({**manifest, "job_ids": ["7"]}))
+    out = vitpod("submit", str(chain.directory), env=env)
+    assert out.returncode == 2 and f"{stage} was already submitted (job 7)" in out.stderr
+    assert not calls.exists()

@@ -36,7 +36,10 @@ def submit_rendered(chain: Any) -> None:
     """The rendered stages (and labeling arrays) as written: files unchanged since rendering,
     every stage planned again and preflighted online, then submitted."""
     found = label_dirs(chain)
-    submission.refuse_changed([*found.values(), *(r.run_dir for r in chain.stages.values())])
+    directories = [*found.values(), *(r.run_dir for r in chain.stages.values())]
+    submission.refuse_changed(directories)
+    for run_dir in directories:  # one already submitted (by a copy of this pipeline directory)
+        rendered.refuse_submitted(run_dir, rendered.manifest_of(run_dir))
     for run_dir in found.values():
         preflight.check(rendered.replan(run_dir))
     for name, rec in chain.stages.items():
