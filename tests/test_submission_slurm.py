@@ -95,3 +95,26 @@ def test_vitpod_submit_runs_the_rendered_run_as_rendered(local_slurm, tmp_path, 
         assert wider_than_private(script.parent) == []
     finally:
         subprocess.run(["scancel", job], timeout=30, check=False)
+
+
+def test_a_rendered_labeling_array_is_not_said_to_differ(
+    local_slurm, tmp_path, monkeypatch, capsys
+):
+    """A rendered pipeline with TEACHER=: its labeling array planned again against the live
+    cluster renders the kept array script, so no `would differ` note (every label array had one:
+    the plan again was compared as a single job; found verifying issue 43). Nothing is queued."""
+    from vitpod.workflows.pipeline import chain_submit
+    from vitpod.workflows.pipeline.chain import Chain
+
+    teacher = tmp_path / "teacher.pt"
+    teacher.write_bytes(b"weights")  # a bare weights file: not opened at planning
+    labels = f"--token-label --token-label-size 2 --token-label-data {tmp_path / 'labels'}"
+    chain = Chain("localslurm", "volo_tiny", nodes=1, teacher=str(teacher), offline=True,
+                  run_root=str(tmp_path / "runs"), pretrain_args=labels,
+                  finetune_args="--no-token-label")  # fmt: skip
+    assert "labels-pretrain" in chain.render()
+    launched: list[bool] = []  # after every stage's plan again and preflight; no sbatch
+    monkeypatch.setattr(chain_submit, "launch", lambda chain, owned: launched.append(owned))
+    assert chain.directory is not None
+    Chain.from_dir(chain.directory).submit()
+    assert launched == [False] and "would differ" not in capsys.readouterr().out

@@ -10,6 +10,7 @@ Functions of the chain (workflows/pipeline/chain.py keeps the public methods tha
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,8 @@ def submit_rendered(chain: Any) -> None:
     for run_dir in directories:  # one already submitted (by a copy of this pipeline directory)
         rendered.refuse_submitted(run_dir, rendered.manifest_of(run_dir))
     for run_dir in found.values():
-        preflight.check(rendered.replan(run_dir))
+        tasks = runfiles.read_manifest(run_dir)["labels"]["array_tasks"]
+        preflight.check(rendered.replan(run_dir, partial(labels.array_script, tasks=tasks)))
     for name, rec in chain.stages.items():
         rec.plan = rendered.replan(rec.run_dir)
         chained = name == "finetune" and "pretrain" in chain.stages

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,12 @@ def refuse_submitted(run_dir: Path, manifest: dict[str, Any]) -> None:
                           f"make resume RUN={run_dir}")  # fmt: skip
 
 
-def replan(run_dir: Path, **changes: Any) -> JobPlan:
+def replan(
+    run_dir: Path, script_of: Callable[[JobPlan], str] | None = None, **changes: Any
+) -> JobPlan:
     """The run planned again from its manifest's request, online, in its own directory; the plan
-    carries the kept script (what sbatch --test-only and the submission read)."""
+    carries the kept script (what sbatch --test-only and the submission read). `script_of`: the
+    script a plan renders to, when not plan.script (a labeling array's)."""
     manifest = manifest_of(run_dir)
     record = manifest.get("request")
     if not isinstance(record, dict):
@@ -56,7 +60,7 @@ def replan(run_dir: Path, **changes: Any) -> JobPlan:
     )
     plan = plan_job(req)
     kept = (run_dir / manifest["script"]).read_text()
-    if kept != plan.script:
+    if kept != (script_of(plan) if script_of else plan.script):
         print(f"note: planned against the live cluster now, {manifest['script']} would differ "
               f"from the rendered one; submitting the rendered one ({run_dir})")  # fmt: skip
     return dataclasses.replace(plan, script=kept)
