@@ -207,6 +207,7 @@ def _bad_profile(tmp_path: Path) -> str:
         (["--nodes", "0"], r"NODES=0: must be at least 1"),
         (["--args", "--epochs '10"], r"ARGS=.*No closing quotation; balance the quotes"),
         (["--args", "--output /tmp/elsewhere"], r"ARGS: --output is set by vitpod"),
+        (["--args", "--plan /tmp/x/plan.json"], r"ARGS: --plan is set by vitpod .*plan\.json"),
         (["--args", "--img-size 256"], r"--token-label-size=14 must be img_size/16 = 16"),
         (["--stage", "finetune"], r"FINETUNE_FROM: the finetune stage needs the pretrain run"),
         (["--model", "volo_d7"], r"MODEL='volo_d7': no recipe; did you mean MODEL=volo_d\d"),

@@ -19,6 +19,7 @@ RESERVED = {
     "--finetune": "use FINETUNE_FROM=",
     "--data-dir": "the data path is the profile's storage.data",
     "--experiment": "vitpod names the run directory (<runs>/<time>-<model>-<stage>-<id>)",
+    "--plan": "the ranks start from the run's own plan.json, which vitpod writes",
     # Every (re)start runs `--resume auto`; a --resume in ARGS would come after it and win on
     # every requeue (each restart back at the same checkpoint, or at step 0 with `none`).
     "--resume": "every start and requeue resumes the run's newest complete checkpoint; to "
