@@ -10,6 +10,7 @@ import pytest
 from tests import measured_comm
 from tests.helpers import last_step, profile_copy, wait_until
 from vitpod.workflows.pipeline.chain import Chain, ChainError
+from vitpod.workflows.watching.status import status_line
 
 # Augmentation that draws no random numbers (kept simple; both loaders now resume exactly with
 # random crops on too: tests/test_resume_slurm.py).
@@ -77,6 +78,8 @@ def test_pipeline_survives_two_preemptions_exactly(local_slurm, digits_dir, tmp_
     assert logs == [f"train-{job}-restart{r}-rank{k}.log" for r in range(3) for k in range(2)]
     shown = {s.name: s for s in run.status()}
     assert shown["pretrain"].restarts == 2 and shown["pretrain"].state == "COMPLETED"
+    # As the README prints a stage (JobState has no line(): its views format it).
+    assert status_line(shown["pretrain"]).startswith("pretrain  COMPLETED   jobs=")
     assert "preempted" in (pre.run_dir / "logs" / logs[0]).read_text()
 
     # Final parameters equal the uninterrupted run's, bit for bit.
