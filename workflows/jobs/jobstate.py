@@ -63,7 +63,7 @@ class JobState:
     """A job as vitpod tracks and shows it: a run, a pipeline's stage, a study's point or report
     job, a labeling array. The one type behind `make status`, FOLLOW=1, `vitpod list` and the
     Chain: each fills in what it knows (Slurm's poll through `observe`, the run directory's
-    metrics and logs); its views format it with functions (status.line, follow.cells)."""
+    metrics and logs); its views format it with functions (status.status_line, follow.cells)."""
 
     name: str
     """The stage (pretrain), the point ("2 GPU(s)"), "report", "labels-pretrain"."""
