@@ -31,9 +31,11 @@ FLOOR_S = 10
 BLOCKED_SAVE = 16  # rank 0's save at this step blocks in the first in-job restart (another
 # node than the stopped rank's: a node that hangs twice is excluded and the job requeued)
 HANG = {"floor_s": FLOOR_S, "startup_s": 300, "eval_s": 300, "straggler_steps": 15}
-# The slowed rank runs RUN_S and stops STOP_S in turns: stopped three quarters of the time (on
-# this shared 2-core machine a rank of the undisturbed jobs was at times 1.4 x the other).
-RUN_S, STOP_S = 0.1, 0.3
+# The slowed rank runs RUN_S and stops STOP_S in turns (on this shared 2-core machine a rank of
+# the undisturbed jobs was at times 1.4 x the other). RUN_S is well under a step's own time
+# (about 50 ms with --workers 0, the rank then having every thread), so nearly every step meets a
+# stop: with 0.1 s runs, half the steps ran between two stops and the median stayed 1.1 x.
+RUN_S, STOP_S = 0.02, 0.1
 
 
 def _submit(tmp_path: Path, profile: Path, env: dict[str, str] | None = None) -> tuple[str, Path]:
