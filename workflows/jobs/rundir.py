@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import io, runfiles
+from vitpod.registry import io, records, runfiles
 from vitpod.workflows.containers.container import image_provenance, image_record, sqsh_path
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.site.profile import REPO_ROOT, Profile, resolve_path
@@ -65,6 +65,14 @@ def write_atomic(path: Path, text: str, mode: int = FILE_MODE) -> None:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     io.write_json_atomic(path, data, mode=FILE_MODE)
+
+
+def write_record(directory: Path, name: str, data: dict[str, Any]) -> None:
+    """A run's record file `name` (manifest.json, study.json, ...) in `directory`, checked first
+    against its schema when it has one (registry/records.py), so no writer skips the check."""
+    if name in records.SCHEMAS:
+        records.check(data, name, directory / name)
+    write_json(directory / name, data)
 
 
 def remove_run_dir(path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from vitpod.registry import labelset, runfiles
 from vitpod.workflows import slurm
 from vitpod.workflows.jobs.jobstate import JobState
-from vitpod.workflows.jobs.rundir import remove_run_dir, write_json
+from vitpod.workflows.jobs.rundir import remove_run_dir, write_record
 from vitpod.workflows.pipeline import chain_cross, labels
 from vitpod.workflows.pipeline.chain_labels import cancel_labels
 from vitpod.workflows.pipeline.chain_stage import job_plan, stage_dir
@@ -102,7 +102,7 @@ def submit_stage(chain: Any, rec: JobState, dependency: str | None) -> None:
     else:
         rec.job = local_job(job_plan(rec))
         manifest = runfiles.read_manifest(directory)
-        write_json(directory / runfiles.MANIFEST, {**manifest, "job_ids": [str(rec.job.job_id)]})
+        write_record(directory, runfiles.MANIFEST, {**manifest, "job_ids": [str(rec.job.job_id)]})
     rec.job_ids = [str(rec.job.job_id)]
     rec.recorded = "SUBMITTED"
     print(f"{rec.name}: submitted job {rec.job_ids[0]} ({rec.run_dir})", flush=True)

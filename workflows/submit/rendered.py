@@ -14,7 +14,7 @@ from typing import Any
 
 from vitpod.registry import runfiles
 from vitpod.workflows.errors import ConfigError
-from vitpod.workflows.jobs.rundir import write_json
+from vitpod.workflows.jobs.rundir import write_record
 from vitpod.workflows.planning import preflight
 from vitpod.workflows.planning.plan import JobPlan, plan_job
 from vitpod.workflows.submit import submission
@@ -82,7 +82,7 @@ def submit_run(path: str | Path, dry_run: bool = False) -> int:
         return 0
     manifest["preflight"] = checks
     if plan.profile.scheduler != "slurm":
-        write_json(run_dir / runfiles.MANIFEST, manifest)
+        write_record(run_dir, runfiles.MANIFEST, manifest)
         return run_here(script, plan.profile.name)
     job = submission.submit(script, manifest, cluster=plan.profile.cluster or "")
     print(f"submitted batch job {job.job_id}")
@@ -96,5 +96,5 @@ def run_here(script: Path, profile: str) -> int:
     print(f"running {script} here (profile {profile} has no scheduler)", flush=True)
     rc = subprocess.run(["bash", str(script)], check=False).returncode
     manifest = runfiles.read_manifest(script.parent)
-    write_json(script.parent / runfiles.MANIFEST, {**manifest, "local_exit_status": rc})
+    write_record(script.parent, runfiles.MANIFEST, {**manifest, "local_exit_status": rc})
     return rc

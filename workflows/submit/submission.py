@@ -15,12 +15,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vitpod.registry import records, runfiles
+from vitpod.registry import runfiles
 from vitpod.registry.decision import write_decision
 from vitpod.workflows import slurm
 from vitpod.workflows.errors import ConfigError
 from vitpod.workflows.jobs import jobstate
-from vitpod.workflows.jobs.rundir import create_run_dir, remove_run_dir, write_atomic, write_json
+from vitpod.workflows.jobs.rundir import create_run_dir, remove_run_dir, write_atomic, write_record
 from vitpod.workflows.planning.plan import JobPlan, Request
 
 
@@ -99,8 +99,7 @@ def materialize(
             written.append(run_dir / runfiles.PLAN)
         record = manifest or plan.manifest()
         record = {**record, "request": request_record(plan.request)}
-        records.check(record, runfiles.MANIFEST, run_dir / runfiles.MANIFEST)
-        write_json(run_dir / runfiles.MANIFEST, record)
+        write_record(run_dir, runfiles.MANIFEST, record)
         record_checksums(run_dir, written)
     except BaseException:
         if not existing:
@@ -217,9 +216,7 @@ def submit(
     written[id_key] = [job_id] if id_key == "job_ids" else job_id
     if dependency and isinstance(written.get("resolved"), dict):
         written["resolved"] = {**written["resolved"], "dependency": dependency}
-    if record_name in records.SCHEMAS:
-        records.check(written, record_name, directory / record_name)
-    write_json(directory / record_name, written)
+    write_record(directory, record_name, written)
     return Job(job_id, script, cluster)
 
 
