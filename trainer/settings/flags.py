@@ -15,6 +15,7 @@ from typing import Any
 
 from vitpod.registry.decision import Decision
 from vitpod.registry.trainconfig import ordered_fields
+from vitpod.registry.trainsections import NOT_PLANNED
 from vitpod.trainer.config import ConfigError, TrainConfig, resolved
 from vitpod.trainer.settings import timmargs, timmoptions, timmvalues
 from vitpod.trainer.settings.configfile import read_config
@@ -366,7 +367,7 @@ def parse_given(argv: Sequence[str]) -> tuple[TrainConfig, frozenset[str]]:
         raise ConfigError("; ".join(refused))
     parsed = TrainConfig(**values)
     requested = {f.name: getattr(parsed, f.name) for f in _cli_fields()
-                 if f.name not in ("config", "plan", "print_config")}  # fmt: skip
+                 if f.name not in NOT_PLANNED}  # fmt: skip
     requested.update({k: v for k, v in unmapped.items() if timmoptions.TIMM[k].flag in no_effect})
     given = set(values) | ({"img_size"} if values.get("input_size") is not None else set())
     _timm_layout(values)
